@@ -1,0 +1,539 @@
+package allocdir
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// Disk is the plain on-disk implementation of [Interface]: real
+// directories under <rootDir>/<allocID>, with Nomad's semantics. It is the
+// reference that other implementations are compared against and the
+// baseline of the benchmarks. All methods are safe for concurrent use.
+type Disk struct {
+	logger   hclog.Logger
+	rootDir  string
+	allocID  string
+	allocDir string
+
+	mu    sync.RWMutex
+	built bool
+	tasks map[string]*TaskDir
+}
+
+var _ Interface = (*Disk)(nil)
+
+// NewDisk returns the allocation allocID under rootDir (Nomad's
+// client.alloc_dir). Nothing is created until Build.
+func NewDisk(logger hclog.Logger, rootDir, allocID string) (*Disk, error) {
+	if err := ValidName(allocID); err != nil {
+		return nil, fmt.Errorf("allocation ID: %w", err)
+	}
+	if !path.IsAbs(rootDir) {
+		abs, err := absPath(rootDir)
+		if err != nil {
+			return nil, err
+		}
+		rootDir = abs
+	}
+	return &Disk{
+		logger:   logger.Named("alloc_dir").With("alloc_id", allocID),
+		rootDir:  rootDir,
+		allocID:  allocID,
+		allocDir: path.Join(rootDir, allocID),
+		tasks:    make(map[string]*TaskDir),
+	}, nil
+}
+
+func absPath(p string) (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("failed to make %q absolute: %w", p, err)
+	}
+	return path.Join(wd, p), nil
+}
+
+// AllocDirPath implements Interface.
+func (d *Disk) AllocDirPath() string { return d.allocDir }
+
+// ShareDirPath implements Interface.
+func (d *Disk) ShareDirPath() string { return path.Join(d.allocDir, SharedAllocName) }
+
+// NewTaskDir implements Interface.
+func (d *Disk) NewTaskDir(task Task) *TaskDir {
+	td := NewTaskDirPaths(d.allocDir, task, d.buildTask)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tasks[task.Name] = td
+	return td
+}
+
+// GetTaskDir implements Interface.
+func (d *Disk) GetTaskDir(name string) *TaskDir {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.tasks[name]
+}
+
+// WalkTaskDirs implements Interface.
+func (d *Disk) WalkTaskDirs(fn func(*TaskDir) error) error {
+	d.mu.RLock()
+	tds := d.sortedTasks()
+	d.mu.RUnlock()
+	for _, td := range tds {
+		if err := fn(td); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Disk) sortedTasks() []*TaskDir {
+	tds := make([]*TaskDir, 0, len(d.tasks))
+	for _, td := range d.tasks {
+		tds = append(tds, td)
+	}
+	sort.Slice(tds, func(i, j int) bool { return tds[i].Task.Name < tds[j].Task.Name })
+	return tds
+}
+
+// Build implements Interface.
+func (d *Disk) Build() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := os.MkdirAll(d.rootDir, 0o755); err != nil {
+		return fmt.Errorf("failed to create alloc root %q: %w", d.rootDir, err)
+	}
+	allocFd, err := d.ensureAllocDir()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(allocFd)
+	sharedFd, err := ensureDir(allocFd, SharedAllocName, SharedDirMode, nobody())
+	if err != nil {
+		return fmt.Errorf("failed to build shared alloc dir of %s: %w", d.allocID, err)
+	}
+	defer unix.Close(sharedFd)
+	for _, name := range SharedAllocDirs {
+		fd, err := ensureDir(sharedFd, name, SharedDirMode, nobody())
+		if err != nil {
+			return fmt.Errorf("failed to build alloc/%s of %s: %w", name, d.allocID, err)
+		}
+		unix.Close(fd)
+	}
+	d.built = true
+	return nil
+}
+
+// ensureAllocDir creates <root>/<allocID> (0755, owned by the agent) and
+// returns an fd of it.
+func (d *Disk) ensureAllocDir() (int, error) {
+	rootFd, err := unix.Open(d.rootDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("failed to open alloc root %q: %w", d.rootDir, err)
+	}
+	defer unix.Close(rootFd)
+	fd, err := ensureDir(rootFd, d.allocID, AllocDirMode, nil)
+	if err != nil {
+		return -1, fmt.Errorf("failed to create alloc dir %q: %w", d.allocDir, err)
+	}
+	return fd, nil
+}
+
+// openAlloc opens the allocation directory for fd-relative access.
+func (d *Disk) openAlloc() (int, error) {
+	fd, err := unix.Open(d.allocDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: d.allocDir, Err: err}
+	}
+	return fd, nil
+}
+
+func (d *Disk) buildTask(td *TaskDir) error {
+	name := td.Task.Name
+	if err := ValidName(name); err != nil {
+		return fmt.Errorf("failed to build task dir: %w", err)
+	}
+	if name == SharedAllocName {
+		return fmt.Errorf("failed to build task dir: %w: %q is the shared alloc dir", ErrInvalidName, name)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	allocFd, err := d.ensureAllocDir()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(allocFd)
+	taskFd, err := ensureDir(allocFd, name, TaskDirMode, nobody())
+	if err != nil {
+		return fmt.Errorf("failed to build task dir %q: %w", td.Dir, err)
+	}
+	defer unix.Close(taskFd)
+	for _, sub := range []struct {
+		name string
+		mode os.FileMode
+	}{{TaskLocal, TaskDirMode}, {TmpDirName, TaskTmpMode}} {
+		fd, err := ensureDir(taskFd, sub.name, sub.mode, nobody())
+		if err != nil {
+			return fmt.Errorf("failed to build %s/%s: %w", name, sub.name, err)
+		}
+		unix.Close(fd)
+	}
+	owner, mode, err := secretOwner(td.Task)
+	if err != nil {
+		return err
+	}
+	if err := d.buildSecretDir(taskFd, name, TaskSecrets, td.Task.SecretsBytes(), owner, mode); err != nil {
+		return err
+	}
+	return d.buildSecretDir(taskFd, name, TaskPrivate, DefaultSecretsMB<<20, owner, mode)
+}
+
+// secretOwner decides who owns secrets/ and private/: the task's user with
+// 0700 when one is given, nobody with Nomad's 0777 otherwise. Without root
+// nothing can be chowned, so the directory is private to the agent.
+func secretOwner(task Task) (*owner, os.FileMode, error) {
+	if os.Geteuid() != 0 {
+		return nil, 0o700, nil
+	}
+	if task.User == "" {
+		return nobody(), 0o777, nil
+	}
+	o, err := lookupOwner(task.User)
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to look up user %q of task %q: %w", task.User, task.Name, err)
+	}
+	return o, 0o700, nil
+}
+
+// buildSecretDir creates a memory-only directory: a size-capped, noexec
+// tmpfs when running as root, a plain directory otherwise.
+func (d *Disk) buildSecretDir(taskFd int, task, name string, size int64, o *owner, mode os.FileMode) error {
+	fd, err := ensureDir(taskFd, name, mode, o)
+	if err != nil {
+		return fmt.Errorf("failed to build %s/%s: %w", task, name, err)
+	}
+	if os.Geteuid() != 0 {
+		unix.Close(fd)
+		return nil
+	}
+	mounted, err := isMountPoint(taskFd, fd)
+	if err != nil || mounted {
+		unix.Close(fd)
+		return err
+	}
+	// Mount through the fd's magic link so that a symlink swapped in for
+	// the directory cannot redirect the mount.
+	target := fmt.Sprintf("/proc/self/fd/%d", fd)
+	opts := fmt.Sprintf("size=%d,mode=%o,noswap", size, uint32(mode.Perm()))
+	flags := uintptr(unix.MS_NOEXEC | unix.MS_NOSUID | unix.MS_NODEV)
+	err = unix.Mount("tmpfs", target, "tmpfs", flags, opts)
+	if errors.Is(err, unix.EINVAL) {
+		// Kernels before 6.4 do not know noswap.
+		err = unix.Mount("tmpfs", target, "tmpfs", flags, strings.TrimSuffix(opts, ",noswap"))
+	}
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("failed to mount tmpfs on %s/%s of %s: %w", task, name, d.allocID, err)
+	}
+	d.logger.Debug("mounted memory-only dir", "task", task, "dir", name, "bytes", size)
+	// Re-open: the fd taken before the mount names the covered directory.
+	fd, err = ensureDir(taskFd, name, mode, o)
+	if err != nil {
+		return fmt.Errorf("failed to set up %s/%s: %w", task, name, err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// isMountPoint reports whether dirFd is the root of a mount other than
+// its parent's.
+func isMountPoint(parentFd, dirFd int) (bool, error) {
+	var parent, dir unix.Stat_t
+	if err := unix.Fstat(parentFd, &parent); err != nil {
+		return false, fmt.Errorf("failed to stat parent: %w", err)
+	}
+	if err := unix.Fstat(dirFd, &dir); err != nil {
+		return false, fmt.Errorf("failed to stat dir: %w", err)
+	}
+	return parent.Dev != dir.Dev, nil
+}
+
+// Destroy implements Interface.
+func (d *Disk) Destroy() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.built = false
+	var errs []error
+	mounts, err := mountsUnder(d.allocDir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	unmountFailed := err != nil
+	for _, mp := range mounts {
+		if err := unmount(mp); err != nil {
+			errs = append(errs, err)
+			unmountFailed = true
+		}
+	}
+	if unmountFailed {
+		// A recursive delete through a mount that is still attached would
+		// delete whatever it shows; leave everything for a later retry.
+		errs = append(errs, fmt.Errorf("not removing %q: mounts below it could not be released", d.allocDir))
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(d.allocDir); err != nil {
+		errs = append(errs, fmt.Errorf("failed to remove alloc dir %q: %w", d.allocDir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// unmount releases a mount point, falling back to a lazy detach when it is
+// busy: a detached mount is no longer reachable through the tree, so the
+// removal that follows cannot reach into it.
+func unmount(mp string) error {
+	err := unix.Unmount(mp, unix.UMOUNT_NOFOLLOW)
+	if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err2 := unix.Unmount(mp, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err2 != nil {
+		return fmt.Errorf("failed to unmount %q: %w (lazy: %v)", mp, err, err2)
+	}
+	return nil
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("failed to read mount table: %w", err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for space) of
+// /proc/self/mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range s[i+1 : i+4] {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + byte(c-'0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Move implements Interface. Between two Disk allocations it renames
+// alloc/data and each task's local/ (the same filesystem is required, as
+// in Nomad). From any other implementation it copies through that
+// implementation's snapshot, and the source keeps its data.
+func (d *Disk) Move(other Interface, tasks []string) error {
+	d.mu.RLock()
+	built := d.built
+	d.mu.RUnlock()
+	if !built {
+		return fmt.Errorf("unable to move to %q: %w", d.allocDir, ErrNotBuilt)
+	}
+	for _, task := range tasks {
+		if err := ValidName(task); err != nil || task == SharedAllocName {
+			return fmt.Errorf("unable to move task %q: %w", task, ErrInvalidName)
+		}
+	}
+	prev, ok := other.(*Disk)
+	if !ok {
+		return d.moveFromSnapshot(other, tasks)
+	}
+	// The renames below need no lock: the directories being replaced are
+	// empty placeholders and the source's tree is read by name only.
+	dstFd, err := d.openAlloc()
+	if err != nil {
+		return fmt.Errorf("unable to move to %q: %w", d.allocDir, err)
+	}
+	defer unix.Close(dstFd)
+	srcFd, err := prev.openAlloc()
+	if err != nil {
+		return fmt.Errorf("unable to move from %q: %w", prev.allocDir, err)
+	}
+	defer unix.Close(srcFd)
+
+	moves := []struct{ what, rel string }{{"data dir", path.Join(SharedAllocName, SharedDataName)}}
+	for _, task := range tasks {
+		moves = append(moves, struct{ what, rel string }{fmt.Sprintf("task %q local dir", task), path.Join(task, TaskLocal)})
+	}
+	for _, m := range moves {
+		moved, err := renameDirBeneath(srcFd, dstFd, m.rel)
+		if err != nil {
+			return fmt.Errorf("error moving %s from %s to %s: %w", m.what, prev.allocID, d.allocID, err)
+		}
+		d.logger.Debug("moved", "what", m.rel, "from", prev.allocID, "moved", moved)
+	}
+	return nil
+}
+
+// renameDirBeneath moves the directory rel from under srcFd to the same
+// place under dstFd. A missing source is not an error (nothing to move);
+// an empty destination placeholder is replaced; the destination's parent
+// is created (0777, nobody) when missing.
+func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
+	st, err := lstatBeneath(srcFd, rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return false, fmt.Errorf("%q is not a directory", rel)
+	}
+	parent, base := path.Split(rel)
+	parent = strings.TrimSuffix(parent, "/")
+	srcParent, err := openBeneath(srcFd, parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(srcParent)
+	dstParent, err := ensureDir(dstFd, parent, TaskDirMode, nobody())
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(dstParent)
+	if err := unix.Unlinkat(dstParent, base, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return false, fmt.Errorf("destination %q is not an empty directory: %w", rel, err)
+	}
+	if err := unix.Renameat2(srcParent, base, dstParent, base, unix.RENAME_NOREPLACE); err != nil {
+		return false, fmt.Errorf("rename %q: %w", rel, err)
+	}
+	return true, nil
+}
+
+// moveFromSnapshot copies another implementation's data in through its
+// snapshot, unpacked by the safe reader next to the allocation and then
+// renamed into place.
+func (d *Disk) moveFromSnapshot(other Interface, tasks []string) error {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(other.Snapshot(pw)) }()
+	staging, err := os.MkdirTemp(d.rootDir, "."+d.allocID+".move-*")
+	if err != nil {
+		pr.CloseWithError(err)
+		return fmt.Errorf("failed to stage move into %s: %w", d.allocID, err)
+	}
+	defer os.RemoveAll(staging)
+	dest := path.Join(staging, "tree")
+	_, err = ExtractSnapshot(pr, dest, ExtractOptions{Chown: os.Geteuid() == 0})
+	pr.CloseWithError(io.ErrClosedPipe)
+	if err != nil {
+		return fmt.Errorf("failed to copy snapshot into %s: %w", d.allocID, err)
+	}
+	srcFd, err := unix.Open(dest, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("failed to open staged snapshot: %w", err)
+	}
+	defer unix.Close(srcFd)
+	dstFd, err := d.openAlloc()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dstFd)
+	rels := []string{path.Join(SharedAllocName, SharedDataName)}
+	for _, task := range tasks {
+		rels = append(rels, path.Join(task, TaskLocal))
+	}
+	for _, rel := range rels {
+		if _, err := renameDirBeneath(srcFd, dstFd, rel); err != nil {
+			return fmt.Errorf("error moving %q into %s: %w", rel, d.allocID, err)
+		}
+	}
+	return nil
+}
+
+// Snapshot implements FS.
+func (d *Disk) Snapshot(w io.Writer) error {
+	d.mu.RLock()
+	roots := []string{path.Join(SharedAllocName, SharedDataName)}
+	for _, td := range d.sortedTasks() {
+		roots = append(roots, path.Join(td.Task.Name, TaskLocal))
+	}
+	d.mu.RUnlock()
+	rootFd, err := d.openAlloc()
+	if err != nil {
+		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)
+	}
+	defer unix.Close(rootFd)
+	return WriteSnapshot(w, d.allocID, beneathFS{fd: rootFd}, roots)
+}
+
+// readSide is the shared read side over the allocation directory.
+func (d *Disk) readSide() ReadSide {
+	return ReadSide{
+		AllocID:    d.allocID,
+		HostPrefix: d.allocDir,
+		Open: func() (ReadFS, func(), error) {
+			fd, err := d.openAlloc()
+			if err != nil {
+				return nil, nil, err
+			}
+			return beneathFS{fd: fd}, func() { unix.Close(fd) }, nil
+		},
+	}
+}
+
+// List implements FS.
+func (d *Disk) List(p string) ([]*FileInfo, error) { return d.readSide().List(p) }
+
+// Stat implements FS.
+func (d *Disk) Stat(p string) (*FileInfo, error) { return d.readSide().Stat(p) }
+
+// ReadAt implements FS.
+func (d *Disk) ReadAt(p string, offset int64) (io.ReadCloser, error) {
+	return d.readSide().ReadAt(p, offset)
+}
+
+// BlockUntilExists implements FS.
+func (d *Disk) BlockUntilExists(ctx context.Context, p string) (chan error, error) {
+	return d.readSide().BlockUntilExists(ctx, p)
+}
+
+// ChangeEvents implements FS.
+func (d *Disk) ChangeEvents(ctx context.Context, p string, curOffset int64) (*FileChanges, error) {
+	return d.readSide().ChangeEvents(ctx, p, curOffset)
+}

@@ -1,0 +1,785 @@
+package allocdir
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// Limits applied by ExtractSnapshot when ExtractOptions leaves them zero.
+const (
+	// DefaultMaxBytes caps the total size of the regular files of one
+	// snapshot (64 GiB).
+	DefaultMaxBytes int64 = 64 << 30
+	// DefaultMaxEntries caps the number of entries of one snapshot.
+	DefaultMaxEntries = 1 << 20
+)
+
+const (
+	// maxErrorBody caps how much of a sender's error entry is read: it
+	// ends up in an error message and in logs.
+	maxErrorBody = 64 << 10
+	// maxNameLen and maxLinkLen are the kernel's own path limits. A longer
+	// name could never be created anyway, and refusing it up front keeps
+	// an archive from filling memory with bookkeeping.
+	maxNameLen = unix.PathMax
+	maxLinkLen = unix.PathMax - 1
+	// trailerSize is the end-of-archive marker: two zero blocks.
+	trailerSize = 2 * 512
+)
+
+// ExtractOptions tunes ExtractSnapshot.
+type ExtractOptions struct {
+	// MaxBytes caps the sum of the sizes of regular files; 0 (or less)
+	// means DefaultMaxBytes.
+	MaxBytes int64
+	// MaxEntries caps the number of entries; 0 (or less) means
+	// DefaultMaxEntries.
+	MaxEntries int
+	// Chown restores the numeric owner and group from the headers; it
+	// needs CAP_CHOWN. Without it everything belongs to the caller.
+	Chown bool
+}
+
+// ExtractStats counts what ExtractSnapshot read and created.
+type ExtractStats struct {
+	// Entries is the number of headers read, skipped ones included.
+	Entries int
+	// Dirs, Files, Symlinks and HardLinks count what was created from an
+	// entry; directories created only as parents are not counted.
+	Dirs, Files, Symlinks, HardLinks int
+	// Skipped counts entries that were read but create nothing (FIFOs,
+	// unknown types, global headers).
+	Skipped int
+	// Bytes is the total size of the regular files written.
+	Bytes int64
+}
+
+// ExtractSnapshot unpacks a snapshot written by WriteSnapshot (or by
+// Nomad) from r into dest, which must not exist and whose parent must.
+// It is the only way a snapshot from another node should ever be
+// unpacked: the sender may be compromised, so every entry is checked and
+// nothing is written outside dest, through a symbolic link, or at all
+// unless the whole archive was accepted.
+//
+// The archive is unpacked into a fresh directory next to dest (mode 0700
+// while it is being filled) that is renamed to dest, with mode 0755, only
+// once the end-of-archive trailer was read. On any error that directory
+// is removed and dest is not created.
+//
+// An archive is refused with an error wrapping [ErrArchive] when:
+//   - it carries a sender's error entry (a top-level regular file named
+//     NOMAD-<id>-ERROR.log); its text is part of the error;
+//   - a name is empty, absolute, contains NUL or a ".." component, names
+//     the root, or lies outside Nomad's snapshot layout (alloc,
+//     alloc/data/..., <task>, <task>/local/...);
+//   - a name appears twice, or one of its parents is not a directory
+//     created from this archive (so nothing is ever written through a
+//     symbolic link);
+//   - a symbolic link is absolute or leads above the root, lexically or
+//     through the archive's other links;
+//   - a hard link names anything but a regular file extracted earlier;
+//   - it holds a character or block device;
+//   - it exceeds MaxBytes or MaxEntries;
+//   - it is corrupt or ends without its trailer (a stream cut at an entry
+//     boundary is otherwise indistinguishable from a complete one).
+//
+// FIFOs and entry types without meaning here are skipped. Permission and
+// sticky bits are restored; setuid and setgid are dropped, because the
+// sender is remote and must not be able to plant a set-id program on this
+// node. Owners are restored only with Chown. Modification times of files,
+// directories and links are restored.
+//
+// Errors that are not the archive's fault (reading r, a full disk) are
+// returned wrapped but do not wrap ErrArchive.
+func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats ExtractStats, err error) {
+	dest = filepath.Clean(dest)
+	parent, base := filepath.Dir(dest), filepath.Base(dest)
+	if base == "/" || base == "." || base == ".." {
+		return stats, fmt.Errorf("failed to extract snapshot: invalid destination %q", dest)
+	}
+	if _, err := os.Lstat(dest); err == nil {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, fs.ErrExist)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, err)
+	}
+	if fi, err := os.Stat(parent); err != nil {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, err)
+	} else if !fi.IsDir() {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: parent %q is not a directory", dest, parent)
+	}
+
+	tmp, err := os.MkdirTemp(parent, "."+base+".extract-*")
+	if err != nil {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, err)
+	}
+	defer func() {
+		if err != nil {
+			removeTree(tmp)
+		}
+	}()
+
+	x, err := newExtractor(tmp, opts)
+	if err != nil {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, err)
+	}
+	err = x.run(r)
+	if err == nil {
+		// The root stays private until the archive was accepted.
+		if cerr := unix.Fchmod(x.rootfd, uint32(AllocDirMode.Perm())); cerr != nil {
+			err = fmt.Errorf("failed to chmod %q: %w", tmp, cerr)
+		}
+	}
+	x.close()
+	stats = x.stats
+	if err != nil {
+		return stats, fmt.Errorf("failed to extract snapshot into %q: %w", dest, err)
+	}
+	// NOREPLACE: whatever appeared at dest since the check above is not
+	// ours to overwrite.
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dest, unix.RENAME_NOREPLACE); err != nil {
+		return stats, fmt.Errorf("failed to rename %q to %q: %w", tmp, dest, err)
+	}
+	return stats, nil
+}
+
+// removeTree removes a failed extraction. Directories may have been
+// given modes that stop a non-root caller from emptying them, so a second
+// attempt first makes every directory accessible again; the walk is
+// lstat-based and never follows a link.
+func removeTree(dir string) {
+	if os.RemoveAll(dir) == nil {
+		return
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if d != nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	_ = os.RemoveAll(dir)
+}
+
+type nodeKind uint8
+
+const (
+	kindDir nodeKind = iota + 1
+	kindFile
+	kindSymlink
+	kindHardLink
+	kindSkipped
+)
+
+func (k nodeKind) String() string {
+	switch k {
+	case kindDir:
+		return "directory"
+	case kindFile:
+		return "regular file"
+	case kindSymlink:
+		return "symbolic link"
+	case kindHardLink:
+		return "hard link"
+	default:
+		return "skipped entry"
+	}
+}
+
+// node is what the extractor remembers of every name it created. The
+// directory it fills is private and fresh, so this record is the truth
+// about its content; the openat2 checks only back it up.
+type node struct {
+	kind nodeKind
+	// explicit: a directory entry of the archive named it, rather than it
+	// being created as a parent.
+	explicit bool
+	// target of a symbolic link.
+	target string
+	// mode, uid, gid and times of an explicit directory, applied once
+	// everything below it exists.
+	mode         uint32
+	uid, gid     int
+	atime, mtime time.Time
+}
+
+type extractor struct {
+	rootfd     int
+	chown      bool
+	maxBytes   int64
+	maxEntries int
+	nodes      map[string]*node
+	// dirs lists every directory created, for the final metadata pass.
+	dirs []string
+	// climbers are the symbolic links whose target contains "..": only
+	// they can leave the root through another link (see checkLinkChains).
+	climbers []string
+	stats    ExtractStats
+	buf      []byte
+	// One directory fd is kept open because consecutive entries nearly
+	// always share their parent.
+	cachedDir string
+	cachedFd  int
+}
+
+func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	x := &extractor{
+		rootfd:     fd,
+		chown:      opts.Chown,
+		maxBytes:   opts.MaxBytes,
+		maxEntries: opts.MaxEntries,
+		nodes:      make(map[string]*node),
+		buf:        make([]byte, copyBufSize),
+		cachedFd:   -1,
+	}
+	if x.maxBytes <= 0 {
+		x.maxBytes = DefaultMaxBytes
+	}
+	if x.maxEntries <= 0 {
+		x.maxEntries = DefaultMaxEntries
+	}
+	return x, nil
+}
+
+func (x *extractor) close() {
+	if x.cachedFd >= 0 {
+		unix.Close(x.cachedFd)
+		x.cachedFd = -1
+	}
+	if x.rootfd >= 0 {
+		unix.Close(x.rootfd)
+		x.rootfd = -1
+	}
+}
+
+// run reads the whole archive, then applies what had to wait for it.
+func (x *extractor) run(r io.Reader) error {
+	cr := &countingReader{r: r}
+	tr := tar.NewReader(cr)
+	for {
+		before := cr.n
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			// Bodies are always read to their end before Next, so all
+			// this call can have read is the last entry's padding and
+			// the trailer. Less than that means the stream stopped at an
+			// entry boundary, which archive/tar also reports as io.EOF.
+			if cr.n-before < trailerSize || !cr.tailIsZero() {
+				if cr.err != nil && cr.err != io.EOF {
+					return fmt.Errorf("failed to read snapshot: %w", cr.err)
+				}
+				return fmt.Errorf("%w: archive truncated: no end-of-archive trailer", ErrArchive)
+			}
+			break
+		}
+		if err != nil && !errors.Is(err, tar.ErrInsecurePath) {
+			return readError(cr, "", err)
+		}
+		// ErrInsecurePath (GODEBUG tarinsecurepath=0) still comes with
+		// the header; the name checks below refuse it with context.
+		if err := x.entry(tr, hdr); err != nil {
+			return err
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			return readError(cr, hdr.Name, err)
+		}
+	}
+	if err := x.checkLinkChains(); err != nil {
+		return err
+	}
+	return x.applyDirMeta()
+}
+
+// readError classifies a failure of the tar reader: a failing source is
+// the transport's fault, anything else is the archive's.
+func readError(cr *countingReader, name string, err error) error {
+	if cr.err != nil && cr.err != io.EOF {
+		if name == "" {
+			return fmt.Errorf("failed to read snapshot: %w", err)
+		}
+		return fmt.Errorf("failed to read snapshot entry %q: %w", name, err)
+	}
+	what := "corrupt archive"
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		what = "archive truncated"
+	}
+	if name == "" {
+		return fmt.Errorf("%w: %s: %w", ErrArchive, what, err)
+	}
+	return fmt.Errorf("%w: entry %q: %s: %w", ErrArchive, name, what, err)
+}
+
+func refuse(name, format string, args ...any) error {
+	return fmt.Errorf("%w: entry %q: %s", ErrArchive, name, fmt.Sprintf(format, args...))
+}
+
+func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
+	x.stats.Entries++
+	if x.stats.Entries > x.maxEntries {
+		return refuse(hdr.Name, "archive has more than %d entries", x.maxEntries)
+	}
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		x.stats.Skipped++
+		return nil
+	}
+	name, err := cleanEntryName(hdr.Name)
+	if err != nil {
+		return refuse(hdr.Name, "%v", err)
+	}
+	comps := strings.Split(name, "/")
+	if len(comps) == 1 && isRegular(hdr.Typeflag) && isErrorEntryName(name) {
+		return senderError(tr, name)
+	}
+	if err := checkLayout(comps); err != nil {
+		return refuse(name, "%v", err)
+	}
+	if n, ok := x.nodes[name]; ok {
+		if n.kind != kindDir || n.explicit || hdr.Typeflag != tar.TypeDir {
+			return refuse(name, "duplicate entry (already extracted as %s)", n.kind)
+		}
+	}
+
+	switch {
+	case hdr.Typeflag == tar.TypeDir:
+		return x.dir(name, comps, hdr)
+	case isRegular(hdr.Typeflag):
+		return x.file(tr, name, comps, hdr)
+	case hdr.Typeflag == tar.TypeSymlink:
+		return x.symlink(name, comps, hdr)
+	case hdr.Typeflag == tar.TypeLink:
+		return x.hardLink(name, comps, hdr)
+	case hdr.Typeflag == tar.TypeChar, hdr.Typeflag == tar.TypeBlock:
+		return refuse(name, "device node")
+	default:
+		x.nodes[name] = &node{kind: kindSkipped}
+		x.stats.Skipped++
+		return nil
+	}
+}
+
+// isRegular: archive/tar already maps the old '\x00' type to TypeReg, and
+// a GNU sparse file reads back as its expanded content.
+func isRegular(t byte) bool { return t == tar.TypeReg || t == tar.TypeGNUSparse }
+
+func isErrorEntryName(name string) bool {
+	return len(name) >= len("NOMAD--ERROR.log") &&
+		strings.HasPrefix(name, "NOMAD-") && strings.HasSuffix(name, "-ERROR.log")
+}
+
+// senderError turns the sender's error entry into the refusal it means.
+func senderError(tr *tar.Reader, name string) error {
+	body, err := io.ReadAll(io.LimitReader(tr, maxErrorBody))
+	if err != nil {
+		return fmt.Errorf("%w: entry %q: sender reported an error that could not be read: %w", ErrArchive, name, err)
+	}
+	msg := strings.TrimSpace(strings.ToValidUTF8(string(body), string(utf8.RuneError)))
+	return refuse(name, "sender reported: %s", msg)
+}
+
+// cleanEntryName checks a raw entry name and returns it cleaned. A ".."
+// is refused wherever it appears, even where it would clean away: such a
+// name is never produced by a sender, only crafted.
+func cleanEntryName(raw string) (string, error) {
+	switch {
+	case raw == "":
+		return "", errors.New("empty name")
+	case len(raw) > maxNameLen:
+		return "", fmt.Errorf("name longer than %d bytes", maxNameLen)
+	case strings.IndexByte(raw, 0) >= 0:
+		return "", errors.New("name contains NUL")
+	case strings.HasPrefix(raw, "/"):
+		return "", errors.New("absolute name")
+	}
+	for _, c := range strings.Split(raw, "/") {
+		if c == ".." {
+			return "", errors.New(`name contains ".."`)
+		}
+	}
+	name := path.Clean(raw)
+	if name == "." {
+		return "", errors.New("name is the archive root")
+	}
+	return name, nil
+}
+
+// checkLayout admits only what a snapshot can hold: alloc/data and every
+// task's local/, plus the directories above them.
+func checkLayout(comps []string) error {
+	top := comps[0]
+	if top == SharedAllocName {
+		if len(comps) == 1 || comps[1] == SharedDataName {
+			return nil
+		}
+		return fmt.Errorf("outside %s/%s", SharedAllocName, SharedDataName)
+	}
+	if err := ValidName(top); err != nil {
+		return err
+	}
+	if len(comps) == 1 || comps[1] == TaskLocal {
+		return nil
+	}
+	return fmt.Errorf("outside %s/%s", top, TaskLocal)
+}
+
+// openDir returns an fd for the directory p (relative to the root, ""
+// for the root). The fd belongs to the cache: callers must not close it
+// and must not hold it across another openDir.
+func (x *extractor) openDir(entry, p string) (int, error) {
+	if x.cachedFd >= 0 && x.cachedDir == p {
+		return x.cachedFd, nil
+	}
+	fd, err := openBeneath(x.rootfd, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, fsError(entry, err)
+	}
+	if x.cachedFd >= 0 {
+		unix.Close(x.cachedFd)
+	}
+	x.cachedDir, x.cachedFd = p, fd
+	return fd, nil
+}
+
+// fsError classifies a failed filesystem call: a link or a non-directory
+// in the way can only come from the archive, anything else (ENOSPC, EIO,
+// EPERM) is this node's problem.
+func fsError(entry string, err error) error {
+	switch {
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
+		return fmt.Errorf("%w: entry %q: path runs through a symbolic link: %w", ErrArchive, entry, err)
+	case errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", ErrArchive, entry, err)
+	case errors.Is(err, unix.EEXIST):
+		return fmt.Errorf("%w: entry %q: already exists: %w", ErrArchive, entry, err)
+	}
+	return fmt.Errorf("failed to extract entry %q: %w", entry, err)
+}
+
+// parent returns an fd for the directory that holds the last component
+// of comps, creating missing parents. A parent that exists as anything
+// but a directory is refused here, before the kernel would be asked to
+// look through it.
+func (x *extractor) parent(entry string, comps []string) (int, error) {
+	dirs := comps[:len(comps)-1]
+	for i := range dirs {
+		p := strings.Join(dirs[:i+1], "/")
+		n, ok := x.nodes[p]
+		if !ok {
+			pfd, err := x.openDir(entry, strings.Join(dirs[:i], "/"))
+			if err != nil {
+				return -1, err
+			}
+			if err := unix.Mkdirat(pfd, dirs[i], 0o700); err != nil {
+				return -1, fsError(entry, &fs.PathError{Op: "mkdirat", Path: p, Err: err})
+			}
+			x.nodes[p] = &node{kind: kindDir, mode: uint32(AllocDirMode.Perm())}
+			x.dirs = append(x.dirs, p)
+			continue
+		}
+		if n.kind != kindDir {
+			return -1, refuse(entry, "parent %q is a %s", p, n.kind)
+		}
+	}
+	return x.openDir(entry, strings.Join(dirs, "/"))
+}
+
+// fileMode keeps the permission and sticky bits of a header mode and
+// drops setuid and setgid (see ExtractSnapshot).
+func fileMode(m int64) uint32 { return uint32(m) & (0o777 | unix.S_ISVTX) }
+
+func (x *extractor) dir(name string, comps []string, hdr *tar.Header) error {
+	n, ok := x.nodes[name]
+	if !ok {
+		pfd, err := x.parent(name, comps)
+		if err != nil {
+			return err
+		}
+		if err := unix.Mkdirat(pfd, comps[len(comps)-1], 0o700); err != nil {
+			return fsError(name, &fs.PathError{Op: "mkdirat", Path: name, Err: err})
+		}
+		n = &node{kind: kindDir}
+		x.nodes[name] = n
+		x.dirs = append(x.dirs, name)
+	}
+	n.explicit = true
+	n.mode = fileMode(hdr.Mode)
+	n.uid, n.gid = hdr.Uid, hdr.Gid
+	n.atime, n.mtime = hdr.AccessTime, hdr.ModTime
+	x.stats.Dirs++
+	return nil
+}
+
+func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.Header) error {
+	if hdr.Size > x.maxBytes-x.stats.Bytes {
+		return refuse(name, "archive holds more than %d bytes of file content", x.maxBytes)
+	}
+	pfd, err := x.parent(name, comps)
+	if err != nil {
+		return err
+	}
+	base := comps[len(comps)-1]
+	fd, err := openBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fsError(name, err)
+	}
+	x.nodes[name] = &node{kind: kindFile}
+	f := os.NewFile(uintptr(fd), name)
+	n, err := x.copyBody(f, tr, name)
+	x.stats.Bytes += n
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if err := x.setOwner(fd, hdr); err != nil {
+		f.Close()
+		return fmt.Errorf("failed to chown %q: %w", name, err)
+	}
+	if err := unix.Fchmod(fd, fileMode(hdr.Mode)); err != nil {
+		f.Close()
+		return fmt.Errorf("failed to chmod %q: %w", name, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("failed to write %q: %w", name, err)
+	}
+	if err := setTimes(pfd, base, hdr.AccessTime, hdr.ModTime); err != nil {
+		return fmt.Errorf("failed to set times of %q: %w", name, err)
+	}
+	x.stats.Files++
+	return nil
+}
+
+// copyBody copies the current entry's body, telling a short or broken
+// archive (the sender's fault) from a failed write (ours).
+func (x *extractor) copyBody(f *os.File, tr *tar.Reader, name string) (int64, error) {
+	var written int64
+	for {
+		n, rerr := tr.Read(x.buf)
+		if n > 0 {
+			if _, err := f.Write(x.buf[:n]); err != nil {
+				return written, fmt.Errorf("failed to write %q: %w", name, err)
+			}
+			written += int64(n)
+		}
+		if rerr == io.EOF {
+			return written, nil
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.ErrUnexpectedEOF) {
+				return written, fmt.Errorf("%w: entry %q: archive truncated: body shorter than %d bytes: %w", ErrArchive, name, written, rerr)
+			}
+			return written, fmt.Errorf("failed to read body of entry %q: %w", name, rerr)
+		}
+	}
+}
+
+func (x *extractor) setOwner(fd int, hdr *tar.Header) error {
+	if !x.chown {
+		return nil
+	}
+	return unix.Fchown(fd, hdr.Uid, hdr.Gid)
+}
+
+func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error {
+	target := hdr.Linkname
+	switch {
+	case target == "":
+		return refuse(name, "symbolic link with empty target")
+	case len(target) > maxLinkLen:
+		return refuse(name, "symbolic link target longer than %d bytes", maxLinkLen)
+	case strings.IndexByte(target, 0) >= 0:
+		return refuse(name, "symbolic link target contains NUL")
+	case path.IsAbs(target):
+		return refuse(name, "symbolic link to absolute path %q", target)
+	}
+	if j := path.Join(path.Dir(name), target); j == ".." || strings.HasPrefix(j, "../") {
+		return refuse(name, "symbolic link target %q leads outside the archive root", target)
+	}
+	pfd, err := x.parent(name, comps)
+	if err != nil {
+		return err
+	}
+	base := comps[len(comps)-1]
+	if err := unix.Symlinkat(target, pfd, base); err != nil {
+		return fsError(name, &fs.PathError{Op: "symlinkat", Path: name, Err: err})
+	}
+	x.nodes[name] = &node{kind: kindSymlink, target: target}
+	if slices.Contains(strings.Split(target, "/"), "..") {
+		x.climbers = append(x.climbers, name)
+	}
+	if x.chown {
+		if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("failed to chown %q: %w", name, err)
+		}
+	}
+	if err := setTimes(pfd, base, hdr.AccessTime, hdr.ModTime); err != nil {
+		return fmt.Errorf("failed to set times of %q: %w", name, err)
+	}
+	x.stats.Symlinks++
+	return nil
+}
+
+func (x *extractor) hardLink(name string, comps []string, hdr *tar.Header) error {
+	target, err := cleanEntryName(hdr.Linkname)
+	if err != nil {
+		return refuse(name, "hard link target %q: %v", hdr.Linkname, err)
+	}
+	if n, ok := x.nodes[target]; !ok || (n.kind != kindFile && n.kind != kindHardLink) {
+		return refuse(name, "hard link target %q is not a regular file of this archive", hdr.Linkname)
+	}
+	// The target's parent is opened on its own fd: the cache holds only
+	// one directory and the new name's parent needs it.
+	tcomps := strings.Split(target, "/")
+	ofd, err := openBeneath(x.rootfd, strings.Join(tcomps[:len(tcomps)-1], "/"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fsError(name, err)
+	}
+	defer unix.Close(ofd)
+	pfd, err := x.parent(name, comps)
+	if err != nil {
+		return err
+	}
+	if err := unix.Linkat(ofd, tcomps[len(tcomps)-1], pfd, comps[len(comps)-1], 0); err != nil {
+		return fsError(name, &fs.PathError{Op: "linkat", Path: name, Err: err})
+	}
+	x.nodes[name] = &node{kind: kindHardLink}
+	x.stats.HardLinks++
+	return nil
+}
+
+// checkLinkChains resolves, through the archive's own links, every link
+// whose target climbs. The lexical check of each link alone misses a
+// chain such as a/s -> ../.. (the root, fine) and a/t -> s/../../x (fine
+// lexically, but the kernel climbs from where s leads, which is out).
+// Links without ".." only descend from where their parent really is, so
+// they stay inside when every link they pass through does. A loop is not
+// an escape: the kernel gives up on it too.
+func (x *extractor) checkLinkChains() error {
+	if len(x.climbers) == 0 {
+		return nil
+	}
+	res := Resolver{Readlink: func(p string) (string, bool, error) {
+		if n, ok := x.nodes[p]; ok && n.kind == kindSymlink {
+			return n.target, true, nil
+		}
+		return "", false, nil
+	}}
+	for _, name := range x.climbers {
+		if _, err := res.Resolve(name, true); errors.Is(err, ErrEscapes) {
+			return refuse(name, "symbolic link target %q leads outside the archive root through other links", x.nodes[name].target)
+		}
+	}
+	return nil
+}
+
+// applyDirMeta sets the mode, owner and times of every directory once
+// nothing more will be created in it (creating an entry changes the
+// parent's mtime, and a read-only mode would stop a non-root caller from
+// filling it). Deepest first, so that no parent is locked before its
+// children are done.
+func (x *extractor) applyDirMeta() error {
+	if x.cachedFd >= 0 {
+		unix.Close(x.cachedFd)
+		x.cachedFd = -1
+	}
+	slices.SortStableFunc(x.dirs, func(a, b string) int {
+		return strings.Count(b, "/") - strings.Count(a, "/")
+	})
+	for _, name := range x.dirs {
+		n := x.nodes[name]
+		fd, err := openBeneath(x.rootfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return fsError(name, err)
+		}
+		err = x.dirMeta(fd, name, n)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *extractor) dirMeta(fd int, name string, n *node) error {
+	if n.explicit && x.chown {
+		if err := unix.Fchown(fd, n.uid, n.gid); err != nil {
+			return fmt.Errorf("failed to chown %q: %w", name, err)
+		}
+	}
+	if err := unix.Fchmod(fd, n.mode); err != nil {
+		return fmt.Errorf("failed to chmod %q: %w", name, err)
+	}
+	if n.explicit {
+		if err := setTimes(fd, ".", n.atime, n.mtime); err != nil {
+			return fmt.Errorf("failed to set times of %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// setTimes sets the times of name in dirfd without following a link. A
+// zero time is left alone rather than set to year 1.
+func setTimes(dirfd int, name string, atime, mtime time.Time) error {
+	if atime.IsZero() && mtime.IsZero() {
+		return nil
+	}
+	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
+	return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+func timespec(t time.Time) unix.Timespec {
+	if t.IsZero() {
+		return unix.Timespec{Nsec: unix.UTIME_OMIT}
+	}
+	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
+}
+
+// countingReader counts what the tar reader consumed, keeps the last
+// trailerSize bytes of it and remembers the source's first error, which
+// is what makes a missing trailer and a failing source detectable.
+type countingReader struct {
+	r    io.Reader
+	n    int64
+	tail []byte
+	err  error
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.n += int64(n)
+		c.remember(p[:n])
+	}
+	if err != nil && c.err == nil {
+		c.err = err
+	}
+	return n, err
+}
+
+func (c *countingReader) remember(b []byte) {
+	if len(b) >= trailerSize {
+		c.tail = append(c.tail[:0], b[len(b)-trailerSize:]...)
+		return
+	}
+	if keep := trailerSize - len(b); len(c.tail) > keep {
+		c.tail = append(c.tail[:0], c.tail[len(c.tail)-keep:]...)
+	}
+	c.tail = append(c.tail, b...)
+}
+
+func (c *countingReader) tailIsZero() bool {
+	return len(c.tail) == trailerSize && bytes.Count(c.tail, []byte{0}) == trailerSize
+}

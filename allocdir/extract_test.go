@@ -1,0 +1,551 @@
+package allocdir_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// snapEnv is a sandbox for one extraction: dest sits deep below base so
+// that a name climbing out of it still lands inside base, where the
+// before/after comparison sees it, and outside holds a sentinel.
+type snapEnv struct {
+	base, outside, parent, dest string
+	before                      map[string]snapNode
+}
+
+func newSnapEnv(t *testing.T) *snapEnv {
+	t.Helper()
+	base := t.TempDir()
+	e := &snapEnv{
+		base:    base,
+		outside: filepath.Join(base, "outside"),
+		parent:  filepath.Join(base, "p1", "p2", "p3", "p4"),
+	}
+	e.dest = filepath.Join(e.parent, "dest")
+	for _, d := range []string{e.outside, e.parent} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(e.outside, "sentinel"), []byte("untouched"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.before = snapReadTree(t, base)
+	return e
+}
+
+// assertRefused checks that err wraps ErrArchive and that the extraction
+// left no trace: no dest, no temp directory, nothing changed under base.
+func (e *snapEnv) assertRefused(t *testing.T, err error) {
+	t.Helper()
+	if !errors.Is(err, allocdir.ErrArchive) {
+		t.Errorf("got error %v, want one wrapping ErrArchive", err)
+	}
+	t.Logf("refused: %v", err)
+	e.assertNoTrace(t)
+}
+
+func (e *snapEnv) assertNoTrace(t *testing.T) {
+	t.Helper()
+	if _, err := os.Lstat(e.dest); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("dest: got stat error %v, want not-exist", err)
+	}
+	snapAssertNoTemp(t, e.parent)
+	after := snapReadTree(t, e.base)
+	for name, n := range after {
+		b, ok := e.before[name]
+		// The parent's mtime moves because the temp directory was
+		// created and removed in it; its content is still compared
+		// entry by entry.
+		sameTime := n.MTime.Equal(b.MTime) || name == "p1/p2/p3/p4"
+		switch {
+		case !ok:
+			t.Errorf("%s: created outside the extraction", name)
+		case n.Mode != b.Mode || n.Body != b.Body || n.Link != b.Link || n.Ino != b.Ino || !sameTime:
+			t.Errorf("%s: changed: got %+v, want %+v", name, n, b)
+		}
+	}
+	for name := range e.before {
+		if _, ok := after[name]; !ok {
+			t.Errorf("%s: removed", name)
+		}
+	}
+}
+
+// snapAssertNoTemp fails if an extraction temp directory is left in dir.
+func snapAssertNoTemp(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.Contains(e.Name(), ".extract-") {
+			t.Errorf("got leftover temp directory %q, want none", e.Name())
+		}
+	}
+}
+
+// snapEntry describes one entry of a hand-made archive. Size overrides
+// the header size when set (the body is still what is written).
+type snapEntry struct {
+	name  string
+	typ   byte
+	body  string
+	link  string
+	mode  int64
+	size  int64
+	major int64
+}
+
+func dirEntry(name string) snapEntry { return snapEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func fileEntry(name, body string) snapEntry {
+	return snapEntry{name: name, typ: tar.TypeReg, body: body, mode: 0o644}
+}
+func linkEntry(name, target string) snapEntry {
+	return snapEntry{name: name, typ: tar.TypeSymlink, link: target, mode: 0o777}
+}
+func hardEntry(name, target string) snapEntry {
+	return snapEntry{name: name, typ: tar.TypeLink, link: target, mode: 0o644}
+}
+
+// snapTar writes entries as an archive; without the trailer when open.
+func snapTar(t *testing.T, open bool, entries ...snapEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := &tar.Header{
+			Name:     e.name,
+			Typeflag: e.typ,
+			Linkname: e.link,
+			Mode:     e.mode,
+			Size:     int64(len(e.body)),
+			ModTime:  time.Date(2022, 1, 2, 3, 4, 5, 0, time.UTC),
+			Devmajor: e.major,
+		}
+		if e.typ != tar.TypeReg {
+			hdr.Size = 0
+		}
+		if e.size != 0 {
+			hdr.Size = e.size
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatalf("writing header %q: %v", e.name, err)
+		}
+		if e.body != "" {
+			if _, err := tw.Write([]byte(e.body)); err != nil {
+				t.Fatalf("writing body %q: %v", e.name, err)
+			}
+		}
+	}
+	if open {
+		if err := tw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestExtractRefusesMaliciousArchives runs every refused archive through
+// the same assertions: ErrArchive, no dest, no temp directory, nothing
+// written anywhere else.
+func TestExtractRefusesMaliciousArchives(t *testing.T) {
+	t.Parallel()
+	passwd, err := os.Lstat("/etc/passwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	passwdLinks := passwd.Sys().(*syscall.Stat_t).Nlink
+
+	valid := func(t *testing.T, e *snapEnv) []byte {
+		return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)), dirEntry("web/local"))
+	}
+	cases := []struct {
+		name    string
+		archive func(t *testing.T, e *snapEnv) []byte
+		opts    allocdir.ExtractOptions
+		check   func(t *testing.T, e *snapEnv)
+	}{
+		{name: "absolute_name", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, fileEntry(filepath.Join(e.outside, "abs"), "x"))
+		}, check: func(t *testing.T, e *snapEnv) { snapAssertAbsent(t, filepath.Join(e.outside, "abs")) }},
+		{name: "dotdot_name", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/../../../x", "x"))
+		}, check: func(t *testing.T, e *snapEnv) { snapAssertAbsent(t, filepath.Join(e.parent, "x")) }},
+		{name: "dotdot_name_that_cleans_inside", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, fileEntry("alloc/data/x/../y", "x"))
+		}},
+		{name: "empty_name", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, fileEntry("", "x"))
+		}},
+		{name: "name_cleans_to_root", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("./"))
+		}},
+		{name: "outside_layout_alloc_logs", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/logs/x", "x"))
+		}},
+		{name: "outside_layout_task_secrets", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("web/local"), fileEntry("web/secrets/token", "x"))
+		}},
+		{name: "outside_layout_task_private", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, fileEntry("web/private/key", "x"))
+		}},
+		{name: "outside_layout_alloc_local", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, fileEntry("alloc/local/x", "x"))
+		}},
+		{name: "duplicate_entry", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "1"), fileEntry("alloc/data/f", "2"))
+		}},
+		{name: "duplicate_entry_after_cleaning", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "1"), fileEntry("./alloc//data/./f", "2"))
+		}},
+		{name: "duplicate_directory", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), dirEntry("alloc/data"))
+		}},
+		{name: "CVE-2024-6717_duplicate_file_replaces_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/f", "../../web/local/g"), fileEntry("alloc/data/f", "x"))
+		}},
+		{name: "CVE-2022-24683_absolute_symlink_to_etc", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/etc", "/etc"))
+		}},
+		{name: "CVE-2024-1329_relative_symlink_climbs_out", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "../../../../etc"))
+		}},
+		{name: "CVE-2024-1329_symlink_to_parent_of_root", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, linkEntry("web", ".."))
+		}},
+		{name: "CVE-2024-1329_symlink_chain_climbs_out", archive: func(t *testing.T, e *snapEnv) []byte {
+			// t is fine lexically (alloc/data/s/../../../etc cleans to
+			// etc) and arrives before the link that makes it escape.
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/t", "s/../../../etc"), linkEntry("alloc/data/s", "../.."))
+		}},
+		{name: "CVE-2024-7625_write_through_symlink_to_dot", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), fileEntry("alloc/data/l/f", "x"))
+		}},
+		{name: "CVE-2024-7625_write_through_symlink_to_root", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "../../"), fileEntry("alloc/data/l/web/local/f", "x"))
+		}},
+		{name: "CVE-2024-7625_mkdir_through_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), dirEntry("alloc/data/l/d"))
+		}},
+		{name: "CVE-2024-7625_write_through_absolute_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", e.outside), fileEntry("alloc/data/l/sentinel", "overwritten"), fileEntry("alloc/data/l/new", "x"))
+		}, check: func(t *testing.T, e *snapEnv) {
+			snapAssertAbsent(t, filepath.Join(e.outside, "new"))
+		}},
+		{name: "write_under_regular_file", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"), fileEntry("alloc/data/f/g", "y"))
+		}},
+		{name: "symlink_empty_target", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, linkEntry("alloc/data/l", ""))
+		}},
+		{name: "hardlink_to_etc_passwd", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/passwd", "/etc/passwd"))
+		}, check: func(t *testing.T, e *snapEnv) {
+			fi, err := os.Lstat("/etc/passwd")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fi.Sys().(*syscall.Stat_t).Nlink; got != passwdLinks {
+				t.Errorf("/etc/passwd: got %d links, want %d", got, passwdLinks)
+			}
+		}},
+		{name: "hardlink_dotdot", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "../x"))
+		}},
+		{name: "hardlink_dotdot_to_outside_file", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "alloc/data/../../../../../outside/sentinel"))
+		}, check: func(t *testing.T, e *snapEnv) {
+			fi, err := os.Lstat(filepath.Join(e.outside, "sentinel"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fi.Sys().(*syscall.Stat_t).Nlink; got != 1 {
+				t.Errorf("sentinel: got %d links, want 1", got)
+			}
+		}},
+		{name: "hardlink_unknown_entry", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "alloc/data/nope"))
+		}},
+		{name: "hardlink_to_directory", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), dirEntry("alloc/data/d"), hardEntry("alloc/data/x", "alloc/data/d"))
+		}},
+		{name: "hardlink_to_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), hardEntry("alloc/data/x", "alloc/data/l"))
+		}},
+		{name: "char_device", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/mem", typ: tar.TypeChar, mode: 0o666, major: 1})
+		}},
+		{name: "block_device", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/sda", typ: tar.TypeBlock, mode: 0o666, major: 8})
+		}},
+		{name: "oversize_file", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 51)))
+		}},
+		{name: "oversize_total", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 30)), fileEntry("alloc/data/g", strings.Repeat("x", 30)))
+		}},
+		{name: "too_many_entries", opts: allocdir.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", ""), fileEntry("alloc/data/b", ""), fileEntry("alloc/data/c", ""))
+		}},
+		{name: "error_entry", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", "x"), fileEntry("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
+		}},
+		{name: "truncated_at_entry_boundary", archive: func(t *testing.T, e *snapEnv) []byte {
+			return snapTar(t, true, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)), dirEntry("web/local"))
+		}},
+		{name: "truncated_after_one_zero_block", archive: func(t *testing.T, e *snapEnv) []byte {
+			b := snapTar(t, true, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)))
+			return append(b, make([]byte, 512)...)
+		}},
+		{name: "truncated_mid_body", archive: func(t *testing.T, e *snapEnv) []byte {
+			b := valid(t, e)
+			return b[:512+512+300]
+		}},
+		{name: "truncated_mid_header", archive: func(t *testing.T, e *snapEnv) []byte {
+			return valid(t, e)[:512+100]
+		}},
+		{name: "empty_stream", archive: func(t *testing.T, e *snapEnv) []byte { return nil }},
+		{name: "garbage", archive: func(t *testing.T, e *snapEnv) []byte {
+			return bytes.Repeat([]byte("this is not a tar archive\n"), 100)
+		}},
+		{name: "garbage_after_valid_entry", archive: func(t *testing.T, e *snapEnv) []byte {
+			b := snapTar(t, true, dirEntry("alloc/data"))
+			return append(b, bytes.Repeat([]byte{0xa5}, 1024)...)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newSnapEnv(t)
+			_, err := allocdir.ExtractSnapshot(bytes.NewReader(tc.archive(t, e)), e.dest, tc.opts)
+			e.assertRefused(t, err)
+			if tc.check != nil {
+				tc.check(t, e)
+			}
+		})
+	}
+}
+
+// TestExtractErrorEntryText: the sender's error text reaches the caller.
+func TestExtractErrorEntryText(t *testing.T) {
+	t.Parallel()
+	e := newSnapEnv(t)
+	archive := snapTar(t, false, fileEntry("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
+	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+	e.assertRefused(t, err)
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Errorf("got error %v, want the sender's text in it", err)
+	}
+}
+
+func snapAssertAbsent(t *testing.T, p string) {
+	t.Helper()
+	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s: got stat error %v, want not-exist", p, err)
+	}
+}
+
+// TestExtractAcceptsForeignArchives takes what other tar writers produce:
+// trailing slashes, "./" prefixes, missing parent entries, a directory
+// entry after its content, hard links, FIFOs and global headers.
+func TestExtractAcceptsForeignArchives(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2020, 5, 6, 7, 8, 9, 0, time.UTC)
+	for _, h := range []*tar.Header{
+		{Typeflag: tar.TypeXGlobalHeader, Name: "pax_global_header", PAXRecords: map[string]string{"comment": "x"}},
+		{Typeflag: tar.TypeReg, Name: "./alloc/data/x/f", Mode: 0o640, Size: 3, ModTime: mt},
+		{Typeflag: tar.TypeDir, Name: "alloc/data/x/", Mode: 0o750, ModTime: mt},
+		{Typeflag: tar.TypeLink, Name: "alloc/data/x/hard", Linkname: "./alloc/data/x/f"},
+		{Typeflag: tar.TypeLink, Name: "alloc/data/hard2", Linkname: "alloc/data/x/hard"},
+		{Typeflag: tar.TypeFifo, Name: "alloc/data/fifo", Mode: 0o644},
+		{Typeflag: tar.TypeSymlink, Name: "web/local/up", Linkname: "../../alloc/data/x/f", ModTime: mt},
+		{Typeflag: tar.TypeSymlink, Name: "web/local/loop", Linkname: "loop"},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatalf("writing %q: %v", h.Name, err)
+		}
+		if h.Size > 0 {
+			if _, err := tw.Write([]byte("abc")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(t.TempDir(), "dest")
+	stats, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{})
+	if err != nil {
+		t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+	}
+	want := allocdir.ExtractStats{Entries: 8, Dirs: 1, Files: 1, Symlinks: 2, HardLinks: 2, Skipped: 2, Bytes: 3}
+	if stats != want {
+		t.Errorf("got stats %+v, want %+v", stats, want)
+	}
+	tree := snapReadTree(t, dest)
+	if n := tree["alloc/data/x"]; n.Mode != os.ModeDir|0o750 || !n.MTime.Equal(mt) {
+		t.Errorf("alloc/data/x: got mode %v mtime %v, want %v %v", n.Mode, n.MTime, os.ModeDir|0o750, mt)
+	}
+	for _, implicit := range []string{"alloc", "alloc/data", "web", "web/local"} {
+		if n := tree[implicit]; n.Mode != os.ModeDir|0o755 {
+			t.Errorf("%s: got mode %v, want %v", implicit, n.Mode, os.ModeDir|0o755)
+		}
+	}
+	f, h1, h2 := tree["alloc/data/x/f"], tree["alloc/data/x/hard"], tree["alloc/data/hard2"]
+	if f.Body != "abc" || f.Mode != 0o640 {
+		t.Errorf("alloc/data/x/f: got %q mode %v, want %q %v", f.Body, f.Mode, "abc", os.FileMode(0o640))
+	}
+	if h1.Ino != f.Ino || h2.Ino != f.Ino {
+		t.Errorf("hard links: got inodes %d %d, want %d", h1.Ino, h2.Ino, f.Ino)
+	}
+	if _, ok := tree["alloc/data/fifo"]; ok {
+		t.Errorf("alloc/data/fifo: got created, want skipped")
+	}
+	if n := tree["web/local/up"]; n.Link != "../../alloc/data/x/f" || !n.MTime.Equal(mt) {
+		t.Errorf("web/local/up: got target %q mtime %v, want %q %v", n.Link, n.MTime, "../../alloc/data/x/f", mt)
+	}
+}
+
+// TestExtractEmptyArchive: an archive that is only a trailer yields an
+// empty allocation directory.
+func TestExtractEmptyArchive(t *testing.T) {
+	t.Parallel()
+	dest := filepath.Join(t.TempDir(), "dest")
+	stats, err := allocdir.ExtractSnapshot(bytes.NewReader(snapTar(t, false)), dest, allocdir.ExtractOptions{})
+	if err != nil {
+		t.Fatalf("got error %v, want nil", err)
+	}
+	if stats != (allocdir.ExtractStats{}) {
+		t.Errorf("got stats %+v, want zero", stats)
+	}
+	entries, err := os.ReadDir(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("got %d entries, want 0", len(entries))
+	}
+}
+
+// TestExtractDestExists: an existing dest (even a dangling symlink) is
+// never replaced nor written into.
+func TestExtractDestExists(t *testing.T) {
+	t.Parallel()
+	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"))
+	for _, kind := range []string{"dir", "symlink"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newSnapEnv(t)
+			if kind == "dir" {
+				if err := os.Mkdir(e.dest, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Symlink(e.outside, e.dest); err != nil {
+				t.Fatal(err)
+			}
+			_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+			if !errors.Is(err, fs.ErrExist) {
+				t.Errorf("got error %v, want one wrapping fs.ErrExist", err)
+			}
+			snapAssertNoTemp(t, e.parent)
+			snapAssertAbsent(t, filepath.Join(e.outside, "alloc"))
+		})
+	}
+}
+
+// TestExtractParentMissing: dest's parent is not created.
+func TestExtractParentMissing(t *testing.T) {
+	t.Parallel()
+	dest := filepath.Join(t.TempDir(), "missing", "dest")
+	_, err := allocdir.ExtractSnapshot(bytes.NewReader(snapTar(t, false)), dest, allocdir.ExtractOptions{})
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("got error %v, want one wrapping fs.ErrNotExist", err)
+	}
+	snapAssertAbsent(t, filepath.Dir(dest))
+}
+
+// snapFailingReader returns its data, then err.
+type snapFailingReader struct {
+	r   io.Reader
+	err error
+}
+
+func (f *snapFailingReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err == io.EOF {
+		return n, f.err
+	}
+	return n, err
+}
+
+// TestExtractReaderError: a failing source is reported as such, not as a
+// bad archive, and leaves nothing behind.
+func TestExtractReaderError(t *testing.T) {
+	t.Parallel()
+	full := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 5000)))
+	for _, cut := range []int{0, 512, 512 + 512 + 1000, 512 + 512 + 5120} {
+		e := newSnapEnv(t)
+		r := &snapFailingReader{r: bytes.NewReader(full[:cut]), err: errSnapBoom}
+		_, err := allocdir.ExtractSnapshot(r, e.dest, allocdir.ExtractOptions{})
+		if !errors.Is(err, errSnapBoom) {
+			t.Errorf("cut %d: got error %v, want one wrapping %v", cut, err, errSnapBoom)
+		}
+		if errors.Is(err, allocdir.ErrArchive) {
+			t.Errorf("cut %d: got error %v wrapping ErrArchive, want a transport error", cut, err)
+		}
+		e.assertNoTrace(t)
+	}
+}
+
+// TestExtractDiskFull: ENOSPC is an error of this node, not of the
+// archive, and the partial tree is removed. It needs a small tmpfs.
+func TestExtractDiskFull(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %q: %v", mnt, err)
+		}
+	})
+	dest := filepath.Join(mnt, "dest")
+	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/big", strings.Repeat("x", 1<<20)))
+	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{})
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("got error %v, want one wrapping ENOSPC", err)
+	}
+	if errors.Is(err, allocdir.ErrArchive) {
+		t.Errorf("got error %v wrapping ErrArchive, want a local error", err)
+	}
+	entries, err := os.ReadDir(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("got %d entries left in %q, want 0", len(entries), mnt)
+	}
+}
