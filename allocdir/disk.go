@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -293,10 +294,28 @@ func (d *Disk) Destroy() error {
 		errs = append(errs, fmt.Errorf("not removing %q: mounts below it could not be released", d.allocDir))
 		return errors.Join(errs...)
 	}
-	if err := os.RemoveAll(d.allocDir); err != nil {
+	if err := removeAll(d.allocDir); err != nil {
 		errs = append(errs, fmt.Errorf("failed to remove alloc dir %q: %w", d.allocDir, err))
 	}
 	return errors.Join(errs...)
+}
+
+// removeAll removes a tree that a task may have left read-only (a Go
+// module cache in local/ is 0555 throughout): without root, entries of a
+// read-only directory cannot be unlinked until the directory is made
+// writable again. Links are never followed.
+func removeAll(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil || os.Geteuid() == 0 {
+		return err
+	}
+	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, werr error) error {
+		if werr == nil && e.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
 }
 
 // unmount releases a mount point, falling back to a lazy detach when it is

@@ -181,3 +181,8 @@ func (b beneathFS) ReadLink(name string) (string, error) {
 	}
 	return target, nil
 }
+
+// NewBeneathFS returns a ReadFS over the directory fd: every open refuses
+// symbolic links and stays beneath fd. The caller keeps fd open while the
+// ReadFS is in use and closes it afterwards.
+func NewBeneathFS(fd int) ReadFS { return beneathFS{fd: fd} }

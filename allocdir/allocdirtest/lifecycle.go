@@ -145,8 +145,6 @@ func testDestroy(t *testing.T, h *harness) {
 		apply(t, a.AllocDirPath(),
 			file("alloc/data/f", "x", 0o644),
 			file("web/secrets/s", "x", 0o600),
-			dir("web/local/ro", 0o555),
-			file("web/local/ro/f", "x", 0o444),
 			symlink("alloc/data/out", outside),
 			symlink("alloc/data/victim", outside+"/victim"),
 		)
@@ -172,9 +170,28 @@ func testDestroy(t *testing.T, h *harness) {
 		}
 	})
 
+	// A read-only tree written by the task (a Go module cache in local/
+	// is one) is removed too, even when the agent is not root.
+	t.Run("ReadOnlyTree", func(t *testing.T) {
+		a := h.built(t, allocC, "web")
+		apply(t, a.AllocDirPath(),
+			file("web/local/pkg/mod/m@v1/go.mod", "module m\n", 0o444),
+			dir("web/local/pkg/mod/m@v1", 0o555),
+			dir("web/local/pkg/mod", 0o555),
+			file("alloc/data/ro", "x", 0o400),
+			dir("alloc/data", 0o555),
+		)
+		if err := a.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+		if _, err := os.Lstat(a.AllocDirPath()); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("alloc dir after Destroy: got %v, want it gone", err)
+		}
+	})
+
 	// A second Destroy is fine.
 	t.Run("Twice", func(t *testing.T) {
-		a := h.built(t, allocA, "web")
+		a := h.built(t, allocD, "web")
 		if err := a.Destroy(); err != nil {
 			t.Fatalf("first Destroy: %v", err)
 		}
@@ -185,7 +202,7 @@ func testDestroy(t *testing.T, h *harness) {
 
 	// Destroy of a never-built allocation is fine and creates nothing.
 	t.Run("NeverBuilt", func(t *testing.T) {
-		a := h.alloc(t, allocC)
+		a := h.alloc(t, allocE)
 		a.NewTaskDir(allocdir.Task{Name: "web"})
 		if err := a.Destroy(); err != nil {
 			t.Errorf("Destroy of a never-built allocation: got %v, want nil", err)

@@ -51,6 +51,8 @@ const (
 	allocA = "5d0f8a52-7c31-4e0b-9a6d-3f2c1b0e9a01"
 	allocB = "5d0f8a52-7c31-4e0b-9a6d-3f2c1b0e9a02"
 	allocC = "5d0f8a52-7c31-4e0b-9a6d-3f2c1b0e9a03"
+	allocD = "5d0f8a52-7c31-4e0b-9a6d-3f2c1b0e9a04"
+	allocE = "5d0f8a52-7c31-4e0b-9a6d-3f2c1b0e9a05"
 )
 
 // harness hands allocations of one store to a case.

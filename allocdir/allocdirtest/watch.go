@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -52,7 +51,7 @@ func testBlockUntilExists(t *testing.T, h *harness) {
 	// A file created ~100 ms later is reported with nil, then the channel
 	// closes.
 	t.Run("CreatedLater", func(t *testing.T) {
-		before := runtime.NumGoroutine()
+		before := implGoroutines()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		ch, err := a.BlockUntilExists(ctx, "alloc/logs/web.stdout.0")
@@ -96,7 +95,7 @@ func testBlockUntilExists(t *testing.T, h *harness) {
 	// Cancelling before creation delivers the context's error and closes
 	// the channel.
 	t.Run("Cancel", func(t *testing.T) {
-		before := runtime.NumGoroutine()
+		before := implGoroutines()
 		ctx, cancel := context.WithCancel(context.Background())
 		ch, err := a.BlockUntilExists(ctx, "alloc/data/never")
 		if err != nil {
@@ -144,7 +143,7 @@ func testBlockUntilExists(t *testing.T, h *harness) {
 
 	// Many waiters, resolved and cancelled, leave no goroutine behind.
 	t.Run("NoLeak", func(t *testing.T) {
-		before := runtime.NumGoroutine()
+		before := implGoroutines()
 		ctx, cancel := context.WithCancel(context.Background())
 		var chans []chan error
 		for range 10 {
@@ -298,7 +297,7 @@ func testChangeEvents(t *testing.T, h *harness) {
 
 	// After cancel no event fires and no goroutine is left.
 	t.Run("Cancel", func(t *testing.T) {
-		before := runtime.NumGoroutine()
+		before := implGoroutines()
 		apply(t, a.AllocDirPath(), file("alloc/logs/cancel.log", "x\n", 0o644))
 		ctx, cancel := context.WithCancel(context.Background())
 		var watchers []*allocdir.FileChanges
