@@ -1,0 +1,80 @@
+package api
+
+import (
+	"net/url"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs"
+)
+
+// Paths of the control API. Allocation IDs are appended to AllocsPath as
+// one escaped path segment.
+const (
+	AllocsPath = "/v1/allocs"
+	StatusPath = "/v1/status"
+)
+
+// allocPath is the path of one allocation: its ID as one escaped segment.
+func allocPath(id string) string { return AllocsPath + "/" + url.PathEscape(id) }
+
+// CreateAllocRequest is the body of POST /v1/allocs.
+type CreateAllocRequest struct {
+	ID    string          `json:"id"`
+	Tasks []allocdir.Task `json:"tasks"`
+}
+
+// AllocStatus is the answer of GET /v1/allocs/{id}: the allocation's
+// record plus where it is mounted and what its layers hold.
+type AllocStatus struct {
+	fs.State
+
+	// Mount is the allocation's directory in the mount: <mount>/<id>.
+	Mount string `json:"mount"`
+	// Layers has one entry per volume of State.Volumes, with the same
+	// keys ("alloc/data", "<task>/local", ...).
+	Layers map[string]LayerUsage `json:"layers"`
+	// Passthrough tells whether the kernel serves file data from the
+	// backing files (fast) or every read and write goes through the
+	// daemon.
+	Passthrough bool `json:"passthrough"`
+}
+
+// LayerUsage is what the writable layer of a volume holds on the backing
+// store, measured by walking it there (never through the mount).
+type LayerUsage struct {
+	Upper  string   `json:"upper"`
+	Lowers []string `json:"lowers,omitempty"`
+	// Bytes is the sum of the apparent sizes of the regular files of the
+	// upper layer.
+	Bytes int64 `json:"bytes"`
+	// Files counts the entries of the upper layer that are not
+	// directories: regular files, symlinks, FIFOs, sockets, whiteouts.
+	Files int64 `json:"files"`
+}
+
+// NodeStatus is the answer of GET /v1/status.
+type NodeStatus struct {
+	DataDir     string `json:"data_dir"`
+	Mount       string `json:"mount"`
+	Passthrough bool   `json:"passthrough"`
+	Allocs      int    `json:"allocs"`
+	// Backing describes the filesystem that holds the data dir.
+	Backing BackingStatus `json:"backing"`
+}
+
+// BackingStatus holds the statfs(2) numbers of the backing filesystem,
+// converted to bytes where they count blocks.
+type BackingStatus struct {
+	BytesTotal     uint64 `json:"bytes_total"`
+	BytesFree      uint64 `json:"bytes_free"`
+	BytesAvailable uint64 `json:"bytes_available"`
+	FilesTotal     uint64 `json:"files_total"`
+	FilesFree      uint64 `json:"files_free"`
+	BlockSize      int64  `json:"block_size"`
+	NameMax        int64  `json:"name_max"`
+}
+
+// errorBody is the body of every error answer.
+type errorBody struct {
+	Error string `json:"error"`
+}

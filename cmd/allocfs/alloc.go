@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/api"
+	"github.com/spf13/pflag"
+)
+
+var allocCommands = []command{
+	{"create", "create an allocation", runAllocCreate},
+	{"list", "list allocations", runAllocList},
+	{"status", "show an allocation's layout, layers and usage", runAllocStatus},
+	{"destroy", "destroy an allocation and the layers only it uses", runAllocDestroy},
+}
+
+func runAlloc(e *env, args []string) error {
+	return dispatch("allocfs alloc", allocCommands, e, args)
+}
+
+// socketFlag adds --socket to a client command. Its default comes from
+// $ALLOCFS_SOCKET, else api.DefaultSocket.
+func socketFlag(e *env, fset *pflag.FlagSet) *string {
+	def := e.getenv(api.SocketEnv)
+	if def == "" {
+		def = api.DefaultSocket
+	}
+	return fset.String("socket", def, "`path` of the control socket of `allocfs serve` (env "+api.SocketEnv+")")
+}
+
+// clientContext is the context of one client command: cancelled by
+// SIGINT or SIGTERM, so that an interrupted command stops waiting.
+func clientContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// checkAllocID refuses IDs the server refuses too, before dialing it. It
+// is an error rather than a usage error: the command line was well formed.
+func checkAllocID(id string) error {
+	if err := allocdir.ValidName(id); err != nil {
+		return fmt.Errorf("invalid allocation ID: %w", err)
+	}
+	return nil
+}
+
+func runAllocCreate(e *env, args []string) error {
+	const cmd = "allocfs alloc create"
+	fset := newFlagSet(e, cmd, "ID --task NAME [--task NAME...] [flags]", `
+Create an allocation: its directory appears at <mount>/ID with alloc/ and one
+directory per task. Every layer starts empty.`)
+	socket := socketFlag(e, fset)
+	var (
+		taskNames []string
+		users     []string
+		secretsMB int
+	)
+	fset.StringArrayVar(&taskNames, "task", nil, "a task `NAME`; repeat for several tasks (at least one)")
+	fset.StringArrayVar(&users, "user", nil, "`TASK=USER` owns the task's secrets/ and private/ (mode 0700); repeatable")
+	fset.IntVar(&secretsMB, "secrets-mb", 0, "size cap of each task's secrets/ in `MiB` (0: 1 MiB)")
+	if err := parseFlags(fset, args, 1, 1); err != nil {
+		return err
+	}
+	if len(taskNames) == 0 {
+		return usageErrorf(cmd, "at least one --task is required")
+	}
+	if secretsMB < 0 {
+		return usageErrorf(cmd, "--secrets-mb must not be negative, got %d", secretsMB)
+	}
+	id := fset.Arg(0)
+	if err := checkAllocID(id); err != nil {
+		return err
+	}
+
+	tasks := make([]allocdir.Task, 0, len(taskNames))
+	index := make(map[string]int, len(taskNames))
+	for _, name := range taskNames {
+		if err := allocdir.ValidName(name); err != nil {
+			return fmt.Errorf("invalid task name: %w", err)
+		}
+		if _, dup := index[name]; dup {
+			return usageErrorf(cmd, "task %q is given twice", name)
+		}
+		index[name] = len(tasks)
+		tasks = append(tasks, allocdir.Task{Name: name, SecretsMB: secretsMB})
+	}
+	for _, u := range users {
+		task, user, ok := strings.Cut(u, "=")
+		if !ok || task == "" || user == "" {
+			return usageErrorf(cmd, "--user wants TASK=USER, got %q", u)
+		}
+		i, known := index[task]
+		if !known {
+			return usageErrorf(cmd, "--user %q names a task not given with --task", u)
+		}
+		tasks[i].User = user
+	}
+
+	ctx, cancel := clientContext()
+	defer cancel()
+	c := api.NewClient(*socket)
+	defer c.Close()
+	st, err := c.CreateAlloc(ctx, id, tasks)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "created allocation %s (tasks: %s)\n", st.ID, strings.Join(taskList(st.Tasks), ", "))
+	return nil
+}
+
+func runAllocList(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs alloc list", "[flags]", "List the allocations the daemon holds, sorted by ID.")
+	socket := socketFlag(e, fset)
+	if err := parseFlags(fset, args, 0, 0); err != nil {
+		return err
+	}
+	ctx, cancel := clientContext()
+	defer cancel()
+	c := api.NewClient(*socket)
+	defer c.Close()
+	list, err := c.ListAllocs(ctx)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATUS\tTASKS\tCREATED")
+	for _, st := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", st.ID, st.Status, strings.Join(taskList(st.Tasks), ","), st.Created.Local().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func runAllocStatus(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs alloc status", "ID [flags]", `
+Show an allocation: where it is mounted, its layout, the layer behind each
+volume and what that layer holds on the backing store.`)
+	socket := socketFlag(e, fset)
+	asJSON := fset.Bool("json", false, "print the daemon's answer as JSON")
+	if err := parseFlags(fset, args, 1, 1); err != nil {
+		return err
+	}
+	id := fset.Arg(0)
+	if err := checkAllocID(id); err != nil {
+		return err
+	}
+	ctx, cancel := clientContext()
+	defer cancel()
+	c := api.NewClient(*socket)
+	defer c.Close()
+	if *asJSON {
+		raw, err := c.AllocStatusJSON(ctx, id)
+		if err != nil {
+			return err
+		}
+		_, err = e.stdout.Write(raw)
+		return err
+	}
+	st, err := c.AllocStatus(ctx, id)
+	if err != nil {
+		return err
+	}
+	return printAllocStatus(e, st)
+}
+
+// printAllocStatus prints an allocation's status for people.
+func printAllocStatus(e *env, st *api.AllocStatus) error {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "ID\t%s\n", st.ID)
+	fmt.Fprintf(tw, "Status\t%s\n", st.Status)
+	fmt.Fprintf(tw, "Created\t%s\n", st.Created.Local().Format(time.RFC3339))
+	fmt.Fprintf(tw, "Mount\t%s\n", st.Mount)
+	fmt.Fprintf(tw, "Passthrough\t%t\n", st.Passthrough)
+	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(taskList(st.Tasks), ", "))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(e.stdout, "\nLayout:")
+	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  PATH\tBACKED BY\tFILES\tSIZE")
+	for _, key := range layoutKeys(st) {
+		p := filepath.Join(st.Mount, key)
+		if u, ok := st.Layers[key]; ok {
+			backing := "layer " + u.Upper
+			if len(u.Lowers) > 0 {
+				backing += " over " + strings.Join(u.Lowers, ", ")
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", p, backing, u.Files, formatBytes(u.Bytes))
+			continue
+		}
+		if note := memoryNote(st, key); note != "" {
+			fmt.Fprintf(tw, "  %s\t%s\t-\t-\n", p, note)
+		}
+	}
+	return tw.Flush()
+}
+
+// layoutKeys lists the directories of an allocation that may hold
+// content, in layout order: alloc/ first, then each task in the order it
+// was given, the task directory before its children. Volumes the client
+// does not know of (added by a newer daemon) follow.
+func layoutKeys(st *api.AllocStatus) []string {
+	var keys []string
+	for _, d := range allocdir.SharedAllocDirs {
+		keys = append(keys, path.Join(allocdir.SharedAllocName, d))
+	}
+	for _, t := range st.Tasks {
+		keys = append(keys, t.Name)
+		for _, d := range []string{allocdir.TaskLocal, allocdir.TmpDirName, allocdir.TaskSecrets, allocdir.TaskPrivate} {
+			keys = append(keys, path.Join(t.Name, d))
+		}
+	}
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		seen[k] = true
+	}
+	var extra []string
+	for k := range st.Layers {
+		if !seen[k] {
+			extra = append(extra, k)
+		}
+	}
+	sort.Strings(extra)
+	return append(keys, extra...)
+}
+
+// memoryNote describes a directory that has no layer: secrets/ and
+// private/ live in memory only. It returns "" for any other key.
+func memoryNote(st *api.AllocStatus, key string) string {
+	task, dir := path.Split(key)
+	task = strings.TrimSuffix(task, "/")
+	switch dir {
+	case allocdir.TaskSecrets:
+		for _, t := range st.Tasks {
+			if t.Name == task {
+				return "memory, capped at " + formatBytes(t.SecretsBytes())
+			}
+		}
+	case allocdir.TaskPrivate:
+		return "memory, capped at " + formatBytes(allocdir.DefaultSecretsMB<<20)
+	}
+	return ""
+}
+
+func runAllocDestroy(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs alloc destroy", "ID [flags]", `
+Destroy an allocation: its directory leaves the mount and the layers no other
+allocation uses are removed from the data dir. Secrets are dropped.`)
+	socket := socketFlag(e, fset)
+	if err := parseFlags(fset, args, 1, 1); err != nil {
+		return err
+	}
+	id := fset.Arg(0)
+	if err := checkAllocID(id); err != nil {
+		return err
+	}
+	ctx, cancel := clientContext()
+	defer cancel()
+	c := api.NewClient(*socket)
+	defer c.Close()
+	if err := c.DestroyAlloc(ctx, id); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "destroyed allocation %s\n", id)
+	return nil
+}
+
+func runStatus(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs status", "[flags]", "Show the node as the daemon sees it.")
+	socket := socketFlag(e, fset)
+	if err := parseFlags(fset, args, 0, 0); err != nil {
+		return err
+	}
+	ctx, cancel := clientContext()
+	defer cancel()
+	c := api.NewClient(*socket)
+	defer c.Close()
+	st, err := c.NodeStatus(ctx)
+	if err != nil {
+		return err
+	}
+	b := st.Backing
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "Data dir\t%s\n", st.DataDir)
+	fmt.Fprintf(tw, "Mount\t%s\n", st.Mount)
+	fmt.Fprintf(tw, "Passthrough\t%t\n", st.Passthrough)
+	fmt.Fprintf(tw, "Allocations\t%d\n", st.Allocs)
+	fmt.Fprintf(tw, "Backing space\t%s available of %s (%s free)\n",
+		formatBytes(int64(b.BytesAvailable)), formatBytes(int64(b.BytesTotal)), formatBytes(int64(b.BytesFree)))
+	fmt.Fprintf(tw, "Backing inodes\t%d free of %d\n", b.FilesFree, b.FilesTotal)
+	return tw.Flush()
+}
+
+// taskList returns the task names in the order they were given.
+func taskList(tasks []allocdir.Task) []string {
+	names := make([]string, len(tasks))
+	for i, t := range tasks {
+		names[i] = t.Name
+	}
+	return names
+}
+
+// formatBytes prints n in binary units: 512 B, 1.5 KiB, 3.0 GiB.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

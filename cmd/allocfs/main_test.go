@@ -1,0 +1,454 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/api"
+	"golang.org/x/sys/unix"
+)
+
+// The tests run the real binary: exit codes, signals and a FUSE mount
+// served by another process are what they check.
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// allocfsBinary builds the binary once per test run (with the race
+// detector when the tests have it) and returns its path.
+func allocfsBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "allocfs-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "allocfs")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("cannot build allocfs: %v", binErr)
+	}
+	return binPath
+}
+
+// result is what a finished allocfs process left.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// runCLI runs allocfs with args and the extra environment variables env
+// ("K=V"), and waits for it to exit.
+func runCLI(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, allocfsBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatalf("allocfs %s: %v", strings.Join(args, " "), err)
+	}
+	r := result{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode()}
+	t.Logf("allocfs %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	return r
+}
+
+// mustRun runs allocfs and fails the test unless it exits 0.
+func mustRun(t *testing.T, args ...string) result {
+	t.Helper()
+	r := runCLI(t, nil, args...)
+	if r.code != exitOK {
+		t.Fatalf("allocfs %s: exit %d, want 0\n%s", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r
+}
+
+// requireFUSE skips the test, with the reason, unless this process can
+// mount FUSE as root. With ALLOCFS_REQUIRE_FUSE=1 it fails instead, so
+// that CI on a FUSE-capable machine cannot silently skip the mount tests.
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	reason := ""
+	if fi, err := os.Stat("/dev/fuse"); err != nil {
+		reason = fmt.Sprintf("/dev/fuse is missing: %v", err)
+	} else if fi.Mode().Type() != os.ModeDevice|os.ModeCharDevice {
+		reason = "/dev/fuse is not a character device"
+	} else if os.Geteuid() != 0 {
+		reason = fmt.Sprintf("mount tests run as root, euid is %d", os.Geteuid())
+	}
+	if reason == "" {
+		return
+	}
+	if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
+		t.Fatalf("ALLOCFS_REQUIRE_FUSE=1 but FUSE is unusable: %s", reason)
+	}
+	t.Skip(reason)
+}
+
+// syncBuffer is a bytes.Buffer that a process can write to while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemon is an `allocfs serve` process started by a test.
+type daemon struct {
+	cmd    *exec.Cmd
+	socket string
+	mount  string
+	stderr *syncBuffer
+	done   chan struct{} // closed when the process has exited
+}
+
+// startServe starts `allocfs serve` on dataDir and mnt, waits until its
+// socket answers and registers a cleanup that kills it (by PID) and
+// lazily detaches mnt, whatever state the test left it in.
+func startServe(t *testing.T, dataDir, mnt string) *daemon {
+	t.Helper()
+	d := &daemon{
+		socket: filepath.Join(dataDir, "allocfs.sock"),
+		mount:  mnt,
+		stderr: &syncBuffer{},
+		done:   make(chan struct{}),
+	}
+	d.cmd = exec.Command(allocfsBinary(t), "serve", "--data-dir", dataDir, "--mount", mnt, "--log-level", "debug")
+	d.cmd.Stdout = d.stderr
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("start allocfs serve: %v", err)
+	}
+	go func() {
+		d.cmd.Wait()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			d.cmd.Process.Kill()
+			<-d.done
+		}
+		// Best effort: the mount is normally gone by now.
+		unix.Unmount(mnt, unix.MNT_DETACH)
+		if t.Failed() {
+			t.Logf("allocfs serve (pid %d) output:\n%s", d.cmd.Process.Pid, d.stderr)
+		}
+	})
+	d.waitReady(t)
+	return d
+}
+
+// waitReady waits until the daemon's socket accepts connections.
+func (d *daemon) waitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-d.done:
+			t.Fatalf("allocfs serve exited early with %v:\n%s", d.cmd.ProcessState, d.stderr)
+		default:
+		}
+		if conn, err := net.Dial("unix", d.socket); err == nil {
+			conn.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("allocfs serve did not listen on %s within a minute:\n%s", d.socket, d.stderr)
+}
+
+// stop sends sig and returns the exit code.
+func (d *daemon) stop(t *testing.T, sig os.Signal) int {
+	t.Helper()
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("allocfs serve did not exit within a minute of %v:\n%s", sig, d.stderr)
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+// mountedAt returns the filesystem type mounted at dir, or "".
+func mountedAt(t *testing.T, dir string) string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mounts, err := parseMountinfo(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsType := ""
+	for _, m := range mounts {
+		if m.mountPoint == dir {
+			fsType = m.fsType // the last one is on top
+		}
+	}
+	return fsType
+}
+
+// testDirs returns a data dir and a mount point in a fresh temporary
+// directory, resolved so they compare equal to mountinfo's paths.
+func testDirs(t *testing.T) (dataDir, mnt string) {
+	t.Helper()
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "data"), filepath.Join(root, "mnt")
+}
+
+// TestServeMountLifecycle: serve mounts, `alloc create` makes the
+// allocation appear in the mount, writes through the mount land in the
+// store's layer, `alloc destroy` removes it, and SIGTERM unmounts and
+// exits 0.
+func TestServeMountLifecycle(t *testing.T) {
+	requireFUSE(t)
+	dataDir, mnt := testDirs(t)
+	d := startServe(t, dataDir, mnt)
+	if got := mountedAt(t, mnt); got != allocfsFSType {
+		t.Fatalf("mount at %s: got fstype %q, want %q", mnt, got, allocfsFSType)
+	}
+	sock := "--socket=" + d.socket
+
+	r := runCLI(t, nil, "alloc", "create", "a1", "--task", "web", sock)
+	if r.code != exitOK {
+		t.Fatalf("alloc create: exit %d, want 0: %s", r.code, r.stderr)
+	}
+
+	for _, p := range []string{"alloc/logs", "alloc/data", "alloc/tmp", "web/local", "web/tmp", "web/secrets", "web/alloc/logs"} {
+		fi, err := os.Stat(filepath.Join(mnt, "a1", p))
+		if err != nil || !fi.IsDir() {
+			t.Errorf("%s in the mount: got %v, %v; want a directory", p, fi, err)
+		}
+	}
+
+	content := []byte("written through the mount\n")
+	if err := os.WriteFile(filepath.Join(mnt, "a1", "alloc", "data", "f"), content, 0o644); err != nil {
+		t.Fatalf("write through the mount: %v", err)
+	}
+
+	var st api.AllocStatus
+	r = mustRun(t, "alloc", "status", "a1", "--json", sock)
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("alloc status --json: %v\n%s", err, r.stdout)
+	}
+	if want := filepath.Join(mnt, "a1"); st.Mount != want {
+		t.Errorf("status mount: got %q, want %q", st.Mount, want)
+	}
+	data := st.Layers["alloc/data"]
+	if data.Upper == "" {
+		t.Fatalf("status has no alloc/data layer: %s", r.stdout)
+	}
+	backing := filepath.Join(dataDir, "layers", data.Upper, "f")
+	got, err := os.ReadFile(backing)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Errorf("backing file %s: got %q, %v; want %q", backing, got, err, content)
+	}
+	if data.Bytes != int64(len(content)) || data.Files != 1 {
+		t.Errorf("status of alloc/data: got %d bytes in %d files, want %d bytes in 1 file", data.Bytes, data.Files, len(content))
+	}
+
+	r = mustRun(t, "alloc", "list", sock)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "a1 ") {
+		t.Errorf("alloc list: got %q, want a header and a1", r.stdout)
+	}
+	mustRun(t, "alloc", "status", "a1", sock)
+	mustRun(t, "status", sock)
+
+	// A second daemon on the same mount point is refused, and leaves the
+	// first one alone.
+	other := filepath.Join(filepath.Dir(dataDir), "other")
+	r = runCLI(t, nil, "serve", "--data-dir", other, "--mount", mnt)
+	if r.code != exitFailed || !strings.Contains(r.stderr, "another allocfs is serving "+mnt) {
+		t.Errorf("second serve on %s: got exit %d, %q; want 1 and 'another allocfs is serving'", mnt, r.code, r.stderr)
+	}
+
+	mustRun(t, "alloc", "destroy", "a1", sock)
+	if r := runCLI(t, nil, "alloc", "status", "a1", sock); r.code != exitFailed {
+		t.Errorf("alloc status after destroy: exit %d, want 1", r.code)
+	}
+	// The kernel learns of the removal asynchronously.
+	waitFor(t, "a1 to leave the mount", func() bool {
+		_, err := os.Stat(filepath.Join(mnt, "a1"))
+		return errors.Is(err, os.ErrNotExist)
+	})
+
+	if code := d.stop(t, syscall.SIGTERM); code != exitOK {
+		t.Fatalf("serve after SIGTERM: exit %d, want 0:\n%s", code, d.stderr)
+	}
+	if got := mountedAt(t, mnt); got != "" {
+		t.Errorf("after SIGTERM %s is still mounted (%s)", mnt, got)
+	}
+	if _, err := os.Lstat(d.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket %s left behind: %v", d.socket, err)
+	}
+}
+
+// TestServeRecoversAfterCrash: a daemon killed with SIGKILL leaves a
+// stale mount; the next serve detaches it, reloads the allocation from the
+// data dir and serves its files again.
+func TestServeRecoversAfterCrash(t *testing.T) {
+	requireFUSE(t)
+	dataDir, mnt := testDirs(t)
+	d := startServe(t, dataDir, mnt)
+	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.socket)
+	content := []byte("survives a crash\n")
+	f := filepath.Join(mnt, "a1", "web", "local", "f")
+	if err := os.WriteFile(f, content, 0o644); err != nil {
+		t.Fatalf("write through the mount: %v", err)
+	}
+
+	d.stop(t, syscall.SIGKILL)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(mnt, &sfs); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("statfs of the mount point after SIGKILL: got %v, want ENOTCONN (a stale mount)", err)
+	}
+
+	d = startServe(t, dataDir, mnt)
+	if !strings.Contains(d.stderr.String(), "stale mount") {
+		t.Errorf("serve did not log the stale mount it detached:\n%s", d.stderr)
+	}
+	got, err := os.ReadFile(f)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Errorf("%s after restart: got %q, %v; want %q", f, got, err, content)
+	}
+	if code := d.stop(t, syscall.SIGINT); code != exitOK {
+		t.Fatalf("serve after SIGINT: exit %d, want 0", code)
+	}
+	if got := mountedAt(t, mnt); got != "" {
+		t.Errorf("after SIGINT %s is still mounted (%s)", mnt, got)
+	}
+}
+
+// TestServeMountPointIsAFile: serve refuses a mount point that is a
+// regular file, says so, and creates nothing.
+func TestServeMountPointIsAFile(t *testing.T) {
+	dataDir, mnt := testDirs(t)
+	if err := os.WriteFile(mnt, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, nil, "serve", "--data-dir", dataDir, "--mount", mnt)
+	if r.code != exitFailed {
+		t.Errorf("exit: got %d, want %d", r.code, exitFailed)
+	}
+	// Without FUSE the check of /dev/fuse comes first, with its own advice.
+	if checkFUSE() == nil && !strings.Contains(r.stderr, fmt.Sprintf("mount point %q is not a directory", mnt)) {
+		t.Errorf("stderr: got %q, want it to say the mount point is not a directory", r.stderr)
+	}
+	if _, err := os.Lstat(dataDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused serve created the data dir: %v", err)
+	}
+}
+
+// TestCLIExitCodes: usage errors exit 2, failures exit 1, and the
+// messages say what went wrong. None of these needs a daemon.
+func TestCLIExitCodes(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.sock")
+	cases := []struct {
+		name   string
+		env    []string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"no command", nil, nil, exitUsage, "a command is required"},
+		{"unknown command", nil, []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{"help", nil, []string{"--help"}, exitOK, ""},
+		{"alloc create help", nil, []string{"alloc", "create", "--help"}, exitOK, ""},
+		{"version", nil, []string{"version"}, exitOK, ""},
+		{"alloc without subcommand", nil, []string{"alloc"}, exitUsage, "a command is required"},
+		{"create without --task", nil, []string{"alloc", "create", "a1", "--socket", missing}, exitUsage, "at least one --task is required"},
+		{"create without ID", nil, []string{"alloc", "create", "--task", "web"}, exitUsage, "expected 1 argument"},
+		{"create with two IDs", nil, []string{"alloc", "create", "a1", "a2", "--task", "web"}, exitUsage, `unexpected argument "a2"`},
+		{"unknown flag", nil, []string{"alloc", "list", "--bogus"}, exitUsage, "unknown flag: --bogus"},
+		{"bad --user", nil, []string{"alloc", "create", "a1", "--task", "web", "--user", "web"}, exitUsage, "--user wants TASK=USER"},
+		{"--user of an unknown task", nil, []string{"alloc", "create", "a1", "--task", "web", "--user", "db=nobody"}, exitUsage, "names a task not given"},
+		{"negative --secrets-mb", nil, []string{"alloc", "create", "a1", "--task", "web", "--secrets-mb", "-1"}, exitUsage, "must not be negative"},
+		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, exitUsage, `unknown --log-level "loud"`},
+		{"ID with a slash", nil, []string{"alloc", "create", "a/b", "--task", "web", "--socket", missing}, exitFailed, "invalid allocation ID"},
+		{"ID dot-dot", nil, []string{"alloc", "create", "..", "--task", "web", "--socket", missing}, exitFailed, "invalid allocation ID"},
+		{"status of ID dot-dot", nil, []string{"alloc", "status", "..", "--socket", missing}, exitFailed, "invalid allocation ID"},
+		{"daemon not running", nil, []string{"alloc", "list", "--socket", missing}, exitFailed,
+			"cannot reach allocfs at " + missing + ": is `allocfs serve` running?"},
+		{"socket from the environment", []string{"ALLOCFS_SOCKET=" + missing}, []string{"alloc", "destroy", "a1"}, exitFailed,
+			"cannot reach allocfs at " + missing},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCLI(t, c.env, c.args...)
+			if r.code != c.code {
+				t.Errorf("exit: got %d, want %d", r.code, c.code)
+			}
+			if !strings.Contains(r.stderr, c.stderr) {
+				t.Errorf("stderr: got %q, want it to contain %q", r.stderr, c.stderr)
+			}
+		})
+	}
+}
+
+// waitFor polls cond for up to ten seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// Checks `allocfs serve` makes before it mounts, each failing with an error
+// that says what to do. Paths are variables so tests can point them
+// elsewhere.
+var (
+	devFuse       = "/dev/fuse"
+	mountinfoPath = "/proc/self/mountinfo"
+)
+
+// allocfsFSType is the filesystem type of an allocfs mount in
+// /proc/self/mountinfo (go-fuse mounts with the name "allocfs").
+const allocfsFSType = "fuse.allocfs"
+
+// statTimeout bounds the probe of the mount point: a FUSE server that
+// hangs would otherwise hang serve too.
+const statTimeout = 5 * time.Second
+
+// checkLayout refuses a mount point that would hide the store from the
+// daemon itself, and a socket inside the mount: the daemon must never go
+// through its own mount, or it can deadlock.
+func checkLayout(cfg serveConfig) error {
+	if within(cfg.mountDir, cfg.dataDir) {
+		return fmt.Errorf("mount point %q would cover the data dir %q: pass a --mount outside it, or a subdirectory such as %s",
+			cfg.mountDir, cfg.dataDir, filepath.Join(cfg.dataDir, "mnt"))
+	}
+	for _, d := range []string{"state", "layers", "staging"} {
+		if p := filepath.Join(cfg.dataDir, d); within(p, cfg.mountDir) {
+			return fmt.Errorf("mount point %q is inside the store's %q: pass a --mount outside it, such as %s",
+				cfg.mountDir, p, filepath.Join(cfg.dataDir, "mnt"))
+		}
+	}
+	if within(cfg.mountDir, cfg.socket) {
+		return fmt.Errorf("socket %q is inside the mount point %q: pass a --socket outside it", cfg.socket, cfg.mountDir)
+	}
+	return nil
+}
+
+// within reports whether p is dir or lies below it. Both are clean,
+// absolute paths.
+func within(dir, p string) bool {
+	if dir == "/" {
+		return true
+	}
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// checkFUSE checks that the kernel offers FUSE and that this process can
+// mount: as root directly, otherwise through fusermount3.
+func checkFUSE() error {
+	fi, err := os.Stat(devFuse)
+	if err != nil {
+		return fmt.Errorf("%s is not available (%v): load the fuse module: modprobe fuse", devFuse, err)
+	}
+	if fi.Mode().Type() != os.ModeDevice|os.ModeCharDevice {
+		return fmt.Errorf("%s is not a character device (%s): load the fuse module: modprobe fuse", devFuse, fi.Mode().Type())
+	}
+	if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			return fmt.Errorf("not running as root and fusermount3 is not on PATH: install fuse3 or run as root")
+		}
+	}
+	return nil
+}
+
+// prepareMountPoint makes dir ready to be mounted on: it detaches a stale
+// mount left by a crashed daemon, creates dir if it is missing, checks it is
+// a directory, and refuses if a live allocfs is mounted there.
+func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
+	fi, err := probe(dir, statTimeout)
+	if errors.Is(err, syscall.ENOTCONN) {
+		// The daemon that served this mount died: the kernel still holds
+		// the mount but nothing answers it.
+		logger.Warn("stale mount left by a crashed allocfs; detaching it", "mountpoint", dir)
+		if err := detach(dir); err != nil {
+			return fmt.Errorf("mount point %q holds a stale mount that could not be detached: %w; run: umount -l %s", dir, err, dir)
+		}
+		logger.Info("detached stale mount", "mountpoint", dir)
+		fi, err = probe(dir, statTimeout)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("failed to create mount point %q: %w", dir, err)
+		}
+		logger.Info("created mount point", "mountpoint", dir)
+		fi, err = probe(dir, statTimeout)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot use mount point %q: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mount point %q is not a directory (%s): pass a directory, or a path that does not exist yet, as --mount",
+			dir, describeType(fi.Mode()))
+	}
+
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return fmt.Errorf("failed to read the mount table: %w", err)
+	}
+	defer f.Close()
+	mounts, err := parseMountinfo(f)
+	if err != nil {
+		return fmt.Errorf("failed to read the mount table %s: %w", mountinfo, err)
+	}
+	for _, m := range mounts {
+		if m.mountPoint != dir {
+			continue
+		}
+		if m.fsType == allocfsFSType {
+			return fmt.Errorf("another allocfs is serving %s; stop it first", dir)
+		}
+		logger.Warn("mount point already has a mount; allocfs will hide it", "mountpoint", dir, "fstype", m.fsType, "source", m.source)
+	}
+	return nil
+}
+
+// probe stats p, giving up after d. It calls statfs(2) first: after a
+// FUSE daemon died, stat can still answer from the kernel's attribute
+// cache, but statfs always asks the daemon, so it is what reports ENOTCONN
+// for a stale mount. The goroutine of a probe that hangs is left behind:
+// serve is about to exit anyway.
+func probe(p string, d time.Duration) (os.FileInfo, error) {
+	type result struct {
+		fi  os.FileInfo
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(p, &sfs); err != nil {
+			ch <- result{nil, &os.PathError{Op: "statfs", Path: p, Err: err}}
+			return
+		}
+		fi, err := os.Stat(p)
+		ch <- result{fi, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.fi, r.err
+	case <-time.After(d):
+		return nil, fmt.Errorf("no answer within %s: a hung FUSE server may hold %s; detach it with: umount -l %s", d, p, p)
+	}
+}
+
+// detach lazily unmounts dir: directly as root, through fusermount3
+// otherwise.
+func detach(dir string) error {
+	if os.Geteuid() == 0 {
+		return unix.Unmount(dir, unix.MNT_DETACH)
+	}
+	out, err := exec.Command("fusermount3", "-u", "-z", dir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("fusermount3 -u -z: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// describeType names the type of a file for an error message.
+func describeType(m os.FileMode) string {
+	switch t := m.Type(); {
+	case t == 0:
+		return "a regular file"
+	case t&os.ModeSymlink != 0:
+		return "a symbolic link"
+	case t&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case t&os.ModeSocket != 0:
+		return "a socket"
+	case t&os.ModeDevice != 0:
+		return "a device"
+	default:
+		return t.String()
+	}
+}
+
+// mountEntry is one line of /proc/self/mountinfo, the fields allocfs uses.
+type mountEntry struct {
+	mountPoint string
+	fsType     string
+	source     string
+}
+
+// parseMountinfo reads the format of proc(5)'s mountinfo:
+//
+//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
+//
+// The mount point is the fifth field; after the "-" separator come the
+// filesystem type and the source. Spaces, tabs, newlines and backslashes
+// in paths are escaped as octal (\040).
+func parseMountinfo(r io.Reader) ([]mountEntry, error) {
+	var out []mountEntry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i := 6; i < len(fields); i++ {
+			if fields[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) {
+			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
+		}
+		e := mountEntry{mountPoint: unescapeMountinfo(fields[4]), fsType: fields[sep+1]}
+		if sep+2 < len(fields) {
+			e.source = unescapeMountinfo(fields[sep+2])
+		}
+		out = append(out, e)
+	}
+	return out, sc.Err()
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

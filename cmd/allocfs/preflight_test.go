@@ -1,0 +1,201 @@
+package main
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+func testLogger(t *testing.T) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
+}
+
+// TestParseMountinfo: mount points are unescaped and the filesystem type
+// is read after the separator, whatever the number of optional fields.
+func TestParseMountinfo(t *testing.T) {
+	in := `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+36 22 0:45 / /var/lib/allocfs/mnt rw,nosuid,nodev,relatime shared:2 master:3 - fuse.allocfs allocfs:/var/lib/allocfs rw,user_id=0
+37 22 0:46 / /tmp/with\040space\134x rw - tmpfs tmpfs rw
+`
+	got, err := parseMountinfo(strings.NewReader(in))
+	if err != nil {
+		t.Fatalf("parseMountinfo: %v", err)
+	}
+	want := []mountEntry{
+		{mountPoint: "/", fsType: "ext4", source: "/dev/sda1"},
+		{mountPoint: "/var/lib/allocfs/mnt", fsType: "fuse.allocfs", source: "allocfs:/var/lib/allocfs"},
+		{mountPoint: `/tmp/with space\x`, fsType: "tmpfs", source: "tmpfs"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if _, err := parseMountinfo(strings.NewReader("1 2 3 4 5 6 no separator here\n")); err == nil {
+		t.Errorf("a line without the separator: got no error")
+	}
+}
+
+// TestParseOwnMountinfo: this machine's mount table parses and has a
+// root mount.
+func TestParseOwnMountinfo(t *testing.T) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Skipf("no mountinfo: %v", err)
+	}
+	defer f.Close()
+	mounts, err := parseMountinfo(f)
+	if err != nil {
+		t.Fatalf("parseMountinfo: %v", err)
+	}
+	if !slices.ContainsFunc(mounts, func(m mountEntry) bool { return m.mountPoint == "/" }) {
+		t.Errorf("no mount at / among %d mounts", len(mounts))
+	}
+}
+
+// TestCheckLayout: a mount point that would hide the store, or a socket
+// inside the mount, is refused before anything is touched.
+func TestCheckLayout(t *testing.T) {
+	cases := []struct {
+		name   string
+		cfg    serveConfig
+		refuse bool
+	}{
+		{"default", serveConfig{dataDir: "/d", mountDir: "/d/mnt", socket: "/d/allocfs.sock"}, false},
+		{"elsewhere", serveConfig{dataDir: "/d", mountDir: "/m", socket: "/run/a.sock"}, false},
+		{"prefix is not a parent", serveConfig{dataDir: "/d", mountDir: "/dx", socket: "/d/s"}, false},
+		{"mount is the data dir", serveConfig{dataDir: "/d", mountDir: "/d", socket: "/s"}, true},
+		{"mount above the data dir", serveConfig{dataDir: "/var/lib/d", mountDir: "/var", socket: "/s"}, true},
+		{"mount at /", serveConfig{dataDir: "/d", mountDir: "/", socket: "/s"}, true},
+		{"mount in layers", serveConfig{dataDir: "/d", mountDir: "/d/layers/x", socket: "/s"}, true},
+		{"mount is state", serveConfig{dataDir: "/d", mountDir: "/d/state", socket: "/s"}, true},
+		{"socket in mount", serveConfig{dataDir: "/d", mountDir: "/m", socket: "/m/a.sock"}, true},
+	}
+	for _, c := range cases {
+		err := checkLayout(c.cfg)
+		if (err != nil) != c.refuse {
+			t.Errorf("%s: got %v, want refused=%t", c.name, err, c.refuse)
+		}
+	}
+}
+
+// TestPrepareMountPoint: a missing mount point is created, a file is
+// refused, and a live allocfs mount in the mount table is refused.
+func TestPrepareMountPoint(t *testing.T) {
+	root := t.TempDir()
+	logger := testLogger(t)
+	emptyInfo := filepath.Join(root, "mountinfo")
+	if err := os.WriteFile(emptyInfo, []byte("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	missing := filepath.Join(root, "a", "b", "mnt")
+	if err := prepareMountPoint(logger, missing, emptyInfo); err != nil {
+		t.Fatalf("missing mount point: %v", err)
+	}
+	if fi, err := os.Stat(missing); err != nil || !fi.IsDir() {
+		t.Errorf("mount point not created: %v", err)
+	}
+
+	file := filepath.Join(root, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := prepareMountPoint(logger, file, emptyInfo)
+	if err == nil || !strings.Contains(err.Error(), "is not a directory (a regular file)") {
+		t.Errorf("file as mount point: got %v, want 'is not a directory'", err)
+	}
+
+	live := filepath.Join(root, "live")
+	if err := os.Mkdir(live, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	liveInfo := filepath.Join(root, "mountinfo-live")
+	line := "40 22 0:50 / " + strings.ReplaceAll(live, " ", `\040`) + " rw - fuse.allocfs allocfs:/x rw\n"
+	if err := os.WriteFile(liveInfo, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = prepareMountPoint(logger, live, liveInfo)
+	if want := "another allocfs is serving " + live + "; stop it first"; err == nil || err.Error() != want {
+		t.Errorf("live allocfs mount: got %v, want %q", err, want)
+	}
+}
+
+// TestListenSocket: the socket is 0600, a stale one is replaced, a live
+// one or a non-socket file is refused.
+func TestListenSocket(t *testing.T) {
+	logger := testLogger(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "sub", "allocfs.sock")
+
+	ln, err := listenSocket(logger, sock)
+	if err != nil {
+		t.Fatalf("listenSocket: %v", err)
+	}
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode: got %v, want a socket with 0600", fi.Mode())
+	}
+	if _, err := listenSocket(logger, sock); err == nil || !strings.Contains(err.Error(), "another allocfs is listening") {
+		t.Errorf("second listener on a live socket: got %v, want refusal", err)
+	}
+
+	// A socket file nobody listens on any more is stale.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	ln, err = listenSocket(logger, sock)
+	if err != nil {
+		t.Fatalf("listenSocket over a stale socket: %v", err)
+	}
+	ln.Close()
+
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := listenSocket(logger, file); err == nil {
+		t.Errorf("listenSocket over a regular file: got no error")
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "keep me" {
+		t.Errorf("regular file touched: %q, %v", b, err)
+	}
+
+	if _, err := listenSocket(logger, "/"+strings.Repeat("x", 120)); err == nil {
+		t.Errorf("a socket path over 107 bytes: got no error")
+	}
+}
+
+// TestResolvePath: symbolic links of the existing prefix are resolved and
+// the missing rest is kept.
+func TestResolvePath(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := filepath.Join(dir, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := resolvePath(filepath.Join(dir, "link", "missing", "mnt"))
+	if want := filepath.Join(real, "missing", "mnt"); err != nil || got != want {
+		t.Errorf("got %q, %v; want %q", got, err, want)
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	cases := map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB", 5 << 30: "5.0 GiB"}
+	for n, want := range cases {
+		if got := formatBytes(n); got != want {
+			t.Errorf("formatBytes(%d): got %q, want %q", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/fs"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	defaultDataDir = "/var/lib/allocfs"
+
+	// shutdownTimeout bounds how long requests in flight may keep the
+	// API up once a signal asked the daemon to stop.
+	shutdownTimeout = 5 * time.Second
+)
+
+func runServe(e *env, args []string) error {
+	const cmd = "allocfs serve"
+	fset := newFlagSet(e, cmd, "[flags]", `
+Mount the allocation directories at --mount and serve the control API on
+--socket until SIGINT or SIGTERM. Every allocation recorded in --data-dir is
+back in the mount when serve starts. On a signal the API stops first, then
+the mount is detached; a mount that cannot be detached makes serve exit 1.`)
+	var (
+		dataDir   string
+		mountDir  string
+		socket    string
+		logLevel  string
+		logJSON   bool
+		debugFuse bool
+	)
+	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
+	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
+	fset.StringVar(&socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
+	fset.StringVar(&logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
+	fset.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
+	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
+	if err := parseFlags(fset, args, 0, 0); err != nil {
+		return err
+	}
+	level := hclog.LevelFromString(logLevel)
+	if level == hclog.NoLevel {
+		return usageErrorf(cmd, "unknown --log-level %q: use trace, debug, info, warn or error", logLevel)
+	}
+	if dataDir == "" {
+		return usageErrorf(cmd, "--data-dir must not be empty")
+	}
+	if mountDir == "" {
+		mountDir = filepath.Join(dataDir, "mnt")
+	}
+	if socket == "" {
+		socket = filepath.Join(dataDir, "allocfs.sock")
+	}
+	var err error
+	if dataDir, err = resolvePath(dataDir); err != nil {
+		return err
+	}
+	if mountDir, err = resolvePath(mountDir); err != nil {
+		return err
+	}
+	if socket, err = resolvePath(socket); err != nil {
+		return err
+	}
+
+	logger := hclog.New(&hclog.LoggerOptions{
+		Name:       "allocfs",
+		Level:      level,
+		JSONFormat: logJSON,
+		Output:     e.stderr,
+	})
+	return serve(logger, serveConfig{
+		dataDir:  dataDir,
+		mountDir: mountDir,
+		socket:   socket,
+		mount:    fs.MountOptions{Debug: debugFuse},
+	})
+}
+
+// serveConfig is what serve needs, with every path absolute and free of
+// symbolic links as far as it exists.
+type serveConfig struct {
+	dataDir  string
+	mountDir string
+	socket   string
+	mount    fs.MountOptions
+}
+
+// serve checks the machine, opens the store, mounts it, serves the API and
+// tears everything down on SIGINT or SIGTERM.
+func serve(logger hclog.Logger, cfg serveConfig) error {
+	// SIGINT and SIGTERM start the shutdown below instead of killing the
+	// process. One that arrives while the mount comes up is acted on as
+	// soon as it is up.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	if err := checkLayout(cfg); err != nil {
+		return err
+	}
+	if err := checkFUSE(); err != nil {
+		return err
+	}
+	if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
+		return err
+	}
+
+	store, err := fs.OpenStore(logger, cfg.dataDir)
+	if err != nil {
+		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
+	}
+	// The socket is bound before the mount comes up (clients that connect
+	// meanwhile wait in the backlog) because binding it later would race
+	// the FUSE server over the process umask; see listenSocket.
+	ln, err := listenSocket(logger, cfg.socket)
+	if err != nil {
+		return err
+	}
+
+	opts := fs.DefaultMountOptions()
+	opts.Debug = cfg.mount.Debug
+	m, err := fs.NewMount(logger, store, cfg.mountDir, opts)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+
+	srv := &http.Server{
+		Handler:           api.NewServer(logger, store, m.Dir(), m.Passthrough()),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
+		"passthrough", m.Passthrough(), "allocations", len(store.List()))
+
+	var failure error
+	select {
+	case sig := <-sigs:
+		logger.Info("shutting down", "signal", sig.String())
+	case err := <-served:
+		failure = fmt.Errorf("control API stopped: %w", err)
+		logger.Error("control API stopped; shutting down", "error", err)
+	}
+	// A second signal means "now": detach the mount and leave.
+	go func() {
+		sig := <-sigs
+		logger.Error("second signal: exiting without a clean shutdown", "signal", sig.String())
+		if err := unix.Unmount(cfg.mountDir, unix.MNT_DETACH); err != nil {
+			logger.Error("lazy unmount failed", "error", err)
+		}
+		os.Exit(exitFailed)
+	}()
+
+	logger.Info("stopping control API")
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	err = srv.Shutdown(ctx)
+	cancel()
+	if err != nil {
+		logger.Warn("requests still running after the timeout; closing their connections", "timeout", shutdownTimeout, "error", err)
+		srv.Close()
+	}
+	logger.Info("control API stopped")
+
+	logger.Info("unmounting", "mount", m.Dir())
+	if err := m.Unmount(); err != nil {
+		logger.Error("unmount failed", "mount", m.Dir(), "error", err)
+		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), err, m.Dir()))
+	}
+	logger.Info("unmounted", "mount", m.Dir())
+	if failure != nil {
+		return failure
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// resolvePath makes p absolute and resolves the symbolic links of its
+// longest existing prefix, so that paths can be compared with each other
+// and with /proc/self/mountinfo.
+func resolvePath(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+	}
+	var rest []string
+	for dir := abs; ; dir = filepath.Dir(dir) {
+		real, err := filepath.EvalSymlinks(dir)
+		if err == nil {
+			return filepath.Join(append([]string{real}, rest...)...), nil
+		}
+		if dir == filepath.Dir(dir) {
+			return abs, nil
+		}
+		rest = append([]string{filepath.Base(dir)}, rest...)
+	}
+}
+
+// listenSocket binds the control socket with mode 0600 (the API can
+// destroy allocations). A socket left by a daemon that died is removed; one
+// that still answers belongs to a live daemon, and anything that is not a
+// socket is left alone.
+//
+// The umask is set to 0177 around bind(2) so the socket never exists with
+// a wider mode, then chmod makes sure of it. This must happen before
+// fs.NewMount: that sets the umask to 0 for the FUSE server, which must
+// not see it change while it creates files.
+func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
+	// sun_path holds 108 bytes including the terminating NUL.
+	if len(path) > 107 {
+		return nil, fmt.Errorf("socket path %q is %d bytes, more than a unix socket allows (107): pass a shorter --socket", path, len(path))
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("failed to create the socket's directory: %w", err)
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case err == nil && fi.Mode().Type() == os.ModeSocket:
+		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("another allocfs is listening on %s; stop it first", path)
+		}
+		logger.Info("removing stale socket", "socket", path)
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("failed to remove stale socket %q: %w", path, err)
+		}
+	case err == nil:
+		return nil, fmt.Errorf("%q exists and is not a socket (%s): move it away or pass another --socket", path, fi.Mode().Type())
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("failed to inspect socket path %q: %w", path, err)
+	}
+
+	old := unix.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("failed to listen on %q: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("failed to restrict socket %q to its owner: %w", path, err)
+	}
+	return ln, nil
+}

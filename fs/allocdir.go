@@ -1,0 +1,543 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// AllocDir implements allocdir.Interface for one allocation of a store.
+// It works on the store directly and never through the mount (a daemon
+// that reads its own mount can deadlock); its paths (AllocDirPath and the
+// TaskDir fields) are those of the mount, which is what task drivers use.
+// All methods are safe for concurrent use.
+type AllocDir struct {
+	logger   hclog.Logger
+	store    *Store
+	mount    *Mount
+	mountDir string
+	id       string
+
+	mu    sync.RWMutex
+	tasks map[string]*allocdir.TaskDir
+}
+
+var _ allocdir.Interface = (*AllocDir)(nil)
+
+// NewAllocDir returns the allocation id of store as seen under mountDir.
+// mount, when not nil, is the live mount of store: its memory-only
+// secrets and private directories are then listed too.
+func NewAllocDir(logger hclog.Logger, store *Store, mount *Mount, mountDir, id string) *AllocDir {
+	return &AllocDir{
+		logger:   logger.Named("alloc_dir").With("alloc_id", id),
+		store:    store,
+		mount:    mount,
+		mountDir: mountDir,
+		id:       id,
+		tasks:    make(map[string]*allocdir.TaskDir),
+	}
+}
+
+// AllocDirPath implements allocdir.Interface.
+func (a *AllocDir) AllocDirPath() string { return path.Join(a.mountDir, a.id) }
+
+// ShareDirPath implements allocdir.Interface.
+func (a *AllocDir) ShareDirPath() string {
+	return path.Join(a.AllocDirPath(), allocdir.SharedAllocName)
+}
+
+// NewTaskDir implements allocdir.Interface.
+func (a *AllocDir) NewTaskDir(task allocdir.Task) *allocdir.TaskDir {
+	td := allocdir.NewTaskDirPaths(a.AllocDirPath(), task, a.buildTask)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tasks[task.Name] = td
+	return td
+}
+
+// GetTaskDir implements allocdir.Interface.
+func (a *AllocDir) GetTaskDir(name string) *allocdir.TaskDir {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.tasks[name]
+}
+
+// WalkTaskDirs implements allocdir.Interface.
+func (a *AllocDir) WalkTaskDirs(fn func(*allocdir.TaskDir) error) error {
+	a.mu.RLock()
+	tds := make([]*allocdir.TaskDir, 0, len(a.tasks))
+	for _, td := range a.tasks {
+		tds = append(tds, td)
+	}
+	a.mu.RUnlock()
+	sort.Slice(tds, func(i, j int) bool { return tds[i].Task.Name < tds[j].Task.Name })
+	for _, td := range tds {
+		if err := fn(td); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Build implements allocdir.Interface: the allocation and its alloc-level
+// volumes exist in the store afterwards.
+func (a *AllocDir) Build() error {
+	if _, err := a.store.Build(a.id); err != nil {
+		return fmt.Errorf("failed to build alloc dir %s: %w", a.id, err)
+	}
+	a.invalidate(a.id)
+	return nil
+}
+
+// invalidate tells the mount, if any, that an allocation changed, before
+// returning to a caller that may look at the mount next.
+func (a *AllocDir) invalidate(ids ...string) {
+	if a.mount == nil {
+		return
+	}
+	for _, id := range ids {
+		a.mount.Invalidate(id)
+	}
+}
+
+func (a *AllocDir) buildTask(td *allocdir.TaskDir) error {
+	if _, err := a.store.Get(a.id); err != nil {
+		return fmt.Errorf("failed to build task dir %q: %w: %w", td.Task.Name, allocdir.ErrNotBuilt, err)
+	}
+	if _, err := a.store.EnsureTask(a.id, td.Task); err != nil {
+		return fmt.Errorf("failed to build task dir %q: %w", td.Task.Name, err)
+	}
+	a.invalidate(a.id)
+	return nil
+}
+
+// Destroy implements allocdir.Interface. Destroying an allocation that was
+// never built, or is gone already, is not an error.
+func (a *AllocDir) Destroy() error {
+	err := a.store.Destroy(a.id)
+	a.invalidate(a.id)
+	if err == nil || errors.Is(err, allocdir.ErrUnknownAlloc) {
+		return nil
+	}
+	return fmt.Errorf("failed to destroy alloc dir %s: %w", a.id, err)
+}
+
+// Move implements allocdir.Interface. Between two allocations of the same
+// store it is the adopt remap: this allocation's alloc/data and each named
+// task's local/ take over the previous allocation's layers, which gets
+// fresh empty ones in their place. No byte is copied and nothing is
+// deleted but this allocation's own empty placeholders.
+func (a *AllocDir) Move(other allocdir.Interface, tasks []string) error {
+	st, err := a.store.Get(a.id)
+	if err != nil {
+		return fmt.Errorf("unable to move to %q: %w: %w", a.AllocDirPath(), allocdir.ErrNotBuilt, err)
+	}
+	prev, ok := other.(*AllocDir)
+	if !ok || prev.store != a.store {
+		return fmt.Errorf("unable to move from %q into %s: only allocations of the same store can be remapped", other.AllocDirPath(), a.id)
+	}
+	start := time.Now()
+	keys := []string{allocdir.SharedAllocName + "/" + allocdir.SharedDataName}
+	for _, task := range tasks {
+		if err := allocdir.ValidName(task); err != nil || task == allocdir.SharedAllocName {
+			return fmt.Errorf("unable to move task %q: %w", task, allocdir.ErrInvalidName)
+		}
+		if st.task(task) < 0 {
+			if _, err := a.store.EnsureTask(a.id, allocdir.Task{Name: task}); err != nil {
+				return fmt.Errorf("unable to move task %q: %w", task, err)
+			}
+		}
+		keys = append(keys, task+"/"+allocdir.TaskLocal)
+	}
+	moved, err := a.store.Remap(prev.id, a.id, keys)
+	a.invalidate(prev.id, a.id)
+	if err != nil {
+		return fmt.Errorf("failed to remap %s into %s: %w", prev.id, a.id, err)
+	}
+	a.logger.Info("migrated by remap", "previous_alloc_id", prev.id, "mode", "adopt", "volumes", moved, "bytes_copied", 0, "duration", time.Since(start))
+	return nil
+}
+
+// readSide is the shared read side over the store's view of the
+// allocation.
+func (a *AllocDir) readSide() allocdir.ReadSide {
+	return allocdir.ReadSide{
+		AllocID:    a.id,
+		HostPrefix: a.AllocDirPath(),
+		Open: func() (allocdir.ReadFS, func(), error) {
+			st, err := a.store.Get(a.id)
+			if err != nil {
+				return nil, nil, err
+			}
+			f := &storeFS{a: a, st: st}
+			return f, f.close, nil
+		},
+	}
+}
+
+// List implements allocdir.FS.
+func (a *AllocDir) List(p string) ([]*allocdir.FileInfo, error) { return a.readSide().List(p) }
+
+// Stat implements allocdir.FS.
+func (a *AllocDir) Stat(p string) (*allocdir.FileInfo, error) { return a.readSide().Stat(p) }
+
+// ReadAt implements allocdir.FS.
+func (a *AllocDir) ReadAt(p string, offset int64) (io.ReadCloser, error) {
+	return a.readSide().ReadAt(p, offset)
+}
+
+// BlockUntilExists implements allocdir.FS.
+func (a *AllocDir) BlockUntilExists(ctx context.Context, p string) (chan error, error) {
+	return a.readSide().BlockUntilExists(ctx, p)
+}
+
+// ChangeEvents implements allocdir.FS.
+func (a *AllocDir) ChangeEvents(ctx context.Context, p string, curOffset int64) (*allocdir.FileChanges, error) {
+	return a.readSide().ChangeEvents(ctx, p, curOffset)
+}
+
+// Snapshot implements allocdir.FS: alloc/data and every task's local/,
+// read from the layers.
+func (a *AllocDir) Snapshot(w io.Writer) error {
+	st, err := a.store.Get(a.id)
+	if err != nil {
+		return fmt.Errorf("failed to snapshot %s: %w", a.id, err)
+	}
+	roots := []string{allocdir.SharedAllocName + "/" + allocdir.SharedDataName}
+	names := make([]string, 0, len(st.Tasks))
+	for _, t := range st.Tasks {
+		names = append(names, t.Name)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		roots = append(roots, n+"/"+allocdir.TaskLocal)
+	}
+	f := &storeFS{a: a, st: st}
+	defer f.close()
+	return allocdir.WriteSnapshot(w, a.id, f, roots)
+}
+
+// storeFS presents one allocation of the store as an allocdir.ReadFS:
+// the skeleton is synthesised from the state, volumes are read from their
+// upper layer beneath an fd of it, and memory-only directories from the
+// mount's memory tree.
+type storeFS struct {
+	a   *AllocDir
+	st  *State
+	fds []int
+}
+
+func (f *storeFS) close() {
+	for _, fd := range f.fds {
+		unix.Close(fd)
+	}
+	f.fds = nil
+}
+
+// where says what backs a path of the allocation.
+type where struct {
+	skeleton []string // names of a synthesised directory, when it is one
+	layerFS  allocdir.ReadFS
+	rest     string // path inside the volume
+	mem      *memDir
+	memRest  []string
+	base     string // the path's last component
+}
+
+func (f *storeFS) locate(name string) (*where, error) {
+	if name == "." {
+		return &where{skeleton: f.rootNames(), base: "."}, nil
+	}
+	comps := strings.Split(name, "/")
+	base := comps[len(comps)-1]
+	if comps[0] != allocdir.SharedAllocName {
+		i := f.st.task(comps[0])
+		if i < 0 {
+			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
+		}
+		if len(comps) == 1 {
+			w, err := f.volume(comps[0], nil, base)
+			if err != nil {
+				return nil, err
+			}
+			w.skeleton = append([]string(nil), taskChildren...)
+			return w, nil
+		}
+		switch comps[1] {
+		case allocdir.SharedAllocName:
+			comps = comps[1:]
+		case allocdir.TaskLocal, allocdir.TmpDirName:
+			return f.volume(comps[0]+"/"+comps[1], comps[2:], base)
+		case allocdir.TaskSecrets, allocdir.TaskPrivate:
+			return &where{mem: f.memRoot(f.st.Tasks[i], comps[1]), memRest: comps[2:], base: base}, nil
+		default:
+			return f.volume(comps[0], comps[1:], base)
+		}
+	}
+	if len(comps) == 1 {
+		names := append([]string(nil), allocdir.SharedAllocDirs...)
+		sort.Strings(names)
+		return &where{skeleton: names, base: base}, nil
+	}
+	for _, sub := range allocdir.SharedAllocDirs {
+		if comps[1] == sub {
+			return f.volume(allocdir.SharedAllocName+"/"+sub, comps[2:], base)
+		}
+	}
+	return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
+}
+
+func (f *storeFS) rootNames() []string {
+	names := []string{allocdir.SharedAllocName}
+	for _, t := range f.st.Tasks {
+		names = append(names, t.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (f *storeFS) volume(key string, rest []string, base string) (*where, error) {
+	v, ok := f.st.Volumes[key]
+	if !ok {
+		return nil, &iofs.PathError{Op: "lookup", Path: key, Err: iofs.ErrNotExist}
+	}
+	fd, err := unix.Open(f.a.store.LayerPath(v.Upper), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s of %s/%s: %w", v.Upper, f.st.ID, key, err)
+	}
+	f.fds = append(f.fds, fd)
+	r := path.Join(rest...)
+	if r == "" {
+		r = "."
+	}
+	return &where{layerFS: allocdir.NewBeneathFS(fd), rest: r, base: base}, nil
+}
+
+// memRoot returns the live memory directory of a task, or nil when there
+// is no mount (then it shows as an empty directory).
+func (f *storeFS) memRoot(task allocdir.Task, name string) *memDir {
+	if f.a.mount == nil {
+		return nil
+	}
+	return f.a.mount.existingMemRoot(f.st.ID, task.Name, name)
+}
+
+func (f *storeFS) skeletonInfo(name string, mode iofs.FileMode) iofs.FileInfo {
+	return &synthInfo{name: name, mode: iofs.ModeDir | mode, mtime: f.st.Created}
+}
+
+// Open implements iofs.FS; only volume files can be opened.
+func (f *storeFS) Open(name string) (iofs.File, error) {
+	w, err := f.locate(name)
+	if err != nil {
+		return nil, err
+	}
+	if w.layerFS == nil {
+		return nil, &iofs.PathError{Op: "open", Path: name, Err: syscall.EACCES}
+	}
+	return w.layerFS.Open(w.rest)
+}
+
+// ReadDir implements iofs.ReadDirFS.
+func (f *storeFS) ReadDir(name string) ([]iofs.DirEntry, error) {
+	w, err := f.locate(name)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case w.layerFS != nil && w.skeleton != nil:
+		// A task directory: its layer's entries and the layout children.
+		entries, err := w.layerFS.ReadDir(w.rest)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]iofs.DirEntry, 0, len(entries)+len(w.skeleton))
+		for _, n := range w.skeleton {
+			fi, err := f.Lstat(name + "/" + n)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, iofs.FileInfoToDirEntry(fi))
+		}
+		for _, e := range entries {
+			if !slices.Contains(w.skeleton, e.Name()) {
+				out = append(out, e)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
+		return out, nil
+	case w.layerFS != nil:
+		return w.layerFS.ReadDir(w.rest)
+	case w.skeleton != nil:
+		out := make([]iofs.DirEntry, 0, len(w.skeleton))
+		for _, n := range w.skeleton {
+			child := n
+			if name != "." {
+				child = name + "/" + n
+			}
+			fi, err := f.Lstat(child)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, iofs.FileInfoToDirEntry(fi))
+		}
+		return out, nil
+	}
+	return memReadDir(w)
+}
+
+// Lstat implements iofs.ReadLinkFS.
+func (f *storeFS) Lstat(name string) (iofs.FileInfo, error) {
+	w, err := f.locate(name)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case w.layerFS != nil:
+		fi, err := w.layerFS.Lstat(w.rest)
+		if err != nil {
+			return nil, err
+		}
+		if w.rest == "." {
+			return renamedInfo{FileInfo: fi, name: w.base}, nil
+		}
+		return fi, nil
+	case w.skeleton != nil:
+		mode := iofs.FileMode(0o777)
+		if name == "." {
+			mode = 0o755
+		}
+		return f.skeletonInfo(w.base, mode), nil
+	}
+	return memLstat(w)
+}
+
+// ReadLink implements iofs.ReadLinkFS.
+func (f *storeFS) ReadLink(name string) (string, error) {
+	w, err := f.locate(name)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case w.layerFS != nil:
+		return w.layerFS.ReadLink(w.rest)
+	case w.mem != nil:
+		n, err := memWalk(w)
+		if err != nil {
+			return "", err
+		}
+		if l, ok := n.Operations().(*memLink); ok {
+			return string(l.target), nil
+		}
+	}
+	return "", &iofs.PathError{Op: "readlink", Path: name, Err: iofs.ErrInvalid}
+}
+
+// synthInfo is the stat of a skeleton directory.
+type synthInfo struct {
+	name  string
+	mode  iofs.FileMode
+	mtime time.Time
+	size  int64
+}
+
+func (s *synthInfo) Name() string        { return s.name }
+func (s *synthInfo) Size() int64         { return s.size }
+func (s *synthInfo) Mode() iofs.FileMode { return s.mode }
+func (s *synthInfo) ModTime() time.Time  { return s.mtime }
+func (s *synthInfo) IsDir() bool         { return s.mode.IsDir() }
+func (s *synthInfo) Sys() any            { return nil }
+
+// renamedInfo reports a layer root under its name in the allocation.
+type renamedInfo struct {
+	iofs.FileInfo
+	name string
+}
+
+func (r renamedInfo) Name() string { return r.name }
+
+// memWalk finds the memory node a path names.
+func memWalk(w *where) (*gofs.Inode, error) {
+	if w.mem == nil {
+		if len(w.memRest) == 0 {
+			return nil, nil
+		}
+		return nil, &iofs.PathError{Op: "lookup", Path: strings.Join(w.memRest, "/"), Err: iofs.ErrNotExist}
+	}
+	n := w.mem.EmbeddedInode()
+	for _, c := range w.memRest {
+		n = n.GetChild(c)
+		if n == nil {
+			return nil, &iofs.PathError{Op: "lookup", Path: strings.Join(w.memRest, "/"), Err: iofs.ErrNotExist}
+		}
+	}
+	return n, nil
+}
+
+func memInfo(name string, n *gofs.Inode) iofs.FileInfo {
+	switch m := n.Operations().(type) {
+	case *memDir:
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: 4096}
+	case *memFile:
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: int64(len(m.data))}
+	case *memLink:
+		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: int64(len(m.target))}
+	case *memSpecial:
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime}
+	}
+	return &synthInfo{name: name}
+}
+
+func memMode(m uint32) iofs.FileMode { return allocdir.UnixMode(m) }
+
+func memLstat(w *where) (iofs.FileInfo, error) {
+	n, err := memWalk(w)
+	if err != nil {
+		return nil, err
+	}
+	if n == nil {
+		return &synthInfo{name: w.base, mode: iofs.ModeDir | 0o777}, nil
+	}
+	return memInfo(w.base, n), nil
+}
+
+func memReadDir(w *where) ([]iofs.DirEntry, error) {
+	n, err := memWalk(w)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	if !n.IsDir() {
+		return nil, &iofs.PathError{Op: "readdir", Path: w.base, Err: syscall.ENOTDIR}
+	}
+	children := n.Children()
+	names := make([]string, 0, len(children))
+	for name := range children {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	out := make([]iofs.DirEntry, 0, len(names))
+	for _, name := range names {
+		out = append(out, iofs.FileInfoToDirEntry(memInfo(name, children[name])))
+	}
+	return out, nil
+}

@@ -1,0 +1,69 @@
+// Package fs is allocfs itself: the layered store on a backing directory
+// and the FUSE tree that presents every allocation from it under one
+// mount point.
+//
+// # The store
+//
+// All bytes live as plain files under the data directory:
+//
+//	<data-dir>/state/<allocID>.json   the allocation's record (tasks, status,
+//	                                  which layers back which mount point)
+//	<data-dir>/layers/<layerID>/      a layer: an ordinary directory tree
+//	<data-dir>/staging/               half-received snapshots
+//
+// A volume is a stack of layers (one writable upper over read-only lowers)
+// attached at a fixed point of an allocation: alloc/data, alloc/logs,
+// alloc/tmp, <task>/local and <task>/tmp each have their own. State files
+// are replaced atomically (write temp, fsync, rename), so a crash leaves
+// either the old record or the new one, and restarting the daemon reloads
+// every allocation.
+//
+// # The tree
+//
+//	<mount>/                      rootNode: one directory per allocation
+//	└── <allocID>/                allocNode: 0755, the agent's
+//	    ├── alloc/                sharedNode: 0777 nobody
+//	    │   └── data|logs|tmp/    volNode: the volume's upper layer
+//	    └── <task>/               taskNode: 0777 nobody
+//	        ├── local/ tmp/       volNode
+//	        ├── secrets/ private/ memDir: memory only, size-capped
+//	        └── alloc/            sharedNode again, as a second view
+//
+// The skeleton (everything that is not inside a volume or a memory tree)
+// is synthesised from the allocation's state and cannot be written. The
+// <task>/alloc view shows the same volumes as alloc/ without a bind mount;
+// it carries its own inode numbers (the view number is mixed in at
+// viewShift) because the kernel refuses two names for one directory inode.
+// Inode numbers inside volumes are the backing inode numbers, so they stay
+// stable across lookups and restarts, and watchers that compare device and
+// inode behave.
+//
+// # Kernel caching
+//
+// Entries and attributes are cached for MountOptions.StableTimeout: every
+// change made through the mount passes through the kernel, which keeps its
+// own caches right, and changes allocfs makes itself (creating or
+// destroying an allocation) are pushed to the kernel with NotifyEntry and
+// NotifyDelete from a goroutine of their own; a notification sent from a
+// request handler can deadlock. Failed lookups are cached briefly.
+//
+// # Data path
+//
+// Regular files inside volumes are opened by go-fuse's loopback file, which
+// offers its fd for passthrough: when the kernel accepts it (root, kernel
+// 6.9 or later), reads and writes never reach the daemon. NewMount reports
+// whether the kernel offered passthrough. HANDLE_KILLPRIV_V2 stops the
+// kernel from asking for security.capability before every write.
+//
+// # Errors
+//
+// Every FUSE handler returns a syscall.Errno. Errors from the store and the
+// allocdir contract are converted in one place, toErrno, which logs and
+// returns EIO for anything it does not know.
+//
+// # Never through the mount
+//
+// The daemon must not access its own mount point: a request handler that
+// waits on the mount it serves deadlocks. Everything in-process works on
+// the store directly.
+package fs

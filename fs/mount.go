@@ -1,0 +1,258 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// capHandleKillprivV2 is FUSE_HANDLE_KILLPRIV_V2 (bit 28 on Linux), which
+// go-fuse does not name. With it the kernel stops asking the daemon for
+// security.capability before every write(2).
+const capHandleKillprivV2 = 1 << 28
+
+// MountOptions tune a mount.
+type MountOptions struct {
+	// Debug turns on go-fuse's request trace.
+	Debug bool
+	// StableTimeout is how long the kernel may cache entries and
+	// attributes; allocfs invalidates what it changes itself.
+	StableTimeout time.Duration
+	// NegativeTimeout is how long a failed lookup is cached.
+	NegativeTimeout time.Duration
+}
+
+// DefaultMountOptions are the options `allocfs serve` uses.
+func DefaultMountOptions() MountOptions {
+	return MountOptions{StableTimeout: 60 * time.Second, NegativeTimeout: time.Second}
+}
+
+// Mount is a live FUSE mount of a store.
+type Mount struct {
+	logger  hclog.Logger
+	store   *Store
+	dir     string
+	opts    MountOptions
+	server  *fuse.Server
+	root    *rootNode
+	started time.Time
+	nobody  *uidGid
+	mem     memRoots
+
+	passthrough bool
+	stopWatch   func()
+	watchDone   chan struct{}
+	unmountOnce sync.Once
+	unmountErr  error
+}
+
+type uidGid struct{ uid, gid uint32 }
+
+func lookupUser(name string) (*uidGid, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		if _, nerr := strconv.Atoi(name); nerr != nil {
+			return nil, err
+		}
+		if u, err = user.LookupId(name); err != nil {
+			return nil, err
+		}
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %q: uid %q: %w", name, u.Uid, err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %q: gid %q: %w", name, u.Gid, err)
+	}
+	return &uidGid{uid: uint32(uid), gid: uint32(gid)}, nil
+}
+
+// NewMount mounts store at dir and starts serving. The caller must call
+// Unmount. The daemon must never access dir itself: a FUSE server that
+// reads its own mount from a request handler deadlocks.
+func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) (*Mount, error) {
+	m := &Mount{
+		logger:  logger.Named("mount").With("mountpoint", dir),
+		store:   store,
+		dir:     dir,
+		opts:    opts,
+		started: time.Now(),
+		mem:     memRoots{roots: make(map[string]*memDir)},
+	}
+	if os.Geteuid() == 0 {
+		m.nobody, _ = lookupUser("nobody")
+	}
+	// The kernel has applied the caller's umask already; applying ours
+	// again would turn a requested 0620 into 0600.
+	syscall.Umask(0)
+
+	m.root = &rootNode{m: m}
+	stable := opts.StableTimeout
+	negative := opts.NegativeTimeout
+	fopts := &gofs.Options{
+		EntryTimeout:    &stable,
+		AttrTimeout:     &stable,
+		NegativeTimeout: &negative,
+		MountOptions: fuse.MountOptions{
+			AllowOther:        os.Geteuid() == 0,
+			FsName:            "allocfs:" + store.DataDir(),
+			Name:              "allocfs",
+			Options:           []string{"default_permissions"},
+			DirectMountStrict: os.Geteuid() == 0,
+			MaxWrite:          1 << 20,
+			EnableLocks:       true,
+			ExtraCapabilities: capHandleKillprivV2,
+			Debug:             opts.Debug,
+		},
+	}
+	server, err := gofs.Mount(dir, m.root, fopts)
+	if err != nil {
+		return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
+	}
+	m.server = server
+	if err := server.WaitMount(); err != nil {
+		m.Unmount()
+		return nil, fmt.Errorf("mount at %q did not come up: %w", dir, err)
+	}
+	m.passthrough = os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
+	if m.passthrough {
+		m.logger.Info("mounted", "passthrough", true)
+	} else {
+		m.logger.Warn("mounted without passthrough: file data goes through the daemon", "passthrough", false, "root", os.Geteuid() == 0)
+	}
+	events, stop := store.Subscribe()
+	m.stopWatch = stop
+	m.watchDone = make(chan struct{})
+	go m.invalidate(events)
+	return m, nil
+}
+
+// Dir is the mount point.
+func (m *Mount) Dir() string { return m.dir }
+
+// Passthrough reports whether the kernel accepted passthrough at mount
+// time, so regular files are served from their backing fds.
+func (m *Mount) Passthrough() bool { return m.passthrough }
+
+// invalidate keeps the kernel's caches honest about changes allocfs makes
+// itself (create, destroy, remap). It runs on its own goroutine: a
+// notification sent from inside a request handler can deadlock.
+func (m *Mount) invalidate(events <-chan string) {
+	defer close(m.watchDone)
+	for id := range events {
+		m.Invalidate(id)
+	}
+}
+
+// Invalidate makes the kernel forget what it cached about allocation id,
+// so that the next lookup sees the store's current record. Callers that
+// change the store and then expect the mount to show it (Destroy, Move)
+// call it themselves; it must not be called from a FUSE request handler.
+func (m *Mount) Invalidate(id string) {
+	if _, err := m.store.Get(id); err != nil {
+		m.dropMem(id)
+		if ch := m.root.GetChild(id); ch != nil {
+			m.root.NotifyDelete(id, ch)
+		}
+	}
+	// Also flushes a negative entry cached before the allocation existed.
+	m.root.NotifyEntry(id)
+	m.invalidateVolumes(id)
+}
+
+// invalidateVolumes drops the kernel's entries for every volume mount
+// point of an allocation, so that the next lookup sees the layers its
+// record names now (after a remap, say).
+func (m *Mount) invalidateVolumes(id string) {
+	a := m.root.GetChild(id)
+	if a == nil {
+		return
+	}
+	var walk func(dir *gofs.Inode)
+	walk = func(dir *gofs.Inode) {
+		for name, ch := range dir.Children() {
+			switch n := ch.Operations().(type) {
+			case *sharedNode:
+				walk(ch)
+			case *volNode:
+				if n.task != nil {
+					walk(ch)
+				}
+				dir.NotifyEntry(name)
+			}
+		}
+	}
+	walk(a)
+}
+
+// stableTimeouts sets the kernel cache lifetime of a skeleton entry.
+func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
+	out.SetEntryTimeout(m.opts.StableTimeout)
+	out.SetAttrTimeout(m.opts.StableTimeout)
+}
+
+// allocAttr is the attribute of <mount>/<allocID>: 0755, owned by the
+// agent.
+func (m *Mount) allocAttr(st *State) skeletonAttr {
+	return skeletonAttr{mode: 0o755, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), mtime: st.Created}
+}
+
+// sharedAttr is the attribute of alloc/ and of task directories: 0777,
+// owned by nobody when running as root.
+func (m *Mount) sharedAttr(st *State) skeletonAttr {
+	a := skeletonAttr{mode: 0o777, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), mtime: st.Created}
+	if m.nobody != nil {
+		a.uid, a.gid = m.nobody.uid, m.nobody.gid
+	}
+	return a
+}
+
+// sharedInode returns the alloc/ node of an allocation in a view.
+func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
+	m.sharedAttr(st).fill(&out.Attr, ino)
+	m.stableTimeouts(out)
+	n := &sharedNode{m: m, id: st.ID, view: view}
+	return parent.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+}
+
+// Unmount detaches the mount: a normal unmount with a few retries while
+// it is busy, then a lazy detach, so that shutdown always leaves the mount
+// point usable. It waits for the server loop to end.
+func (m *Mount) Unmount() error {
+	m.unmountOnce.Do(func() {
+		if m.stopWatch != nil {
+			m.stopWatch()
+			<-m.watchDone
+		}
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			if err = m.server.Unmount(); err == nil {
+				break
+			}
+			time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+		}
+		if err != nil {
+			m.logger.Warn("unmount failed, detaching lazily", "error", err)
+			if lerr := unix.Unmount(m.dir, unix.MNT_DETACH); lerr != nil {
+				m.unmountErr = errors.Join(fmt.Errorf("failed to unmount %q: %w", m.dir, err), fmt.Errorf("lazy unmount: %w", lerr))
+				return
+			}
+		}
+		m.server.Wait()
+	})
+	return m.unmountErr
+}

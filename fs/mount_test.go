@@ -1,0 +1,199 @@
+package fs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/hashicorp/go-hclog"
+)
+
+// requireFUSE skips a test that needs a real mount, with the reason, unless
+// ALLOCFS_REQUIRE_FUSE=1 makes the missing capability a failure.
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	reason := ""
+	switch {
+	case os.Geteuid() != 0:
+		reason = "mount tests run as root (allow_other and passthrough need it)"
+	default:
+		if fi, err := os.Stat("/dev/fuse"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+			reason = "/dev/fuse is missing: load the fuse module"
+		}
+	}
+	if reason == "" {
+		return
+	}
+	if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
+		t.Fatalf("FUSE required (ALLOCFS_REQUIRE_FUSE=1) but unavailable: %s", reason)
+	}
+	t.Skip(reason)
+}
+
+// testMount is a store in a temp dir mounted at a temp mount point; it is
+// unmounted when the test ends.
+type testMount struct {
+	store *Store
+	mount *Mount
+	dir   string
+}
+
+func newTestMount(t *testing.T) *testMount {
+	t.Helper()
+	requireFUSE(t)
+	logger := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
+	store, err := OpenStore(logger, filepath.Join(t.TempDir(), "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultMountOptions()
+	opts.Debug = testing.Verbose() && os.Getenv("ALLOCFS_FUSE_DEBUG") == "1"
+	m, err := NewMount(logger, store, dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	return &testMount{store: store, mount: m, dir: dir}
+}
+
+// TestMountLayout checks that a created allocation shows Nomad's layout
+// with its modes, and that data written through the mount lands in the
+// volume's layer on the backing store.
+func TestMountLayout(t *testing.T) {
+	tm := newTestMount(t)
+	st, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := filepath.Join(tm.dir, "a1")
+	want := map[string]os.FileMode{
+		"":            os.ModeDir | 0o755,
+		"alloc":       os.ModeDir | 0o777,
+		"alloc/data":  os.ModeDir | 0o777,
+		"alloc/logs":  os.ModeDir | 0o777,
+		"alloc/tmp":   os.ModeDir | 0o777,
+		"web":         os.ModeDir | 0o777,
+		"web/local":   os.ModeDir | 0o777,
+		"web/tmp":     os.ModeDir | os.ModeSticky | 0o777,
+		"web/secrets": os.ModeDir | 0o777,
+		"web/private": os.ModeDir | 0o777,
+		"web/alloc":   os.ModeDir | 0o777,
+	}
+	for rel, mode := range want {
+		fi, err := os.Stat(filepath.Join(alloc, rel))
+		if err != nil {
+			t.Errorf("stat %q: %v", rel, err)
+			continue
+		}
+		if fi.Mode() != mode {
+			t.Errorf("mode of %q: got %v, want %v", rel, fi.Mode(), mode)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(alloc, "alloc/data/test.txt"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "test.txt")
+	got, err := os.ReadFile(backing)
+	if err != nil || string(got) != "hello\n" {
+		t.Errorf("backing file: got %q, %v; want %q", got, err, "hello\n")
+	}
+	viaView, err := os.ReadFile(filepath.Join(alloc, "web/alloc/data/test.txt"))
+	if err != nil || string(viaView) != "hello\n" {
+		t.Errorf("web/alloc view: got %q, %v", viaView, err)
+	}
+	entries, err := os.ReadDir(alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != "alloc,web" {
+		t.Errorf("alloc dir entries: got %v, want [alloc web]", names)
+	}
+}
+
+// TestMountSecretsStayInMemory checks that a secret written through the
+// mount is readable there, is never written to the backing directory, and
+// that the size cap is enforced with ENOSPC.
+func TestMountSecretsStayInMemory(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(tm.dir, "a1/web/secrets/token")
+	marker := "s3cr3t-marker-4a1b"
+	if err := os.WriteFile(secret, []byte(marker), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(secret)
+	if err != nil || string(got) != marker {
+		t.Fatalf("read back: got %q, %v", got, err)
+	}
+	err = filepath.WalkDir(tm.store.DataDir(), func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(data), marker) {
+			t.Errorf("secret found on the backing store in %q", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 2<<20)
+	err = os.WriteFile(filepath.Join(tm.dir, "a1/web/secrets/big"), big, 0o600)
+	if !errorIs(err, syscall.ENOSPC) {
+		t.Errorf("2 MiB into a 1 MiB secrets dir: got %v, want ENOSPC", err)
+	}
+}
+
+func errorIs(err error, errno syscall.Errno) bool {
+	for err != nil {
+		if e, ok := err.(syscall.Errno); ok {
+			return e == errno
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+// TestMountStatfs checks that df on the mount reports the backing store's
+// numbers, at the root and inside a volume.
+func TestMountStatfs(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := tm.store.Statfs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"", "a1", "a1/alloc", "a1/alloc/data"} {
+		var got syscall.Statfs_t
+		if err := syscall.Statfs(filepath.Join(tm.dir, rel), &got); err != nil {
+			t.Fatalf("statfs %q: %v", rel, err)
+		}
+		if got.Blocks != want.Blocks || got.Bsize != want.Bsize || got.Files != want.Files {
+			t.Errorf("statfs %q: got blocks=%d bsize=%d files=%d, want %d %d %d", rel, got.Blocks, got.Bsize, got.Files, want.Blocks, want.Bsize, want.Files)
+		}
+	}
+}

@@ -1,0 +1,296 @@
+package fs
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// Volume is a stack of layers mounted at one point of an allocation.
+// Lookups go from Upper down through Lowers; only Upper is ever written.
+// Layers are referred to by ID, never by path, so that the data dir can be
+// moved and so that two allocations can share a layer (snapshot-mode
+// migration) without either owning the other's paths.
+type Volume struct {
+	Upper  string   `json:"upper"`            // writable top layer ID
+	Lowers []string `json:"lowers,omitempty"` // read-only layers, top first
+}
+
+// layers returns every layer ID of the volume, top first.
+func (v *Volume) layers() []string {
+	out := make([]string, 0, 1+len(v.Lowers))
+	out = append(out, v.Upper)
+	return append(out, v.Lowers...)
+}
+
+// Status is the lifecycle state of an allocation, as recorded on disk so
+// that it survives a restart of the daemon.
+type Status string
+
+const (
+	// StatusRunning: the allocation's directories are in use and writable.
+	StatusRunning Status = "running"
+	// StatusTerminal: the allocation has stopped; it is kept, browsable,
+	// until garbage collection destroys it.
+	StatusTerminal Status = "terminal"
+)
+
+// State is the persisted record of an allocation (state/<id>.json). It is
+// the only place that says which layers an allocation uses, so the store
+// rewrites it atomically and never hands out the copy it holds.
+type State struct {
+	ID      string          `json:"id"`
+	Tasks   []allocdir.Task `json:"tasks"`
+	Status  Status          `json:"status"`
+	Created time.Time       `json:"created"`
+	// Volumes maps a mount point inside the allocation ("alloc/data",
+	// "alloc/logs", "alloc/tmp", "<task>/local", "<task>/tmp") to its
+	// layers.
+	Volumes map[string]*Volume `json:"volumes"`
+}
+
+// Clone returns a deep copy, so that a caller can edit it (or keep it)
+// without racing the store or other callers.
+func (s *State) Clone() *State {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	if s.Tasks != nil {
+		c.Tasks = append([]allocdir.Task(nil), s.Tasks...)
+	}
+	if s.Volumes != nil {
+		c.Volumes = make(map[string]*Volume, len(s.Volumes))
+		for k, v := range s.Volumes {
+			if v == nil {
+				c.Volumes[k] = nil
+				continue
+			}
+			nv := &Volume{Upper: v.Upper}
+			if v.Lowers != nil {
+				nv.Lowers = append([]string(nil), v.Lowers...)
+			}
+			c.Volumes[k] = nv
+		}
+	}
+	return &c
+}
+
+// task returns the index of the task called name, or -1.
+func (s *State) task(name string) int {
+	for i, t := range s.Tasks {
+		if t.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// layerIDs returns the set of layers the allocation references.
+func (s *State) layerIDs() map[string]struct{} {
+	out := make(map[string]struct{})
+	for _, v := range s.Volumes {
+		if v == nil {
+			continue
+		}
+		for _, l := range v.layers() {
+			out[l] = struct{}{}
+		}
+	}
+	return out
+}
+
+// volumeSpec is one volume the store creates for a new allocation or task:
+// its key in State.Volumes and the mode of its fresh upper layer.
+type volumeSpec struct {
+	key  string
+	mode os.FileMode
+}
+
+// allocVolumes are the volumes every allocation has, whatever its tasks.
+func allocVolumes() []volumeSpec {
+	return []volumeSpec{
+		{path.Join(allocdir.SharedAllocName, allocdir.SharedDataName), allocdir.SharedDirMode},
+		{path.Join(allocdir.SharedAllocName, allocdir.LogDirName), allocdir.SharedDirMode},
+		{path.Join(allocdir.SharedAllocName, allocdir.TmpDirName), allocdir.SharedDirMode},
+	}
+}
+
+// taskVolumes are the volumes of one task. secrets/ and private/ are not
+// among them: they live in memory only and never reach the data dir.
+func taskVolumes(task string) []volumeSpec {
+	return []volumeSpec{
+		// The task directory itself: drivers write there (executor.out,
+		// a chroot's /bin and /etc); the layout's own children are
+		// presented over it.
+		{task, allocdir.TaskDirMode},
+		{path.Join(task, allocdir.TaskLocal), allocdir.TaskDirMode},
+		{path.Join(task, allocdir.TmpDirName), allocdir.TaskTmpMode},
+	}
+}
+
+// stateSuffix ends every state file name; what precedes it is the ID.
+const stateSuffix = ".json"
+
+// validAllocID checks an allocation ID: one path component, and short
+// enough that <id>.json still fits in a file name (NAME_MAX), so that a
+// long ID fails up front rather than half-way through Create.
+func validAllocID(id string) error {
+	if err := allocdir.ValidName(id); err != nil {
+		return fmt.Errorf("invalid allocation ID: %w", err)
+	}
+	if len(id)+len(stateSuffix) > 255 {
+		return fmt.Errorf("invalid allocation ID: %w: %q is longer than %d bytes",
+			allocdir.ErrInvalidName, id, 255-len(stateSuffix))
+	}
+	return nil
+}
+
+// validTaskName checks a task name: one path component, and not "alloc",
+// whose volumes would collide with the shared directory's.
+func validTaskName(name string) error {
+	if err := allocdir.ValidName(name); err != nil {
+		return fmt.Errorf("invalid task name: %w", err)
+	}
+	if name == allocdir.SharedAllocName {
+		return fmt.Errorf("invalid task name: %w: %q is reserved for the shared directory",
+			allocdir.ErrInvalidName, name)
+	}
+	return nil
+}
+
+// validTasks checks every task name and that no two tasks share one.
+func validTasks(tasks []allocdir.Task) error {
+	seen := make(map[string]struct{}, len(tasks))
+	for _, t := range tasks {
+		if err := validTaskName(t.Name); err != nil {
+			return err
+		}
+		if _, dup := seen[t.Name]; dup {
+			return fmt.Errorf("invalid task name: %w: %q appears twice", allocdir.ErrInvalidName, t.Name)
+		}
+		seen[t.Name] = struct{}{}
+	}
+	return nil
+}
+
+// normalize gives a state the shape it has after a JSON round trip (an
+// empty Volumes map, no empty Lowers), so that what the store holds in
+// memory is exactly what it would read back.
+func (s *State) normalize() {
+	if s.Volumes == nil {
+		s.Volumes = make(map[string]*Volume)
+	}
+	for _, v := range s.Volumes {
+		if v != nil && len(v.Lowers) == 0 {
+			v.Lowers = nil
+		}
+	}
+}
+
+// validate checks what the store relies on in a state, whether it was read
+// from disk or produced by an Update: a state that passes can be written
+// and read back. Whether its layers exist is checked by the caller, which
+// knows where layers live.
+func (s *State) validate() error {
+	if err := validAllocID(s.ID); err != nil {
+		return err
+	}
+	// No tasks is a valid record: the allocdir contract builds the
+	// allocation before its tasks.
+	if err := validTasks(s.Tasks); err != nil {
+		return err
+	}
+	switch s.Status {
+	case StatusRunning, StatusTerminal:
+	default:
+		return fmt.Errorf("unknown status %q", s.Status)
+	}
+	for key, v := range s.Volumes {
+		if v == nil {
+			return fmt.Errorf("volume %q is null", key)
+		}
+		for _, l := range v.layers() {
+			if err := allocdir.ValidName(l); err != nil {
+				return fmt.Errorf("volume %q: invalid layer ID: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// readState reads and checks one state file. The ID recorded inside must
+// match the file name: the name is how the store finds it again.
+func readState(file string) (*State, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, err
+	}
+	if want := strings.TrimSuffix(filepath.Base(file), stateSuffix); st.ID != want {
+		return nil, fmt.Errorf("records allocation ID %q, want %q (its file name)", st.ID, want)
+	}
+	if err := st.validate(); err != nil {
+		return nil, err
+	}
+	st.normalize()
+	return &st, nil
+}
+
+// writeFileAtomic replaces file with data so that a crash at any point
+// leaves either the old content or the new one, never a mix: the data goes
+// to a temporary file in the same directory, is synced, and is renamed over
+// the target. The caller syncs the directory afterwards to make the rename
+// durable; once the rename is done the new content is what every reader
+// sees, so a failure of that last step is not a failure to write. Leftover
+// temporary files end in ".tmp"; OpenStore removes them. hook, if not nil,
+// is called once the temporary file exists, to inject failures in tests.
+func writeFileAtomic(file string, data []byte, hook func() error) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(file), "*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if hook != nil {
+		if err := hook(); err != nil {
+			return err
+		}
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), file)
+}
+
+// syncDir makes the entries of dir (creations, renames, removals) durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

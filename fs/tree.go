@@ -1,0 +1,323 @@
+package fs
+
+import (
+	"context"
+	"hash/fnv"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+const (
+	// maxNameLen is NAME_MAX of the backing filesystems we support; the
+	// kernel only checks 1024 bytes, so every name-taking handler checks.
+	maxNameLen = 255
+
+	renameNoReplace = 0x1 // RENAME_NOREPLACE
+	renameExchange  = 0x2 // RENAME_EXCHANGE
+
+	// syntheticBit marks inode numbers of nodes that have no backing file
+	// (the skeleton). Backing inode numbers never reach it.
+	syntheticBit = uint64(1) << 63
+	// viewShift places the view number (0: the allocation's own alloc/,
+	// 1..n: <task>/alloc) in the inode number, because the kernel refuses
+	// two directory entries for one directory inode.
+	viewShift = 48
+)
+
+// syntheticIno derives a stable inode number for a skeleton node from its
+// path in the mount.
+func syntheticIno(parts ...string) uint64 {
+	h := fnv.New64a()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return h.Sum64() | syntheticBit
+}
+
+// skeletonAttr describes a fixed directory of the layout.
+type skeletonAttr struct {
+	mode     uint32
+	uid, gid uint32
+	mtime    time.Time
+}
+
+func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
+	out.Mode = syscall.S_IFDIR | a.mode
+	out.Ino = ino
+	out.Uid, out.Gid = a.uid, a.gid
+	out.Nlink = 2
+	out.Size = 4096
+	out.Blksize = 4096
+	out.SetTimes(&a.mtime, &a.mtime, &a.mtime)
+}
+
+// rootNode is the mount root: one directory per allocation.
+type rootNode struct {
+	gofs.Inode
+	m *Mount
+}
+
+var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
+
+func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	skeletonAttr{mode: 0o755, mtime: r.m.started}.fill(&out.Attr, 1)
+	return 0
+}
+
+var _ = (gofs.NodeLookuper)((*rootNode)(nil))
+
+func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := r.m.store.Get(name)
+	if err != nil {
+		return nil, toErrno(r.m.logger, err)
+	}
+	n := &allocNode{m: r.m, id: st.ID}
+	attr := r.m.allocAttr(st)
+	ino := syntheticIno("alloc", st.ID)
+	attr.fill(&out.Attr, ino)
+	r.m.stableTimeouts(out)
+	return r.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+}
+
+var _ = (gofs.NodeReaddirer)((*rootNode)(nil))
+
+func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	states := r.m.store.List()
+	entries := make([]fuse.DirEntry, 0, len(states))
+	for _, st := range states {
+		entries = append(entries, fuse.DirEntry{Name: st.ID, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", st.ID)})
+	}
+	return gofs.NewListDirStream(entries), 0
+}
+
+// allocNode is <mount>/<allocID>/: alloc/ plus one directory per task.
+type allocNode struct {
+	gofs.Inode
+	m  *Mount
+	id string
+}
+
+var _ = (gofs.NodeGetattrer)((*allocNode)(nil))
+
+func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	st, err := a.m.store.Get(a.id)
+	if err != nil {
+		return toErrno(a.m.logger, err)
+	}
+	a.m.allocAttr(st).fill(&out.Attr, a.StableAttr().Ino)
+	return 0
+}
+
+var _ = (gofs.NodeLookuper)((*allocNode)(nil))
+
+func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := a.m.store.Get(a.id)
+	if err != nil {
+		return nil, toErrno(a.m.logger, err)
+	}
+	if name == allocdir.SharedAllocName {
+		return a.m.sharedInode(ctx, &a.Inode, st, 0, out)
+	}
+	if st.task(name) >= 0 {
+		return a.m.volumeInodeFor(ctx, &a.Inode, st, name, 0, &taskNode{m: a.m, id: a.id, task: name}, out)
+	}
+	return nil, syscall.ENOENT
+}
+
+var _ = (gofs.NodeReaddirer)((*allocNode)(nil))
+
+func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	st, err := a.m.store.Get(a.id)
+	if err != nil {
+		return nil, toErrno(a.m.logger, err)
+	}
+	entries := []fuse.DirEntry{{Name: allocdir.SharedAllocName, Mode: syscall.S_IFDIR, Ino: syntheticIno("shared", a.id, "0")}}
+	for _, t := range st.Tasks {
+		entries = append(entries, fuse.DirEntry{Name: t.Name, Mode: syscall.S_IFDIR})
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
+	return gofs.NewListDirStream(entries), 0
+}
+
+// sharedNode is an allocation's alloc/ directory: logs/, tmp/ and data/.
+// view 0 is <alloc>/alloc; view n>0 is the same content seen as
+// <task>/alloc, with its own inode numbers.
+type sharedNode struct {
+	gofs.Inode
+	m    *Mount
+	id   string
+	view uint64
+}
+
+var _ = (gofs.NodeGetattrer)((*sharedNode)(nil))
+
+func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	st, err := s.m.store.Get(s.id)
+	if err != nil {
+		return toErrno(s.m.logger, err)
+	}
+	s.m.sharedAttr(st).fill(&out.Attr, s.StableAttr().Ino)
+	return 0
+}
+
+var _ = (gofs.NodeLookuper)((*sharedNode)(nil))
+
+func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := s.m.store.Get(s.id)
+	if err != nil {
+		return nil, toErrno(s.m.logger, err)
+	}
+	for _, sub := range allocdir.SharedAllocDirs {
+		if sub == name {
+			return s.m.volumeInode(ctx, &s.Inode, st, allocdir.SharedAllocName+"/"+name, s.view, out)
+		}
+	}
+	return nil, syscall.ENOENT
+}
+
+var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
+
+func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	names := append([]string(nil), allocdir.SharedAllocDirs...)
+	sort.Strings(names)
+	entries := make([]fuse.DirEntry, 0, len(names))
+	for _, n := range names {
+		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
+	}
+	return gofs.NewListDirStream(entries), 0
+}
+
+// taskNode presents the layout children of <alloc>/<task>/ (local/,
+// tmp/, secrets/, private/ and the alloc/ view) over the task directory's
+// own volume, whose root volNode consults it first.
+type taskNode struct {
+	m    *Mount
+	id   string
+	task string
+}
+
+// taskChildren are the names a task directory shows, sorted.
+var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocdir.TaskPrivate, allocdir.TaskSecrets, allocdir.TmpDirName}
+
+// Lookup finds the layout child name of the task directory parent.
+func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := t.m.store.Get(t.id)
+	if err != nil {
+		return nil, toErrno(t.m.logger, err)
+	}
+	i := st.task(t.task)
+	if i < 0 {
+		return nil, syscall.ENOENT
+	}
+	switch name {
+	case allocdir.SharedAllocName:
+		return t.m.sharedInode(ctx, parent, st, uint64(i+1), out)
+	case allocdir.TaskLocal, allocdir.TmpDirName:
+		return t.m.volumeInode(ctx, parent, st, t.task+"/"+name, 0, out)
+	case allocdir.TaskSecrets, allocdir.TaskPrivate:
+		d := t.m.memRoot(ctx, parent, t.id, st.Tasks[i], name)
+		var attrOut fuse.AttrOut
+		d.Getattr(ctx, nil, &attrOut)
+		out.Attr = attrOut.Attr
+		return d.EmbeddedInode(), 0
+	}
+	return nil, syscall.ENOENT
+}
+
+// memRoots holds the memory-only directories of every task: they live as
+// long as the daemon (or until the allocation is destroyed), like a tmpfs
+// lives as long as the machine.
+type memRoots struct {
+	mu    sync.Mutex
+	roots map[string]*memDir // key: allocID/task/name
+}
+
+// memRoot returns the memory-only directory name (secrets or private) of a
+// task, creating it on first use.
+func (m *Mount) memRoot(ctx context.Context, parent *gofs.Inode, allocID string, task allocdir.Task, name string) *memDir {
+	key := allocID + "/" + task.Name + "/" + name
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	if d, ok := m.mem.roots[key]; ok {
+		return d
+	}
+	limit := task.SecretsBytes()
+	if name == allocdir.TaskPrivate {
+		limit = allocdir.DefaultSecretsMB << 20
+	}
+	attr := memAttr{mode: syscall.S_IFDIR | 0o777, mtime: m.started, atime: m.started, ctime: m.started}
+	if o := m.nobody; o != nil {
+		attr.uid, attr.gid = o.uid, o.gid
+	}
+	if task.User != "" {
+		if o, err := lookupUser(task.User); err == nil {
+			attr.uid, attr.gid = o.uid, o.gid
+			attr.mode = syscall.S_IFDIR | 0o700
+		} else {
+			m.logger.Warn("task user not found; secrets stay owned by nobody", "alloc_id", allocID, "task", task.Name, "user", task.User, "error", err)
+		}
+	}
+	d := &memDir{q: &quota{limit: limit}, attr: attr}
+	parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: syntheticIno("mem", key)})
+	m.mem.roots[key] = d
+	return d
+}
+
+// dropMem forgets the memory-only directories of an allocation.
+func (m *Mount) dropMem(allocID string) {
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	for key := range m.mem.roots {
+		if len(key) > len(allocID) && key[:len(allocID)+1] == allocID+"/" {
+			delete(m.mem.roots, key)
+		}
+	}
+}
+
+// existingMemRoot returns a task's memory-only directory if it has been
+// created (by a lookup through the mount), or nil.
+func (m *Mount) existingMemRoot(allocID, task, name string) *memDir {
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	return m.mem.roots[allocID+"/"+task+"/"+name]
+}
+
+// statfs reports the backing store's real numbers, so that df on the
+// mount tells how much room the layers have.
+func (m *Mount) statfs(out *fuse.StatfsOut) syscall.Errno {
+	st, err := m.store.Statfs()
+	if err != nil {
+		return toErrno(m.logger, err)
+	}
+	out.Blocks, out.Bfree, out.Bavail = st.Blocks, st.Bfree, st.Bavail
+	out.Files, out.Ffree = st.Files, st.Ffree
+	out.Bsize = uint32(st.Bsize)
+	out.Frsize = uint32(st.Frsize)
+	out.NameLen = maxNameLen
+	return 0
+}
+
+var _ = (gofs.NodeStatfser)((*rootNode)(nil))
+
+func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	return r.m.statfs(out)
+}
+
+var _ = (gofs.NodeStatfser)((*allocNode)(nil))
+
+func (a *allocNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	return a.m.statfs(out)
+}
+
+var _ = (gofs.NodeStatfser)((*sharedNode)(nil))
+
+func (s *sharedNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	return s.m.statfs(out)
+}

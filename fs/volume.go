@@ -1,0 +1,267 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// volNode is a file or directory inside a volume. It serves the volume's
+// upper layer through go-fuse's loopback node, which already refuses
+// renames and links between volumes (or views) with EXDEV, as between bind
+// mounts, and adds NAME_MAX on every name-taking operation.
+type volNode struct {
+	*gofs.LoopbackNode
+	vol *volume
+	// task is set on the root of a task directory's volume, whose
+	// layout children (local/, tmp/, secrets/, private/, alloc/) are
+	// presented over the layer and cannot be replaced.
+	task *taskNode
+}
+
+var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
+
+// WrapChild makes every node the loopback creates below a volume root a
+// volNode of the same volume.
+func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
+	if lb, ok := ops.(*gofs.LoopbackNode); ok {
+		return &volNode{LoopbackNode: lb, vol: n.vol}
+	}
+	// A task directory's layout children (volumes, memory trees, the
+	// alloc/ view) are nodes of their own.
+	return ops
+}
+
+// volume identifies one mounted layer stack: which allocation, which
+// mount point in it, and which view of it (see viewShift).
+type volume struct {
+	allocID string
+	key     string
+	layer   string
+	view    uint64
+}
+
+// volumeInode returns the root node of the volume at key ("alloc/data",
+// "<task>/local", ...) of an allocation, as seen in view.
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return m.volumeInodeFor(ctx, parent, st, key, view, nil, out)
+}
+
+// volumeInodeFor is volumeInode for a task directory's own volume when
+// task is set.
+func (m *Mount) volumeInodeFor(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	v, ok := st.Volumes[key]
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	dir := m.store.LayerPath(v.Upper)
+	var rst syscall.Stat_t
+	if err := syscall.Lstat(dir, &rst); err != nil {
+		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
+		return nil, syscall.EIO
+	}
+	vol := &volume{allocID: st.ID, key: key, layer: v.Upper, view: view}
+	root := &gofs.LoopbackRoot{
+		Path: dir,
+		// Dev is mixed into every inode number the loopback derives:
+		// choosing it this way yields backing inode ^ view<<viewShift.
+		Dev: rst.Dev ^ view<<(viewShift-32),
+	}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, vol: vol, task: task}
+	root.RootNode = node
+	out.Attr.FromStat(&rst)
+	ino := rst.Ino ^ view<<viewShift
+	out.Attr.Ino = ino
+	m.stableTimeouts(out)
+	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+}
+
+var _ = (gofs.NodeLookuper)((*volNode)(nil))
+
+func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if len(name) > maxNameLen {
+		return nil, syscall.ENAMETOOLONG
+	}
+	if n.reserved(name) {
+		return n.task.Lookup(ctx, n.EmbeddedInode(), name, out)
+	}
+	return n.LoopbackNode.Lookup(ctx, name, out)
+}
+
+// reserved reports whether name is a layout child of a task directory.
+func (n *volNode) reserved(name string) bool {
+	if n.task == nil {
+		return false
+	}
+	for _, c := range taskChildren {
+		if c == name {
+			return true
+		}
+	}
+	return false
+}
+
+// refuse returns the errno for creating (EEXIST) or removing and
+// renaming (EBUSY) a layout child: they are mount points, not files.
+func (n *volNode) refuse(name string, creating bool) syscall.Errno {
+	if len(name) > maxNameLen {
+		return syscall.ENAMETOOLONG
+	}
+	if !n.reserved(name) {
+		return 0
+	}
+	if creating {
+		return syscall.EEXIST
+	}
+	return syscall.EBUSY
+}
+
+var _ = (gofs.NodeOpendirHandler)((*volNode)(nil))
+
+// OpendirHandle lists a task directory as its layer's entries plus the
+// layout children; any other directory is the loopback's own.
+func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.task == nil {
+		return n.LoopbackNode.OpendirHandle(ctx, flags)
+	}
+	ds, errno := n.LoopbackNode.Readdir(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer ds.Close()
+	var entries []fuse.DirEntry
+	for _, c := range taskChildren {
+		entries = append(entries, fuse.DirEntry{Name: c, Mode: syscall.S_IFDIR})
+	}
+	for ds.HasNext() {
+		e, errno := ds.Next()
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		if !n.reserved(e.Name) {
+			entries = append(entries, e)
+		}
+	}
+	return &listDir{entries: entries}, 0, 0
+}
+
+var _ = (gofs.NodeReaddirer)((*volNode)(nil))
+
+func (n *volNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	fh, _, errno := n.OpendirHandle(ctx, 0)
+	if errno != 0 {
+		return nil, errno
+	}
+	if l, ok := fh.(*listDir); ok {
+		return gofs.NewListDirStream(l.entries), 0
+	}
+	return fh.(gofs.DirStream), 0
+}
+
+// listDir is a directory handle over a fixed list of entries.
+type listDir struct {
+	entries []fuse.DirEntry
+	pos     int
+}
+
+var _ = (gofs.FileReaddirenter)((*listDir)(nil))
+
+func (l *listDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if l.pos >= len(l.entries) {
+		return nil, 0
+	}
+	e := l.entries[l.pos]
+	l.pos++
+	return &e, 0
+}
+
+var _ = (gofs.FileSeekdirer)((*listDir)(nil))
+
+func (l *listDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if off > uint64(len(l.entries)) {
+		return syscall.EINVAL
+	}
+	l.pos = int(off)
+	return 0
+}
+
+var _ = (gofs.NodeUnlinker)((*volNode)(nil))
+
+func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := n.refuse(name, false); errno != 0 {
+		return errno
+	}
+	return n.LoopbackNode.Unlink(ctx, name)
+}
+
+var _ = (gofs.NodeRmdirer)((*volNode)(nil))
+
+func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if errno := n.refuse(name, false); errno != 0 {
+		return errno
+	}
+	return n.LoopbackNode.Rmdir(ctx, name)
+}
+
+var _ = (gofs.NodeCreater)((*volNode)(nil))
+
+func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.refuse(name, true); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
+}
+
+var _ = (gofs.NodeMkdirer)((*volNode)(nil))
+
+func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.refuse(name, true); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+}
+
+var _ = (gofs.NodeMknoder)((*volNode)(nil))
+
+func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.refuse(name, true); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+}
+
+var _ = (gofs.NodeSymlinker)((*volNode)(nil))
+
+func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.refuse(name, true); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Symlink(ctx, target, name, out)
+}
+
+var _ = (gofs.NodeLinker)((*volNode)(nil))
+
+func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.refuse(name, true); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Link(ctx, target, name, out)
+}
+
+var _ = (gofs.NodeRenamer)((*volNode)(nil))
+
+func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if errno := n.refuse(name, false); errno != 0 {
+		return errno
+	}
+	if dst, ok := newParent.(*volNode); ok {
+		if errno := dst.refuse(newName, false); errno != 0 {
+			return errno
+		}
+	} else if len(newName) > maxNameLen {
+		return syscall.ENAMETOOLONG
+	}
+	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+}
