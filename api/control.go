@@ -54,6 +54,7 @@ type Server struct {
 	mountDir    string
 	passthrough bool
 	mux         *http.ServeMux
+	onChange    func(id string)
 }
 
 // NewServer returns the control API of store, whose mount is at mountDir.
@@ -76,6 +77,18 @@ func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthroug
 	s.mux.HandleFunc("DELETE "+AllocsPath+"/{id}", s.destroyAlloc)
 	s.mux.HandleFunc("GET "+StatusPath, s.nodeStatus)
 	return s
+}
+
+// OnChange, when set, is called after an allocation was created or
+// destroyed and before the response is sent, so that a client that looks
+// at the mount right after its request sees the change (the daemon sets
+// it to the mount's kernel-cache invalidation).
+func (s *Server) OnChange(fn func(id string)) { s.onChange = fn }
+
+func (s *Server) changed(id string) {
+	if s.onChange != nil {
+		s.onChange(id)
+	}
 }
 
 // ServeHTTP serves one request and logs it at debug level.
@@ -108,6 +121,7 @@ func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	s.changed(st.ID)
 	w.Header().Set("Location", allocPath(st.ID))
 	s.writeJSON(w, http.StatusCreated, st)
 }
@@ -154,7 +168,9 @@ func (s *Server) destroyAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.store.Destroy(id); err != nil {
+	err = s.store.Destroy(id)
+	s.changed(id)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -137,8 +137,10 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return err
 	}
 
+	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough())
+	apiServer.OnChange(m.Invalidate)
 	srv := &http.Server{
-		Handler:           api.NewServer(logger, store, m.Dir(), m.Passthrough()),
+		Handler:           apiServer,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
