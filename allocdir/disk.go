@@ -204,14 +204,14 @@ func (d *Disk) buildTask(td *TaskDir) error {
 // secretOwner decides who owns secrets/ and private/: the task's user with
 // 0700 when one is given, nobody with Nomad's 0777 otherwise. Without root
 // nothing can be chowned, so the directory is private to the agent.
-func secretOwner(task Task) (*owner, os.FileMode, error) {
+func secretOwner(task Task) (*Owner, os.FileMode, error) {
 	if os.Geteuid() != 0 {
 		return nil, 0o700, nil
 	}
 	if task.User == "" {
 		return nobody(), 0o777, nil
 	}
-	o, err := lookupOwner(task.User)
+	o, err := LookupOwner(task.User)
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to look up user %q of task %q: %w", task.User, task.Name, err)
 	}
@@ -220,7 +220,7 @@ func secretOwner(task Task) (*owner, os.FileMode, error) {
 
 // buildSecretDir creates a memory-only directory: a size-capped, noexec
 // tmpfs when running as root, a plain directory otherwise.
-func (d *Disk) buildSecretDir(taskFd int, task, name string, size int64, o *owner, mode os.FileMode) error {
+func (d *Disk) buildSecretDir(taskFd int, task, name string, size int64, o *Owner, mode os.FileMode) error {
 	fd, err := ensureDir(taskFd, name, mode, o)
 	if err != nil {
 		return fmt.Errorf("failed to build %s/%s: %w", task, name, err)
@@ -330,56 +330,6 @@ func unmount(mp string) error {
 		return fmt.Errorf("failed to unmount %q: %w (lazy: %v)", mp, err, err2)
 	}
 	return nil
-}
-
-// mountsUnder lists mount points at or below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("failed to read mount table: %w", err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for space) of
-// /proc/self/mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Move implements Interface. Between two Disk allocations it renames

@@ -15,26 +15,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// owner is a numeric uid/gid pair.
-type owner struct {
+// Owner is a numeric uid/gid pair.
+type Owner struct {
 	UID, GID int
 }
 
 var (
 	nobodyOnce  sync.Once
-	nobodyOwner *owner
+	nobodyOwner *Owner
 )
 
 // nobody returns the owner of the layout's shared directories: "nobody"
 // when the agent runs as root (so that tasks running as nobody can write),
 // nil (leave ownership alone) otherwise or when the system has no such
 // user.
-func nobody() *owner {
+func nobody() *Owner {
 	if os.Geteuid() != 0 {
 		return nil
 	}
 	nobodyOnce.Do(func() {
-		o, err := lookupOwner("nobody")
+		o, err := LookupOwner("nobody")
 		if err == nil {
 			nobodyOwner = o
 		}
@@ -42,9 +42,9 @@ func nobody() *owner {
 	return nobodyOwner
 }
 
-// lookupOwner resolves a user name (or numeric uid) to its uid and
+// LookupOwner resolves a user name (or numeric uid) to its uid and
 // primary gid.
-func lookupOwner(name string) (*owner, error) {
+func LookupOwner(name string) (*Owner, error) {
 	u, err := user.Lookup(name)
 	if err != nil {
 		if _, numErr := strconv.Atoi(name); numErr == nil {
@@ -62,7 +62,7 @@ func lookupOwner(name string) (*owner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("user %q has non-numeric gid %q", name, u.Gid)
 	}
-	return &owner{UID: uid, GID: gid}, nil
+	return &Owner{UID: uid, GID: gid}, nil
 }
 
 // unixPerm converts the permission, setuid, setgid and sticky bits of an
@@ -86,7 +86,7 @@ func unixPerm(m fs.FileMode) uint32 {
 // open fd of it. An existing symbolic link in its place is refused, never
 // followed: a task that replaced one of the layout's directories with a
 // link must not get the agent to chmod or chown the link's target.
-func ensureDir(parentFd int, name string, mode fs.FileMode, o *owner) (int, error) {
+func ensureDir(parentFd int, name string, mode fs.FileMode, o *Owner) (int, error) {
 	if err := unix.Mkdirat(parentFd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return -1, &fs.PathError{Op: "mkdir", Path: name, Err: err}
 	}

@@ -64,17 +64,28 @@ func (r ReadSide) resolve(fsys ReadFS, p string, followFinal bool) (string, erro
 	return res.Resolve(p, followFinal)
 }
 
+// open opens the allocation's ReadFS and resolves p in it, following
+// links; release must be called once the operation is done.
+func (r ReadSide) open(p string) (ReadFS, string, func(), error) {
+	fsys, release, err := r.Open()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	resolved, err := r.resolve(fsys, p, true)
+	if err != nil {
+		release()
+		return nil, "", nil, err
+	}
+	return fsys, resolved, release, nil
+}
+
 // List implements FS.List.
 func (r ReadSide) List(p string) ([]*FileInfo, error) {
-	fsys, release, err := r.Open()
+	fsys, resolved, release, err := r.open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	resolved, err := r.resolve(fsys, p, true)
-	if err != nil {
-		return nil, err
-	}
 	entries, err := fsys.ReadDir(fsPath(resolved))
 	if err != nil {
 		return nil, err
@@ -95,15 +106,11 @@ func (r ReadSide) List(p string) ([]*FileInfo, error) {
 
 // Stat implements FS.Stat.
 func (r ReadSide) Stat(p string) (*FileInfo, error) {
-	fsys, release, err := r.Open()
+	fsys, resolved, release, err := r.open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	resolved, err := r.resolve(fsys, p, true)
-	if err != nil {
-		return nil, err
-	}
 	fi, err := fsys.Lstat(fsPath(resolved))
 	if err != nil {
 		return nil, err
@@ -140,15 +147,11 @@ func readHead(fsys ReadFS, name string) []byte {
 
 // ReadAt implements FS.ReadAt.
 func (r ReadSide) ReadAt(p string, offset int64) (io.ReadCloser, error) {
-	fsys, release, err := r.Open()
+	fsys, resolved, release, err := r.open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	resolved, err := r.resolve(fsys, p, true)
-	if err != nil {
-		return nil, err
-	}
 	if err := CheckReadable(resolved); err != nil {
 		return nil, err
 	}
@@ -186,15 +189,11 @@ func (r ReadSide) ReadAt(p string, offset int64) (io.ReadCloser, error) {
 
 // statResolved resolves p, following links, and stats the result.
 func (r ReadSide) statResolved(p string) (os.FileInfo, error) {
-	fsys, release, err := r.Open()
+	fsys, resolved, release, err := r.open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	resolved, err := r.resolve(fsys, p, true)
-	if err != nil {
-		return nil, err
-	}
 	return fsys.Lstat(fsPath(resolved))
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -489,26 +490,17 @@ func memWalk(w *where) (*gofs.Inode, error) {
 }
 
 func memInfo(name string, n *gofs.Inode) iofs.FileInfo {
-	switch m := n.Operations().(type) {
-	case *memDir:
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: 4096}
-	case *memFile:
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: int64(len(m.data))}
-	case *memLink:
-		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime, size: int64(len(m.target))}
-	case *memSpecial:
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return &synthInfo{name: name, mode: memMode(m.attr.mode), mtime: m.attr.mtime}
+	var out fuse.AttrOut
+	if g, ok := n.Operations().(gofs.NodeGetattrer); ok {
+		g.Getattr(context.Background(), nil, &out)
 	}
-	return &synthInfo{name: name}
+	return &synthInfo{
+		name:  name,
+		mode:  allocdir.UnixMode(out.Mode),
+		mtime: time.Unix(int64(out.Mtime), int64(out.Mtimensec)),
+		size:  int64(out.Size),
+	}
 }
-
-func memMode(m uint32) iofs.FileMode { return allocdir.UnixMode(m) }
 
 func memLstat(w *where) (iofs.FileInfo, error) {
 	n, err := memWalk(w)

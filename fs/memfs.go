@@ -98,33 +98,45 @@ func (a *memAttr) setattr(in *fuse.SetAttrIn) {
 	}
 }
 
+// memNode holds what every memory node keeps: its metadata, and a size
+// and link count that do not depend on content (files override both).
+type memNode struct {
+	gofs.Inode
+	mu    sync.Mutex
+	attr  memAttr
+	size  uint64
+	nlink uint32
+}
+
+var _ = (gofs.NodeGetattrer)((*memNode)(nil))
+
+func (n *memNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.attr.fill(&out.Attr, n.StableAttr().Ino, n.size, n.nlink)
+	return 0
+}
+
+var _ = (gofs.NodeSetattrer)((*memNode)(nil))
+
+func (n *memNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.attr.setattr(in)
+	n.attr.fill(&out.Attr, n.StableAttr().Ino, n.size, n.nlink)
+	return 0
+}
+
 // memDir is a directory of a memory-only tree. Its children are
 // persistent go-fuse inodes, so lookups and listings are served from the
 // inode tree itself and never reach the disk.
 type memDir struct {
-	gofs.Inode
-	q    *quota
-	mu   sync.Mutex
-	attr memAttr
+	memNode
+	q *quota
 }
 
-var _ = (gofs.NodeGetattrer)((*memDir)(nil))
-
-func (d *memDir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.attr.fill(&out.Attr, d.StableAttr().Ino, 4096, 2)
-	return 0
-}
-
-var _ = (gofs.NodeSetattrer)((*memDir)(nil))
-
-func (d *memDir) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.attr.setattr(in)
-	d.attr.fill(&out.Attr, d.StableAttr().Ino, 4096, 2)
-	return 0
+func newMemDir(q *quota, attr memAttr) *memDir {
+	return &memDir{memNode: memNode{attr: attr, size: 4096, nlink: 2}, q: q}
 }
 
 func (d *memDir) touch() {
@@ -150,7 +162,7 @@ func (d *memDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.
 	if errno := d.checkName(name); errno != 0 {
 		return nil, errno
 	}
-	child := &memDir{q: d.q, attr: newMemAttr(ctx, syscall.S_IFDIR|mode&07777, d)}
+	child := newMemDir(d.q, newMemAttr(ctx, syscall.S_IFDIR|mode&07777, d))
 	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFDIR})
 	d.AddChild(name, ch, false)
 	d.touch()
@@ -164,7 +176,7 @@ func (d *memDir) Create(ctx context.Context, name string, flags uint32, mode uin
 	if errno := d.checkName(name); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	child := &memFile{q: d.q, attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d)}
+	child := &memFile{memNode: memNode{attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d), nlink: 1}, q: d.q}
 	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFREG})
 	d.AddChild(name, ch, false)
 	d.touch()
@@ -181,7 +193,7 @@ func (d *memDir) Symlink(ctx context.Context, target, name string, out *fuse.Ent
 	if errno := d.q.grow(int64(len(target))); errno != 0 {
 		return nil, errno
 	}
-	child := &memLink{target: []byte(target), attr: newMemAttr(ctx, syscall.S_IFLNK|0o777, d)}
+	child := &memLink{memNode: memNode{attr: newMemAttr(ctx, syscall.S_IFLNK|0o777, d), size: uint64(len(target)), nlink: 1}, target: []byte(target)}
 	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFLNK})
 	d.AddChild(name, ch, false)
 	d.touch()
@@ -202,7 +214,7 @@ func (d *memDir) Mknod(ctx context.Context, name string, mode, rdev uint32, out 
 	if errno := d.checkName(name); errno != 0 {
 		return nil, errno
 	}
-	child := &memSpecial{attr: newMemAttr(ctx, mode, d)}
+	child := &memNode{attr: newMemAttr(ctx, mode, d), nlink: 1}
 	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: mode & syscall.S_IFMT})
 	d.AddChild(name, ch, false)
 	d.touch()
@@ -293,11 +305,9 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 // memFile is a regular file held in memory. Its bytes count against the
 // tree's quota.
 type memFile struct {
-	gofs.Inode
+	memNode
 	q    *quota
-	mu   sync.Mutex
 	data []byte
-	attr memAttr
 }
 
 // release returns the file's bytes to the quota when its last name goes.
@@ -410,45 +420,10 @@ func (f *memFile) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) s
 
 // memLink is a symbolic link in a memory tree.
 type memLink struct {
-	gofs.Inode
+	memNode
 	target []byte
-	attr   memAttr
 }
 
 var _ = (gofs.NodeReadlinker)((*memLink)(nil))
 
 func (l *memLink) Readlink(ctx context.Context) ([]byte, syscall.Errno) { return l.target, 0 }
-
-var _ = (gofs.NodeGetattrer)((*memLink)(nil))
-
-func (l *memLink) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	l.attr.fill(&out.Attr, l.StableAttr().Ino, uint64(len(l.target)), 1)
-	return 0
-}
-
-// memSpecial is a FIFO or socket in a memory tree; the kernel handles
-// their I/O, the node only holds metadata.
-type memSpecial struct {
-	gofs.Inode
-	mu   sync.Mutex
-	attr memAttr
-}
-
-var _ = (gofs.NodeGetattrer)((*memSpecial)(nil))
-
-func (s *memSpecial) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.attr.fill(&out.Attr, s.StableAttr().Ino, 0, 1)
-	return 0
-}
-
-var _ = (gofs.NodeSetattrer)((*memSpecial)(nil))
-
-func (s *memSpecial) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.attr.setattr(in)
-	s.attr.fill(&out.Attr, s.StableAttr().Ino, 0, 1)
-	return 0
-}

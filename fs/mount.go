@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -47,7 +47,7 @@ type Mount struct {
 	server  *fuse.Server
 	root    *rootNode
 	started time.Time
-	nobody  *uidGid
+	nobody  *allocdir.Owner
 	mem     memRoots
 
 	passthrough bool
@@ -55,29 +55,6 @@ type Mount struct {
 	watchDone   chan struct{}
 	unmountOnce sync.Once
 	unmountErr  error
-}
-
-type uidGid struct{ uid, gid uint32 }
-
-func lookupUser(name string) (*uidGid, error) {
-	u, err := user.Lookup(name)
-	if err != nil {
-		if _, nerr := strconv.Atoi(name); nerr != nil {
-			return nil, err
-		}
-		if u, err = user.LookupId(name); err != nil {
-			return nil, err
-		}
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("user %q: uid %q: %w", name, u.Uid, err)
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("user %q: gid %q: %w", name, u.Gid, err)
-	}
-	return &uidGid{uid: uint32(uid), gid: uint32(gid)}, nil
 }
 
 // NewMount mounts store at dir and starts serving. The caller must call
@@ -93,7 +70,7 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 		mem:     memRoots{roots: make(map[string]*memDir)},
 	}
 	if os.Geteuid() == 0 {
-		m.nobody, _ = lookupUser("nobody")
+		m.nobody, _ = allocdir.LookupOwner("nobody")
 	}
 	// The kernel has applied the caller's umask already; applying ours
 	// again would turn a requested 0620 into 0600.
@@ -215,7 +192,7 @@ func (m *Mount) allocAttr(st *State) skeletonAttr {
 func (m *Mount) sharedAttr(st *State) skeletonAttr {
 	a := skeletonAttr{mode: 0o777, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), mtime: st.Created}
 	if m.nobody != nil {
-		a.uid, a.gid = m.nobody.uid, m.nobody.gid
+		a.uid, a.gid = uint32(m.nobody.UID), uint32(m.nobody.GID)
 	}
 	return a
 }

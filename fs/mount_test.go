@@ -8,30 +8,9 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/hashicorp/go-hclog"
 )
-
-// requireFUSE skips a test that needs a real mount, with the reason, unless
-// ALLOCFS_REQUIRE_FUSE=1 makes the missing capability a failure.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	reason := ""
-	switch {
-	case os.Geteuid() != 0:
-		reason = "mount tests run as root (allow_other and passthrough need it)"
-	default:
-		if fi, err := os.Stat("/dev/fuse"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-			reason = "/dev/fuse is missing: load the fuse module"
-		}
-	}
-	if reason == "" {
-		return
-	}
-	if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
-		t.Fatalf("FUSE required (ALLOCFS_REQUIRE_FUSE=1) but unavailable: %s", reason)
-	}
-	t.Skip(reason)
-}
 
 // testMount is a store in a temp dir mounted at a temp mount point; it is
 // unmounted when the test ends.
@@ -43,7 +22,7 @@ type testMount struct {
 
 func newTestMount(t *testing.T) *testMount {
 	t.Helper()
-	requireFUSE(t)
+	fstest.RequireFUSE(t)
 	logger := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
 	store, err := OpenStore(logger, filepath.Join(t.TempDir(), "data"))
 	if err != nil {

@@ -25,17 +25,14 @@ func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	s.mu.RLock()
-	prevCur, perr := s.lookup(prevID)
-	newCur, nerr := s.lookup(newID)
-	s.mu.RUnlock()
-	if perr != nil {
-		return 0, perr
+	prev, err := s.Get(prevID)
+	if err != nil {
+		return 0, err
 	}
-	if nerr != nil {
-		return 0, nerr
+	next, err := s.Get(newID)
+	if err != nil {
+		return 0, err
 	}
-	prev, next := prevCur.Clone(), newCur.Clone()
 	var specs []volumeSpec
 	var placeholders []string
 	for _, key := range keys {

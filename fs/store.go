@@ -8,10 +8,8 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"os"
-	"os/user"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +51,7 @@ type Store struct {
 	dataDir string
 	// owner owns fresh layer roots: "nobody" when the daemon runs as root,
 	// so that tasks running as nobody can write; nil leaves ownership alone.
-	owner *owner
+	owner *allocdir.Owner
 
 	// writeMu serializes changes, so that each one sees the state left by
 	// the previous one while it works on disk with mu released.
@@ -132,7 +130,7 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 	}
 
 	if os.Geteuid() == 0 {
-		o, err := nobody()
+		o, err := allocdir.LookupOwner("nobody")
 		if err != nil {
 			s.logger.Warn("no user nobody: layers stay owned by root, so tasks running as nobody cannot write to them", "error", err)
 		}
@@ -353,14 +351,11 @@ func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	s.mu.RLock()
-	cur, err := s.lookup(id)
-	s.mu.RUnlock()
+	// Get's copy is current: every change holds writeMu.
+	st, err := s.Get(id)
 	if err != nil {
 		return nil, err
 	}
-
-	st := cur.Clone()
 	changed := false
 	if i := st.task(task.Name); i < 0 {
 		st.Tasks = append(st.Tasks, task)
@@ -485,7 +480,7 @@ func (s *Store) newLayer(mode os.FileMode) (string, error) {
 // after chmod could clear mode bits on some systems.
 func (s *Store) setupRoot(p string, mode os.FileMode) error {
 	if s.owner != nil {
-		if err := os.Lchown(p, s.owner.uid, s.owner.gid); err != nil {
+		if err := os.Lchown(p, s.owner.UID, s.owner.GID); err != nil {
 			return err
 		}
 	}
@@ -571,13 +566,10 @@ func (s *Store) List() []*State {
 func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	s.mu.RLock()
-	cur, err := s.lookup(id)
-	s.mu.RUnlock()
+	edit, err := s.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	edit := cur.Clone()
 	if err := fn(edit); err != nil {
 		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
 	}
@@ -790,42 +782,6 @@ func (sub *subscriber) run() {
 			return
 		}
 	}
-}
-
-// owner is a numeric uid/gid pair.
-type owner struct {
-	uid, gid int
-}
-
-var (
-	nobodyOnce  sync.Once
-	nobodyOwner *owner
-	nobodyErr   error
-)
-
-// nobody looks up the user "nobody" once per process: the answer does not
-// change while the daemon runs, and a lookup may read /etc/passwd or ask
-// NSS.
-func nobody() (*owner, error) {
-	nobodyOnce.Do(func() {
-		u, err := user.Lookup("nobody")
-		if err != nil {
-			nobodyErr = err
-			return
-		}
-		uid, err := strconv.Atoi(u.Uid)
-		if err != nil {
-			nobodyErr = fmt.Errorf("user nobody has non-numeric uid %q", u.Uid)
-			return
-		}
-		gid, err := strconv.Atoi(u.Gid)
-		if err != nil {
-			nobodyErr = fmt.Errorf("user nobody has non-numeric gid %q", u.Gid)
-			return
-		}
-		nobodyOwner = &owner{uid: uid, gid: gid}
-	})
-	return nobodyOwner, nobodyErr
 }
 
 // sortedKeys returns the keys of a set in order, so that checks and

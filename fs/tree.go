@@ -254,17 +254,17 @@ func (m *Mount) memRoot(ctx context.Context, parent *gofs.Inode, allocID string,
 	}
 	attr := memAttr{mode: syscall.S_IFDIR | 0o777, mtime: m.started, atime: m.started, ctime: m.started}
 	if o := m.nobody; o != nil {
-		attr.uid, attr.gid = o.uid, o.gid
+		attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
 	}
 	if task.User != "" {
-		if o, err := lookupUser(task.User); err == nil {
-			attr.uid, attr.gid = o.uid, o.gid
+		if o, err := allocdir.LookupOwner(task.User); err == nil {
+			attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
 			attr.mode = syscall.S_IFDIR | 0o700
 		} else {
 			m.logger.Warn("task user not found; secrets stay owned by nobody", "alloc_id", allocID, "task", task.Name, "user", task.User, "error", err)
 		}
 	}
-	d := &memDir{q: &quota{limit: limit}, attr: attr}
+	d := newMemDir(&quota{limit: limit}, attr)
 	parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: syntheticIno("mem", key)})
 	m.mem.roots[key] = d
 	return d

@@ -147,19 +147,6 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 	return &listDir{entries: entries}, 0, 0
 }
 
-var _ = (gofs.NodeReaddirer)((*volNode)(nil))
-
-func (n *volNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	fh, _, errno := n.OpendirHandle(ctx, 0)
-	if errno != 0 {
-		return nil, errno
-	}
-	if l, ok := fh.(*listDir); ok {
-		return gofs.NewListDirStream(l.entries), 0
-	}
-	return fh.(gofs.DirStream), 0
-}
-
 // listDir is a directory handle over a fixed list of entries.
 type listDir struct {
 	entries []fuse.DirEntry

@@ -39,10 +39,16 @@ func socketFlag(e *env, fset *pflag.FlagSet) *string {
 	return fset.String("socket", def, "`path` of the control socket of `allocfs serve` (env "+api.SocketEnv+")")
 }
 
-// clientContext is the context of one client command: cancelled by
-// SIGINT or SIGTERM, so that an interrupted command stops waiting.
-func clientContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// dial returns a client of the daemon at socket and the context of one
+// client command, cancelled by SIGINT or SIGTERM so that an interrupted
+// command stops waiting; done releases both.
+func dial(socket string) (context.Context, *api.Client, func()) {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	c := api.NewClient(socket)
+	return ctx, c, func() {
+		c.Close()
+		cancel()
+	}
 }
 
 // checkAllocID refuses IDs the server refuses too, before dialing it. It
@@ -106,10 +112,8 @@ directory per task. Every layer starts empty.`)
 		tasks[i].User = user
 	}
 
-	ctx, cancel := clientContext()
-	defer cancel()
-	c := api.NewClient(*socket)
-	defer c.Close()
+	ctx, c, done := dial(*socket)
+	defer done()
 	st, err := c.CreateAlloc(ctx, id, tasks)
 	if err != nil {
 		return err
@@ -124,10 +128,8 @@ func runAllocList(e *env, args []string) error {
 	if err := parseFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
-	ctx, cancel := clientContext()
-	defer cancel()
-	c := api.NewClient(*socket)
-	defer c.Close()
+	ctx, c, done := dial(*socket)
+	defer done()
 	list, err := c.ListAllocs(ctx)
 	if err != nil {
 		return err
@@ -153,10 +155,8 @@ volume and what that layer holds on the backing store.`)
 	if err := checkAllocID(id); err != nil {
 		return err
 	}
-	ctx, cancel := clientContext()
-	defer cancel()
-	c := api.NewClient(*socket)
-	defer c.Close()
+	ctx, c, done := dial(*socket)
+	defer done()
 	if *asJSON {
 		raw, err := c.AllocStatusJSON(ctx, id)
 		if err != nil {
@@ -264,10 +264,8 @@ allocation uses are removed from the data dir. Secrets are dropped.`)
 	if err := checkAllocID(id); err != nil {
 		return err
 	}
-	ctx, cancel := clientContext()
-	defer cancel()
-	c := api.NewClient(*socket)
-	defer c.Close()
+	ctx, c, done := dial(*socket)
+	defer done()
 	if err := c.DestroyAlloc(ctx, id); err != nil {
 		return err
 	}
@@ -281,10 +279,8 @@ func runStatus(e *env, args []string) error {
 	if err := parseFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
-	ctx, cancel := clientContext()
-	defer cancel()
-	c := api.NewClient(*socket)
-	defer c.Close()
+	ctx, c, done := dial(*socket)
+	defer done()
 	st, err := c.NodeStatus(ctx)
 	if err != nil {
 		return err

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -97,28 +99,6 @@ func mustRun(t *testing.T, args ...string) result {
 		t.Fatalf("allocfs %s: exit %d, want 0\n%s", strings.Join(args, " "), r.code, r.stderr)
 	}
 	return r
-}
-
-// requireFUSE skips the test, with the reason, unless this process can
-// mount FUSE as root. With ALLOCFS_REQUIRE_FUSE=1 it fails instead, so
-// that CI on a FUSE-capable machine cannot silently skip the mount tests.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	reason := ""
-	if fi, err := os.Stat("/dev/fuse"); err != nil {
-		reason = fmt.Sprintf("/dev/fuse is missing: %v", err)
-	} else if fi.Mode().Type() != os.ModeDevice|os.ModeCharDevice {
-		reason = "/dev/fuse is not a character device"
-	} else if os.Geteuid() != 0 {
-		reason = fmt.Sprintf("mount tests run as root, euid is %d", os.Geteuid())
-	}
-	if reason == "" {
-		return
-	}
-	if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
-		t.Fatalf("ALLOCFS_REQUIRE_FUSE=1 but FUSE is unusable: %s", reason)
-	}
-	t.Skip(reason)
 }
 
 // syncBuffer is a bytes.Buffer that a process can write to while the test
@@ -228,14 +208,14 @@ func mountedAt(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	mounts, err := parseMountinfo(f)
+	mounts, err := allocdir.ParseMountinfo(f)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fsType := ""
 	for _, m := range mounts {
-		if m.mountPoint == dir {
-			fsType = m.fsType // the last one is on top
+		if m.MountPoint == dir {
+			fsType = m.FSType // the last one is on top
 		}
 	}
 	return fsType
@@ -257,7 +237,7 @@ func testDirs(t *testing.T) (dataDir, mnt string) {
 // store's layer, `alloc destroy` removes it, and SIGTERM unmounts and
 // exits 0.
 func TestServeMountLifecycle(t *testing.T) {
-	requireFUSE(t)
+	fstest.RequireFUSE(t)
 	dataDir, mnt := testDirs(t)
 	d := startServe(t, dataDir, mnt)
 	if got := mountedAt(t, mnt); got != allocfsFSType {
@@ -343,7 +323,7 @@ func TestServeMountLifecycle(t *testing.T) {
 // stale mount; the next serve detaches it, reloads the allocation from the
 // data dir and serves its files again.
 func TestServeRecoversAfterCrash(t *testing.T) {
-	requireFUSE(t)
+	fstest.RequireFUSE(t)
 	dataDir, mnt := testDirs(t)
 	d := startServe(t, dataDir, mnt)
 	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.socket)

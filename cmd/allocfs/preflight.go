@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -110,23 +108,18 @@ func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
 			dir, describeType(fi.Mode()))
 	}
 
-	f, err := os.Open(mountinfo)
+	mounts, err := allocdir.ReadMountinfo(mountinfo)
 	if err != nil {
-		return fmt.Errorf("failed to read the mount table: %w", err)
-	}
-	defer f.Close()
-	mounts, err := parseMountinfo(f)
-	if err != nil {
-		return fmt.Errorf("failed to read the mount table %s: %w", mountinfo, err)
+		return err
 	}
 	for _, m := range mounts {
-		if m.mountPoint != dir {
+		if m.MountPoint != dir {
 			continue
 		}
-		if m.fsType == allocfsFSType {
+		if m.FSType == allocfsFSType {
 			return fmt.Errorf("another allocfs is serving %s; stop it first", dir)
 		}
-		logger.Warn("mount point already has a mount; allocfs will hide it", "mountpoint", dir, "fstype", m.fsType, "source", m.source)
+		logger.Warn("mount point already has a mount; allocfs will hide it", "mountpoint", dir, "fstype", m.FSType, "source", m.Source)
 	}
 	return nil
 }
@@ -188,62 +181,4 @@ func describeType(m os.FileMode) string {
 	default:
 		return t.String()
 	}
-}
-
-// mountEntry is one line of /proc/self/mountinfo, the fields allocfs uses.
-type mountEntry struct {
-	mountPoint string
-	fsType     string
-	source     string
-}
-
-// parseMountinfo reads the format of proc(5)'s mountinfo:
-//
-//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
-//
-// The mount point is the fifth field; after the "-" separator come the
-// filesystem type and the source. Spaces, tabs, newlines and backslashes
-// in paths are escaped as octal (\040).
-func parseMountinfo(r io.Reader) ([]mountEntry, error) {
-	var out []mountEntry
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for line := 1; sc.Scan(); line++ {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i := 6; i < len(fields); i++ {
-			if fields[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) {
-			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
-		}
-		e := mountEntry{mountPoint: unescapeMountinfo(fields[4]), fsType: fields[sep+1]}
-		if sep+2 < len(fields) {
-			e.source = unescapeMountinfo(fields[sep+2])
-		}
-		out = append(out, e)
-	}
-	return out, sc.Err()
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

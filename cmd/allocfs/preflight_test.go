@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -22,19 +23,19 @@ func TestParseMountinfo(t *testing.T) {
 36 22 0:45 / /var/lib/allocfs/mnt rw,nosuid,nodev,relatime shared:2 master:3 - fuse.allocfs allocfs:/var/lib/allocfs rw,user_id=0
 37 22 0:46 / /tmp/with\040space\134x rw - tmpfs tmpfs rw
 `
-	got, err := parseMountinfo(strings.NewReader(in))
+	got, err := allocdir.ParseMountinfo(strings.NewReader(in))
 	if err != nil {
 		t.Fatalf("parseMountinfo: %v", err)
 	}
-	want := []mountEntry{
-		{mountPoint: "/", fsType: "ext4", source: "/dev/sda1"},
-		{mountPoint: "/var/lib/allocfs/mnt", fsType: "fuse.allocfs", source: "allocfs:/var/lib/allocfs"},
-		{mountPoint: `/tmp/with space\x`, fsType: "tmpfs", source: "tmpfs"},
+	want := []allocdir.MountEntry{
+		{MountPoint: "/", FSType: "ext4", Source: "/dev/sda1"},
+		{MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs"},
+		{MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	if _, err := parseMountinfo(strings.NewReader("1 2 3 4 5 6 no separator here\n")); err == nil {
+	if _, err := allocdir.ParseMountinfo(strings.NewReader("1 2 3 4 5 6 no separator here\n")); err == nil {
 		t.Errorf("a line without the separator: got no error")
 	}
 }
@@ -47,11 +48,11 @@ func TestParseOwnMountinfo(t *testing.T) {
 		t.Skipf("no mountinfo: %v", err)
 	}
 	defer f.Close()
-	mounts, err := parseMountinfo(f)
+	mounts, err := allocdir.ParseMountinfo(f)
 	if err != nil {
 		t.Fatalf("parseMountinfo: %v", err)
 	}
-	if !slices.ContainsFunc(mounts, func(m mountEntry) bool { return m.mountPoint == "/" }) {
+	if !slices.ContainsFunc(mounts, func(m allocdir.MountEntry) bool { return m.MountPoint == "/" }) {
 		t.Errorf("no mount at / among %d mounts", len(mounts))
 	}
 }

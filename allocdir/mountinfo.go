@@ -1,0 +1,103 @@
+package allocdir
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// MountEntry is one line of /proc/self/mountinfo, the fields allocfs uses.
+type MountEntry struct {
+	MountPoint string
+	FSType     string
+	Source     string
+}
+
+// ParseMountinfo reads the format of proc(5)'s mountinfo:
+//
+//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
+//
+// The mount point is the fifth field; after the "-" separator come the
+// filesystem type and the source. Spaces, tabs, newlines and backslashes
+// in paths are escaped as octal (\040).
+func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
+	var out []MountEntry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i := 6; i < len(fields); i++ {
+			if fields[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) {
+			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
+		}
+		e := MountEntry{MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1]}
+		if sep+2 < len(fields) {
+			e.Source = unescapeMountinfo(fields[sep+2])
+		}
+		out = append(out, e)
+	}
+	return out, sc.Err()
+}
+
+// ReadMountinfo parses the mount table of the calling process, or of the
+// file at path when it is not empty (tests point it at a fixture).
+func ReadMountinfo(path string) ([]MountEntry, error) {
+	if path == "" {
+		path = "/proc/self/mountinfo"
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table: %w", err)
+	}
+	defer f.Close()
+	mounts, err := ParseMountinfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table %s: %w", path, err)
+	}
+	return mounts, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := ReadMountinfo("")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			out = append(out, m.MountPoint)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
