@@ -17,9 +17,11 @@
 // 404 means the daemon never knew the allocation; 410 means it was
 // destroyed since the daemon started.
 //
-// The handlers never touch the mount: a FUSE server that reads its own
-// mount can deadlock. Everything they report comes from the store and from
-// the backing directories under the data dir.
+// The handlers never read or write through the mount: a FUSE server that
+// reads its own mount can deadlock. Everything they report comes from the
+// store and from the backing directories under the data dir; the changes
+// they make reach the kernel's caches through the store's OnChange hook,
+// before the response is sent.
 package api
 
 import (
@@ -54,7 +56,6 @@ type Server struct {
 	mountDir    string
 	passthrough bool
 	mux         *http.ServeMux
-	onChange    func(id string)
 }
 
 // NewServer returns the control API of store, whose mount is at mountDir.
@@ -77,18 +78,6 @@ func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthroug
 	s.mux.HandleFunc("DELETE "+AllocsPath+"/{id}", s.destroyAlloc)
 	s.mux.HandleFunc("GET "+StatusPath, s.nodeStatus)
 	return s
-}
-
-// OnChange, when set, is called after an allocation was created or
-// destroyed and before the response is sent, so that a client that looks
-// at the mount right after its request sees the change (the daemon sets
-// it to the mount's kernel-cache invalidation).
-func (s *Server) OnChange(fn func(id string)) { s.onChange = fn }
-
-func (s *Server) changed(id string) {
-	if s.onChange != nil {
-		s.onChange(id)
-	}
 }
 
 // ServeHTTP serves one request and logs it at debug level.
@@ -121,7 +110,6 @@ func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.changed(st.ID)
 	w.Header().Set("Location", allocPath(st.ID))
 	s.writeJSON(w, http.StatusCreated, st)
 }
@@ -168,9 +156,7 @@ func (s *Server) destroyAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	err = s.store.Destroy(id)
-	s.changed(id)
-	if err != nil {
+	if err := s.store.Destroy(id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -100,19 +100,7 @@ func (a *AllocDir) Build() error {
 	if _, err := a.store.Build(a.id); err != nil {
 		return fmt.Errorf("failed to build alloc dir %s: %w", a.id, err)
 	}
-	a.invalidate(a.id)
 	return nil
-}
-
-// invalidate tells the mount, if any, that an allocation changed, before
-// returning to a caller that may look at the mount next.
-func (a *AllocDir) invalidate(ids ...string) {
-	if a.mount == nil {
-		return
-	}
-	for _, id := range ids {
-		a.mount.Invalidate(id)
-	}
 }
 
 func (a *AllocDir) buildTask(td *allocdir.TaskDir) error {
@@ -122,7 +110,6 @@ func (a *AllocDir) buildTask(td *allocdir.TaskDir) error {
 	if _, err := a.store.EnsureTask(a.id, td.Task); err != nil {
 		return fmt.Errorf("failed to build task dir %q: %w", td.Task.Name, err)
 	}
-	a.invalidate(a.id)
 	return nil
 }
 
@@ -130,7 +117,6 @@ func (a *AllocDir) buildTask(td *allocdir.TaskDir) error {
 // never built, or is gone already, is not an error.
 func (a *AllocDir) Destroy() error {
 	err := a.store.Destroy(a.id)
-	a.invalidate(a.id)
 	if err == nil || errors.Is(err, allocdir.ErrUnknownAlloc) {
 		return nil
 	}
@@ -165,7 +151,6 @@ func (a *AllocDir) Move(other allocdir.Interface, tasks []string) error {
 		keys = append(keys, task+"/"+allocdir.TaskLocal)
 	}
 	moved, err := a.store.Remap(prev.id, a.id, keys)
-	a.invalidate(prev.id, a.id)
 	if err != nil {
 		return fmt.Errorf("failed to remap %s into %s: %w", prev.id, a.id, err)
 	}

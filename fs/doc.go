@@ -42,10 +42,12 @@
 //
 // Entries and attributes are cached for MountOptions.StableTimeout: every
 // change made through the mount passes through the kernel, which keeps its
-// own caches right, and changes allocfs makes itself (creating or
-// destroying an allocation) are pushed to the kernel with NotifyEntry and
-// NotifyDelete from a goroutine of their own; a notification sent from a
-// request handler can deadlock. Failed lookups are cached briefly.
+// own caches right. Changes allocfs makes itself (creating, remapping or
+// destroying an allocation) reach the kernel through the store's OnChange
+// hook, as NotifyEntry and NotifyDelete, before the call that made them
+// returns. The hook runs on the goroutine that changed the store, never in
+// a FUSE request handler, where a notification can deadlock. Failed
+// lookups are cached briefly.
 //
 // # Data path
 //

@@ -51,8 +51,7 @@ type Mount struct {
 	mem     memRoots
 
 	passthrough bool
-	stopWatch   func()
-	watchDone   chan struct{}
+	stopHook    func()
 	unmountOnce sync.Once
 	unmountErr  error
 }
@@ -110,10 +109,7 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 	} else {
 		m.logger.Warn("mounted without passthrough: file data goes through the daemon", "passthrough", false, "root", os.Geteuid() == 0)
 	}
-	events, stop := store.Subscribe()
-	m.stopWatch = stop
-	m.watchDone = make(chan struct{})
-	go m.invalidate(events)
+	m.stopHook = store.OnChange(m.invalidate)
 	return m, nil
 }
 
@@ -124,21 +120,12 @@ func (m *Mount) Dir() string { return m.dir }
 // time, so regular files are served from their backing fds.
 func (m *Mount) Passthrough() bool { return m.passthrough }
 
-// invalidate keeps the kernel's caches honest about changes allocfs makes
-// itself (create, destroy, remap). It runs on its own goroutine: a
-// notification sent from inside a request handler can deadlock.
-func (m *Mount) invalidate(events <-chan string) {
-	defer close(m.watchDone)
-	for id := range events {
-		m.Invalidate(id)
-	}
-}
-
-// Invalidate makes the kernel forget what it cached about allocation id,
-// so that the next lookup sees the store's current record. Callers that
-// change the store and then expect the mount to show it (Destroy, Move)
-// call it themselves; it must not be called from a FUSE request handler.
-func (m *Mount) Invalidate(id string) {
+// invalidate makes the kernel forget what it cached about allocation
+// id, so that the next lookup sees the store's current record. It is the
+// store's OnChange hook: it runs on the goroutine that changed the store
+// (an API request, an AllocDir call), never inside a FUSE request handler,
+// where a notification can deadlock.
+func (m *Mount) invalidate(id string) {
 	if _, err := m.store.Get(id); err != nil {
 		m.dropMem(id)
 		if ch := m.root.GetChild(id); ch != nil {
@@ -211,9 +198,8 @@ func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *State, 
 // point usable. It waits for the server loop to end.
 func (m *Mount) Unmount() error {
 	m.unmountOnce.Do(func() {
-		if m.stopWatch != nil {
-			m.stopWatch()
-			<-m.watchDone
+		if m.stopHook != nil {
+			m.stopHook()
 		}
 		var err error
 		for attempt := 0; attempt < 5; attempt++ {

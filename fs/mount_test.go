@@ -176,3 +176,27 @@ func TestMountStatfs(t *testing.T) {
 		}
 	}
 }
+
+// TestMountSeesStoreChangesAtOnce checks that the kernel forgets what it
+// cached about an allocation before Create and Destroy return: a lookup
+// that failed just before Create, or succeeded just before Destroy, is not
+// answered from the cache afterwards.
+func TestMountSeesStoreChangesAtOnce(t *testing.T) {
+	tm := newTestMount(t)
+	p := filepath.Join(tm.dir, "a1")
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("stat before create: got %v, want not-exist", err)
+	}
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p, "web/local")); err != nil {
+		t.Errorf("stat right after create: got %v, want it there", err)
+	}
+	if err := tm.store.Destroy("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Errorf("stat right after destroy: got %v, want not-exist", err)
+	}
+}

@@ -68,8 +68,9 @@ type Store struct {
 	// that no Update can stack on a tree that is half deleted.
 	dying map[string]struct{}
 
-	subMu sync.Mutex
-	subs  map[*subscriber]struct{}
+	hookMu  sync.Mutex
+	hooks   map[int]func(id string)
+	hookSeq int
 
 	// fault, when set (by tests), is called before the store's disk steps
 	// ("mkdir" and "remove" of a layer, "write" of a state file) with the
@@ -97,7 +98,7 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 		allocs:    make(map[string]*State),
 		destroyed: make(map[string]struct{}),
 		dying:     make(map[string]struct{}),
-		subs:      make(map[*subscriber]struct{}),
+		hooks:     make(map[int]func(id string)),
 	}
 	// Modes are forced on what we create, so the umask does not matter;
 	// what exists already is the operator's choice and is left alone.
@@ -414,7 +415,7 @@ func (s *Store) commitWithLayers(st *State, specs []volumeSpec) (err error) {
 }
 
 // commit writes st to its state file and, once that succeeded, makes it the
-// in-memory record and tells subscribers. The caller holds writeMu and no
+// in-memory record and calls the OnChange hooks. The caller holds writeMu and no
 // longer touches st.
 func (s *Store) commit(st *State) error {
 	data, err := json.MarshalIndent(st, "", "  ")
@@ -697,90 +698,36 @@ func (s *Store) referencedLocked(l string) bool {
 	return false
 }
 
-// Subscribe returns a channel that receives an allocation ID each time that
-// allocation is created, updated or destroyed, and a func that ends the
-// subscription and closes the channel. The store never waits for a slow
-// subscriber: IDs queue up, and an ID already waiting is not queued twice,
-// so a subscriber learns that something changed, not how many times. Call
-// the func when done; until then a goroutine serves the channel.
-func (s *Store) Subscribe() (<-chan string, func()) {
-	sub := &subscriber{
-		queued: make(map[string]struct{}),
-		wake:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
-		out:    make(chan string, 16),
-	}
-	s.subMu.Lock()
-	s.subs[sub] = struct{}{}
-	s.subMu.Unlock()
-	go sub.run()
-	var once sync.Once
-	return sub.out, func() {
-		once.Do(func() {
-			s.subMu.Lock()
-			delete(s.subs, sub)
-			s.subMu.Unlock()
-			close(sub.done)
-		})
+// OnChange registers fn to be called with the ID of every allocation
+// created, changed or destroyed, and returns a func that removes it. fn
+// runs synchronously on the goroutine that made the change, once the
+// change is on disk, so that when Create, Destroy or Remap returns, fn's
+// effect (the mount forgetting what the kernel cached) has happened. fn
+// must be quick and must not change the store. Changes never come from a
+// FUSE request handler, so fn may send kernel notifications.
+func (s *Store) OnChange(fn func(id string)) func() {
+	s.hookMu.Lock()
+	defer s.hookMu.Unlock()
+	s.hookSeq++
+	key := s.hookSeq
+	s.hooks[key] = fn
+	return func() {
+		s.hookMu.Lock()
+		defer s.hookMu.Unlock()
+		delete(s.hooks, key)
 	}
 }
 
-// publish queues id for every subscriber. It never blocks.
+// publish calls every OnChange hook with id.
 func (s *Store) publish(id string) {
-	s.subMu.Lock()
-	defer s.subMu.Unlock()
-	for sub := range s.subs {
-		sub.notify(id)
+	s.hookMu.Lock()
+	fns := make([]func(string), 0, len(s.hooks))
+	for _, fn := range s.hooks {
+		fns = append(fns, fn)
 	}
-}
-
-// subscriber is one Subscribe call: a queue of distinct IDs and the
-// goroutine that feeds them to out.
-type subscriber struct {
-	mu      sync.Mutex
-	pending []string
-	queued  map[string]struct{}
-
-	wake chan struct{} // capacity 1: "pending may be non-empty"
-	done chan struct{} // closed by unsubscribe
-	out  chan string
-}
-
-func (sub *subscriber) notify(id string) {
-	sub.mu.Lock()
-	if _, ok := sub.queued[id]; !ok {
-		sub.queued[id] = struct{}{}
-		sub.pending = append(sub.pending, id)
-	}
-	sub.mu.Unlock()
-	select {
-	case sub.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (sub *subscriber) run() {
-	defer close(sub.out)
-	for {
-		sub.mu.Lock()
-		if len(sub.pending) == 0 {
-			sub.mu.Unlock()
-			select {
-			case <-sub.wake:
-				continue
-			case <-sub.done:
-				return
-			}
-		}
-		id := sub.pending[0]
-		sub.pending = sub.pending[1:]
-		delete(sub.queued, id)
-		sub.mu.Unlock()
-		select {
-		case sub.out <- id:
-		case <-sub.done:
-			return
-		}
+	s.hookMu.Unlock()
+	for _, fn := range fns {
+		fn(id)
 	}
 }
 

@@ -760,78 +760,57 @@ func TestStoreOpenCleansUp(t *testing.T) {
 	}
 }
 
-// TestStoreSubscribe checks that subscribers hear of every change, that a
-// subscriber that does not read never blocks the store, and that
-// unsubscribing closes the channel.
-func TestStoreSubscribe(t *testing.T) {
+// TestStoreOnChange checks that hooks hear of every create, update,
+// task addition and destroy before the call that made it returns, and
+// nothing once removed.
+func TestStoreOnChange(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, t.TempDir())
-	ch, cancel := s.Subscribe()
-	idle, cancelIdle := s.Subscribe() // never read until the end
-
-	recv := func(want string) {
+	var mu sync.Mutex
+	var got []string
+	stop := s.OnChange(func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, id)
+	})
+	heard := func(want ...string) {
 		t.Helper()
-		select {
-		case got := <-ch:
-			if got != want {
-				t.Errorf("got %q, want %q", got, want)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("got nothing, want %q", want)
+		mu.Lock()
+		defer mu.Unlock()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("hook heard %v, want %v", got, want)
 		}
+		got = nil
 	}
 	mustCreate(t, s, "a", "web")
-	recv("a")
+	heard("a")
 	if _, err := s.Update("a", func(st *State) error { st.Status = StatusTerminal; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	recv("a")
+	heard("a")
 	if _, err := s.EnsureTask("a", allocdir.Task{Name: "db"}); err != nil {
 		t.Fatal(err)
 	}
-	recv("a")
+	heard("a")
+	mustCreate(t, s, "b", "web")
+	heard("b")
+	if _, err := s.Remap("a", "b", []string{"alloc/data"}); err != nil {
+		t.Fatal(err)
+	}
+	heard("b", "a")
 	if err := s.Destroy("a"); err != nil {
 		t.Fatal(err)
 	}
-	recv("a")
+	heard("a")
+	if _, err := s.Create("a", nil); err == nil {
+		t.Fatal("Create without tasks succeeded")
+	}
+	heard() // a refused change is not a change
 
-	// Many changes with nobody reading idle: the store must not block.
-	const n = 100
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := range n {
-			if _, err := s.Create(fmt.Sprintf("m%03d", i), tasks("web")); err != nil {
-				t.Error(err)
-			}
-		}
-	}()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("Create blocked on a subscriber that does not read")
-	}
-	for i := range n {
-		recv(fmt.Sprintf("m%03d", i))
-	}
-	// idle gets every ID at least once (it missed none, however late).
-	seen := map[string]bool{}
-	for len(seen) < n+1 {
-		select {
-		case id := <-idle:
-			seen[id] = true
-		case <-time.After(5 * time.Second):
-			t.Fatalf("idle subscriber: got %d distinct IDs, want %d", len(seen), n+1)
-		}
-	}
-
-	cancel()
-	cancel() // twice is fine
-	cancelIdle()
-	for range ch {
-		// drain until closed
-	}
-	mustCreate(t, s, "after", "web") // no subscriber left; must not block or panic
+	stop()
+	stop() // twice is fine
+	mustCreate(t, s, "after", "web")
+	heard()
 }
 
 // TestStoreEnsureTask checks that EnsureTask adds a task with its layers,
@@ -921,12 +900,9 @@ func TestStoreEnsureTask(t *testing.T) {
 func TestStoreConcurrent(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, t.TempDir())
-	ch, cancel := s.Subscribe()
-	defer cancel()
-	go func() {
-		for range ch {
-		}
-	}()
+	// A hook that reads the store, as the mount's does, runs under every
+	// change.
+	defer s.OnChange(func(id string) { s.Get(id) })()
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)

@@ -138,7 +138,6 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}
 
 	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough())
-	apiServer.OnChange(m.Invalidate)
 	srv := &http.Server{
 		Handler:           apiServer,
 		ReadHeaderTimeout: 10 * time.Second,
