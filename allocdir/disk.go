@@ -9,7 +9,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,17 +19,18 @@ import (
 
 // Disk is the plain on-disk implementation of [Interface]: real
 // directories under <rootDir>/<allocID>, with Nomad's semantics. It is the
-// reference that other implementations are compared against and the
-// baseline of the benchmarks. All methods are safe for concurrent use.
+// reference that other implementations are compared against. All methods
+// are safe for concurrent use.
 type Disk struct {
 	logger   hclog.Logger
 	rootDir  string
 	allocID  string
 	allocDir string
 
+	TaskDirs
+
 	mu    sync.RWMutex
 	built bool
-	tasks map[string]*TaskDir
 }
 
 var _ Interface = (*Disk)(nil)
@@ -53,7 +53,6 @@ func NewDisk(logger hclog.Logger, rootDir, allocID string) (*Disk, error) {
 		rootDir:  rootDir,
 		allocID:  allocID,
 		allocDir: path.Join(rootDir, allocID),
-		tasks:    make(map[string]*TaskDir),
 	}, nil
 }
 
@@ -73,40 +72,7 @@ func (d *Disk) ShareDirPath() string { return path.Join(d.allocDir, SharedAllocN
 
 // NewTaskDir implements Interface.
 func (d *Disk) NewTaskDir(task Task) *TaskDir {
-	td := NewTaskDirPaths(d.allocDir, task, d.buildTask)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.tasks[task.Name] = td
-	return td
-}
-
-// GetTaskDir implements Interface.
-func (d *Disk) GetTaskDir(name string) *TaskDir {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.tasks[name]
-}
-
-// WalkTaskDirs implements Interface.
-func (d *Disk) WalkTaskDirs(fn func(*TaskDir) error) error {
-	d.mu.RLock()
-	tds := d.sortedTasks()
-	d.mu.RUnlock()
-	for _, td := range tds {
-		if err := fn(td); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *Disk) sortedTasks() []*TaskDir {
-	tds := make([]*TaskDir, 0, len(d.tasks))
-	for _, td := range d.tasks {
-		tds = append(tds, td)
-	}
-	sort.Slice(tds, func(i, j int) bool { return tds[i].Task.Name < tds[j].Task.Name })
-	return tds
+	return d.Register(NewTaskDirPaths(d.allocDir, task, d.buildTask))
 }
 
 // Build implements Interface.
@@ -121,13 +87,13 @@ func (d *Disk) Build() error {
 		return err
 	}
 	defer unix.Close(allocFd)
-	sharedFd, err := ensureDir(allocFd, SharedAllocName, SharedDirMode, nobody())
+	sharedFd, err := ensureDir(allocFd, SharedAllocName, SharedDirMode, Nobody())
 	if err != nil {
 		return fmt.Errorf("failed to build shared alloc dir of %s: %w", d.allocID, err)
 	}
 	defer unix.Close(sharedFd)
 	for _, name := range SharedAllocDirs {
-		fd, err := ensureDir(sharedFd, name, SharedDirMode, nobody())
+		fd, err := ensureDir(sharedFd, name, SharedDirMode, Nobody())
 		if err != nil {
 			return fmt.Errorf("failed to build alloc/%s of %s: %w", name, d.allocID, err)
 		}
@@ -176,7 +142,7 @@ func (d *Disk) buildTask(td *TaskDir) error {
 		return err
 	}
 	defer unix.Close(allocFd)
-	taskFd, err := ensureDir(allocFd, name, TaskDirMode, nobody())
+	taskFd, err := ensureDir(allocFd, name, TaskDirMode, Nobody())
 	if err != nil {
 		return fmt.Errorf("failed to build task dir %q: %w", td.Dir, err)
 	}
@@ -185,37 +151,20 @@ func (d *Disk) buildTask(td *TaskDir) error {
 		name string
 		mode os.FileMode
 	}{{TaskLocal, TaskDirMode}, {TmpDirName, TaskTmpMode}} {
-		fd, err := ensureDir(taskFd, sub.name, sub.mode, nobody())
+		fd, err := ensureDir(taskFd, sub.name, sub.mode, Nobody())
 		if err != nil {
 			return fmt.Errorf("failed to build %s/%s: %w", name, sub.name, err)
 		}
 		unix.Close(fd)
 	}
-	owner, mode, err := secretOwner(td.Task)
+	owner, mode, err := SecretsOwner(td.Task)
 	if err != nil {
 		return err
 	}
 	if err := d.buildSecretDir(taskFd, name, TaskSecrets, td.Task.SecretsBytes(), owner, mode); err != nil {
 		return err
 	}
-	return d.buildSecretDir(taskFd, name, TaskPrivate, DefaultSecretsMB<<20, owner, mode)
-}
-
-// secretOwner decides who owns secrets/ and private/: the task's user with
-// 0700 when one is given, nobody with Nomad's 0777 otherwise. Without root
-// nothing can be chowned, so the directory is private to the agent.
-func secretOwner(task Task) (*Owner, os.FileMode, error) {
-	if os.Geteuid() != 0 {
-		return nil, 0o700, nil
-	}
-	if task.User == "" {
-		return nobody(), 0o777, nil
-	}
-	o, err := LookupOwner(task.User)
-	if err != nil {
-		return nil, 0, fmt.Errorf("failed to look up user %q of task %q: %w", task.User, task.Name, err)
-	}
-	return o, 0o700, nil
+	return d.buildSecretDir(taskFd, name, TaskPrivate, td.Task.PrivateBytes(), owner, mode)
 }
 
 // buildSecretDir creates a memory-only directory: a size-capped, noexec
@@ -294,17 +243,18 @@ func (d *Disk) Destroy() error {
 		errs = append(errs, fmt.Errorf("not removing %q: mounts below it could not be released", d.allocDir))
 		return errors.Join(errs...)
 	}
-	if err := removeAll(d.allocDir); err != nil {
+	if err := RemoveAll(d.allocDir); err != nil {
 		errs = append(errs, fmt.Errorf("failed to remove alloc dir %q: %w", d.allocDir, err))
 	}
 	return errors.Join(errs...)
 }
 
-// removeAll removes a tree that a task may have left read-only (a Go
-// module cache in local/ is 0555 throughout): without root, entries of a
-// read-only directory cannot be unlinked until the directory is made
-// writable again. Links are never followed.
-func removeAll(dir string) error {
+// RemoveAll removes a tree that a task (or an extraction) may have left
+// read-only (a Go module cache in local/ is 0555 throughout): without
+// root, entries of a read-only directory cannot be unlinked until the
+// directory is made writable again. The walk is lstat-based and never
+// follows a link.
+func RemoveAll(dir string) error {
 	err := os.RemoveAll(dir)
 	if err == nil || os.Geteuid() == 0 {
 		return err
@@ -343,14 +293,13 @@ func (d *Disk) Move(other Interface, tasks []string) error {
 	if !built {
 		return fmt.Errorf("unable to move to %q: %w", d.allocDir, ErrNotBuilt)
 	}
-	for _, task := range tasks {
-		if err := ValidName(task); err != nil || task == SharedAllocName {
-			return fmt.Errorf("unable to move task %q: %w", task, ErrInvalidName)
-		}
+	dirs, err := MigratedDirs(tasks)
+	if err != nil {
+		return fmt.Errorf("unable to move: %w", err)
 	}
 	prev, ok := other.(*Disk)
 	if !ok {
-		return d.moveFromSnapshot(other, tasks)
+		return d.moveFromSnapshot(other, dirs)
 	}
 	// The renames below need no lock: the directories being replaced are
 	// empty placeholders and the source's tree is read by name only.
@@ -365,16 +314,12 @@ func (d *Disk) Move(other Interface, tasks []string) error {
 	}
 	defer unix.Close(srcFd)
 
-	moves := []struct{ what, rel string }{{"data dir", path.Join(SharedAllocName, SharedDataName)}}
-	for _, task := range tasks {
-		moves = append(moves, struct{ what, rel string }{fmt.Sprintf("task %q local dir", task), path.Join(task, TaskLocal)})
-	}
-	for _, m := range moves {
-		moved, err := renameDirBeneath(srcFd, dstFd, m.rel)
+	for _, rel := range dirs {
+		moved, err := renameDirBeneath(srcFd, dstFd, rel)
 		if err != nil {
-			return fmt.Errorf("error moving %s from %s to %s: %w", m.what, prev.allocID, d.allocID, err)
+			return fmt.Errorf("error moving %s from %s to %s: %w", rel, prev.allocID, d.allocID, err)
 		}
-		d.logger.Debug("moved", "what", m.rel, "from", prev.allocID, "moved", moved)
+		d.logger.Debug("moved", "what", rel, "from", prev.allocID, "moved", moved)
 	}
 	return nil
 }
@@ -401,7 +346,7 @@ func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
 		return false, err
 	}
 	defer unix.Close(srcParent)
-	dstParent, err := ensureDir(dstFd, parent, TaskDirMode, nobody())
+	dstParent, err := ensureDir(dstFd, parent, TaskDirMode, Nobody())
 	if err != nil {
 		return false, err
 	}
@@ -418,7 +363,7 @@ func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
 // moveFromSnapshot copies another implementation's data in through its
 // snapshot, unpacked by the safe reader next to the allocation and then
 // renamed into place.
-func (d *Disk) moveFromSnapshot(other Interface, tasks []string) error {
+func (d *Disk) moveFromSnapshot(other Interface, dirs []string) error {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(other.Snapshot(pw)) }()
 	staging, err := os.MkdirTemp(d.rootDir, "."+d.allocID+".move-*")
@@ -443,11 +388,7 @@ func (d *Disk) moveFromSnapshot(other Interface, tasks []string) error {
 		return err
 	}
 	defer unix.Close(dstFd)
-	rels := []string{path.Join(SharedAllocName, SharedDataName)}
-	for _, task := range tasks {
-		rels = append(rels, path.Join(task, TaskLocal))
-	}
-	for _, rel := range rels {
+	for _, rel := range dirs {
 		if _, err := renameDirBeneath(srcFd, dstFd, rel); err != nil {
 			return fmt.Errorf("error moving %q into %s: %w", rel, d.allocID, err)
 		}
@@ -457,12 +398,15 @@ func (d *Disk) moveFromSnapshot(other Interface, tasks []string) error {
 
 // Snapshot implements FS.
 func (d *Disk) Snapshot(w io.Writer) error {
-	d.mu.RLock()
-	roots := []string{path.Join(SharedAllocName, SharedDataName)}
-	for _, td := range d.sortedTasks() {
-		roots = append(roots, path.Join(td.Task.Name, TaskLocal))
+	var names []string
+	_ = d.WalkTaskDirs(func(td *TaskDir) error {
+		names = append(names, td.Task.Name)
+		return nil
+	})
+	roots, err := MigratedDirs(names)
+	if err != nil {
+		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)
 	}
-	d.mu.RUnlock()
 	rootFd, err := d.openAlloc()
 	if err != nil {
 		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)

@@ -127,7 +127,7 @@ func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats Extra
 	}
 	defer func() {
 		if err != nil {
-			removeTree(tmp)
+			_ = RemoveAll(tmp)
 		}
 	}()
 
@@ -153,23 +153,6 @@ func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats Extra
 		return stats, fmt.Errorf("failed to rename %q to %q: %w", tmp, dest, err)
 	}
 	return stats, nil
-}
-
-// removeTree removes a failed extraction. Directories may have been
-// given modes that stop a non-root caller from emptying them, so a second
-// attempt first makes every directory accessible again; the walk is
-// lstat-based and never follows a link.
-func removeTree(dir string) {
-	if os.RemoveAll(dir) == nil {
-		return
-	}
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if d != nil && d.IsDir() {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	_ = os.RemoveAll(dir)
 }
 
 type nodeKind uint8

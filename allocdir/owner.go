@@ -25,11 +25,11 @@ var (
 	nobodyOwner *Owner
 )
 
-// nobody returns the owner of the layout's shared directories: "nobody"
+// Nobody returns the owner of the layout's shared directories: "nobody"
 // when the agent runs as root (so that tasks running as nobody can write),
 // nil (leave ownership alone) otherwise or when the system has no such
-// user.
-func nobody() *Owner {
+// user. It is looked up once per process.
+func Nobody() *Owner {
 	if os.Geteuid() != 0 {
 		return nil
 	}

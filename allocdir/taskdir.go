@@ -1,5 +1,10 @@
 package allocdir
 
+import (
+	"sort"
+	"sync"
+)
+
 // TaskDir holds the host paths of one task's directory. The paths are what
 // drivers bind-mount or chroot into; which implementation stands behind
 // them is decided by whoever created the TaskDir.
@@ -71,4 +76,48 @@ func (t *TaskDir) Build() error {
 		return ErrNotBuilt
 	}
 	return t.build(t)
+}
+
+// TaskDirs is the task registry every implementation needs for
+// GetTaskDir and WalkTaskDirs; embed it and call Register from NewTaskDir.
+// Its zero value is ready and it is safe for concurrent use.
+type TaskDirs struct {
+	mu    sync.RWMutex
+	tasks map[string]*TaskDir
+}
+
+// Register records td under its task's name, replacing any earlier one.
+func (r *TaskDirs) Register(td *TaskDir) *TaskDir {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tasks == nil {
+		r.tasks = make(map[string]*TaskDir)
+	}
+	r.tasks[td.Task.Name] = td
+	return td
+}
+
+// GetTaskDir returns a registered task's directory, or nil.
+func (r *TaskDirs) GetTaskDir(name string) *TaskDir {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tasks[name]
+}
+
+// WalkTaskDirs calls fn for every registered task in name order, without
+// holding the registry's lock, and stops at the first error.
+func (r *TaskDirs) WalkTaskDirs(fn func(*TaskDir) error) error {
+	r.mu.RLock()
+	tds := make([]*TaskDir, 0, len(r.tasks))
+	for _, td := range r.tasks {
+		tds = append(tds, td)
+	}
+	r.mu.RUnlock()
+	sort.Slice(tds, func(i, j int) bool { return tds[i].Task.Name < tds[j].Task.Name })
+	for _, td := range tds {
+		if err := fn(td); err != nil {
+			return err
+		}
+	}
+	return nil
 }

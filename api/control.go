@@ -178,7 +178,7 @@ func (s *Server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 		DataDir:     s.store.DataDir(),
 		Mount:       s.mountDir,
 		Passthrough: s.passthrough,
-		Allocs:      len(s.store.List()),
+		Allocs:      s.store.Len(),
 		Backing: BackingStatus{
 			BytesTotal:     sf.Blocks * bsize,
 			BytesFree:      sf.Bfree * bsize,

@@ -48,7 +48,7 @@ type LayerUsage struct {
 	// upper layer.
 	Bytes int64 `json:"bytes"`
 	// Files counts the entries of the upper layer that are not
-	// directories: regular files, symlinks, FIFOs, sockets, whiteouts.
+	// directories: regular files, symlinks, FIFOs and sockets.
 	Files int64 `json:"files"`
 }
 

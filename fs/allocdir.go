@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -33,8 +32,7 @@ type AllocDir struct {
 	mountDir string
 	id       string
 
-	mu    sync.RWMutex
-	tasks map[string]*allocdir.TaskDir
+	allocdir.TaskDirs
 }
 
 var _ allocdir.Interface = (*AllocDir)(nil)
@@ -49,7 +47,6 @@ func NewAllocDir(logger hclog.Logger, store *Store, mount *Mount, mountDir, id s
 		mount:    mount,
 		mountDir: mountDir,
 		id:       id,
-		tasks:    make(map[string]*allocdir.TaskDir),
 	}
 }
 
@@ -63,35 +60,7 @@ func (a *AllocDir) ShareDirPath() string {
 
 // NewTaskDir implements allocdir.Interface.
 func (a *AllocDir) NewTaskDir(task allocdir.Task) *allocdir.TaskDir {
-	td := allocdir.NewTaskDirPaths(a.AllocDirPath(), task, a.buildTask)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.tasks[task.Name] = td
-	return td
-}
-
-// GetTaskDir implements allocdir.Interface.
-func (a *AllocDir) GetTaskDir(name string) *allocdir.TaskDir {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return a.tasks[name]
-}
-
-// WalkTaskDirs implements allocdir.Interface.
-func (a *AllocDir) WalkTaskDirs(fn func(*allocdir.TaskDir) error) error {
-	a.mu.RLock()
-	tds := make([]*allocdir.TaskDir, 0, len(a.tasks))
-	for _, td := range a.tasks {
-		tds = append(tds, td)
-	}
-	a.mu.RUnlock()
-	sort.Slice(tds, func(i, j int) bool { return tds[i].Task.Name < tds[j].Task.Name })
-	for _, td := range tds {
-		if err := fn(td); err != nil {
-			return err
-		}
-	}
-	return nil
+	return a.Register(allocdir.NewTaskDirPaths(a.AllocDirPath(), task, a.buildTask))
 }
 
 // Build implements allocdir.Interface: the allocation and its alloc-level
@@ -104,10 +73,11 @@ func (a *AllocDir) Build() error {
 }
 
 func (a *AllocDir) buildTask(td *allocdir.TaskDir) error {
-	if _, err := a.store.Get(a.id); err != nil {
+	_, err := a.store.EnsureTask(a.id, td.Task)
+	if errors.Is(err, allocdir.ErrUnknownAlloc) {
 		return fmt.Errorf("failed to build task dir %q: %w: %w", td.Task.Name, allocdir.ErrNotBuilt, err)
 	}
-	if _, err := a.store.EnsureTask(a.id, td.Task); err != nil {
+	if err != nil {
 		return fmt.Errorf("failed to build task dir %q: %w", td.Task.Name, err)
 	}
 	return nil
@@ -138,17 +108,16 @@ func (a *AllocDir) Move(other allocdir.Interface, tasks []string) error {
 		return fmt.Errorf("unable to move from %q into %s: only allocations of the same store can be remapped", other.AllocDirPath(), a.id)
 	}
 	start := time.Now()
-	keys := []string{allocdir.SharedAllocName + "/" + allocdir.SharedDataName}
+	keys, err := allocdir.MigratedDirs(tasks)
+	if err != nil {
+		return fmt.Errorf("unable to move into %s: %w", a.id, err)
+	}
 	for _, task := range tasks {
-		if err := allocdir.ValidName(task); err != nil || task == allocdir.SharedAllocName {
-			return fmt.Errorf("unable to move task %q: %w", task, allocdir.ErrInvalidName)
-		}
 		if st.task(task) < 0 {
 			if _, err := a.store.EnsureTask(a.id, allocdir.Task{Name: task}); err != nil {
 				return fmt.Errorf("unable to move task %q: %w", task, err)
 			}
 		}
-		keys = append(keys, task+"/"+allocdir.TaskLocal)
 	}
 	moved, err := a.store.Remap(prev.id, a.id, keys)
 	if err != nil {
@@ -203,14 +172,14 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("failed to snapshot %s: %w", a.id, err)
 	}
-	roots := []string{allocdir.SharedAllocName + "/" + allocdir.SharedDataName}
 	names := make([]string, 0, len(st.Tasks))
 	for _, t := range st.Tasks {
 		names = append(names, t.Name)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		roots = append(roots, n+"/"+allocdir.TaskLocal)
+	roots, err := allocdir.MigratedDirs(names)
+	if err != nil {
+		return fmt.Errorf("failed to snapshot %s: %w", a.id, err)
 	}
 	f := &storeFS{a: a, st: st}
 	defer f.close()
@@ -222,16 +191,18 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 // upper layer beneath an fd of it, and memory-only directories from the
 // mount's memory tree.
 type storeFS struct {
-	a   *AllocDir
-	st  *State
-	fds []int
+	a  *AllocDir
+	st *State
+	// layers holds one open fd per volume for the whole operation: the
+	// resolver looks at a path one component at a time.
+	layers map[string]int
 }
 
 func (f *storeFS) close() {
-	for _, fd := range f.fds {
+	for _, fd := range f.layers {
 		unix.Close(fd)
 	}
-	f.fds = nil
+	f.layers = nil
 }
 
 // where says what backs a path of the allocation.
@@ -301,11 +272,18 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 	if !ok {
 		return nil, &iofs.PathError{Op: "lookup", Path: key, Err: iofs.ErrNotExist}
 	}
-	fd, err := unix.Open(f.a.store.LayerPath(v.Upper), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("layer %s of %s/%s: %w", v.Upper, f.st.ID, key, err)
+	fd, ok := f.layers[key]
+	if !ok {
+		var err error
+		fd, err = unix.Open(f.a.store.LayerPath(v.Upper), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("layer %s of %s/%s: %w", v.Upper, f.st.ID, key, err)
+		}
+		if f.layers == nil {
+			f.layers = make(map[string]int)
+		}
+		f.layers[key] = fd
 	}
-	f.fds = append(f.fds, fd)
 	r := path.Join(rest...)
 	if r == "" {
 		r = "."

@@ -47,8 +47,10 @@ type Mount struct {
 	server  *fuse.Server
 	root    *rootNode
 	started time.Time
-	nobody  *allocdir.Owner
-	mem     memRoots
+	// agent owns allocation roots; shared owns alloc/ and task dirs
+	// (nobody when root, the agent otherwise). Both are fixed at mount.
+	agent, shared fuseOwner
+	mem           memRoots
 
 	passthrough bool
 	stopHook    func()
@@ -68,8 +70,10 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 		started: time.Now(),
 		mem:     memRoots{roots: make(map[string]*memDir)},
 	}
-	if os.Geteuid() == 0 {
-		m.nobody, _ = allocdir.LookupOwner("nobody")
+	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
+	m.shared = m.agent
+	if o := allocdir.Nobody(); o != nil {
+		m.shared = fuseOwner{uint32(o.UID), uint32(o.GID)}
 	}
 	// The kernel has applied the caller's umask already; applying ours
 	// again would turn a requested 0620 into 0600.
@@ -126,7 +130,7 @@ func (m *Mount) Passthrough() bool { return m.passthrough }
 // (an API request, an AllocDir call), never inside a FUSE request handler,
 // where a notification can deadlock.
 func (m *Mount) invalidate(id string) {
-	if _, err := m.store.Get(id); err != nil {
+	if _, err := m.store.view(id); err != nil {
 		m.dropMem(id)
 		if ch := m.root.GetChild(id); ch != nil {
 			m.root.NotifyDelete(id, ch)
@@ -171,17 +175,16 @@ func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
 // allocAttr is the attribute of <mount>/<allocID>: 0755, owned by the
 // agent.
 func (m *Mount) allocAttr(st *State) skeletonAttr {
-	return skeletonAttr{mode: 0o755, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), mtime: st.Created}
+	return skeletonAttr{mode: 0o755, uid: m.agent.uid, gid: m.agent.gid, mtime: st.Created}
 }
+
+// fuseOwner is a uid/gid pair as FUSE attributes carry it.
+type fuseOwner struct{ uid, gid uint32 }
 
 // sharedAttr is the attribute of alloc/ and of task directories: 0777,
 // owned by nobody when running as root.
 func (m *Mount) sharedAttr(st *State) skeletonAttr {
-	a := skeletonAttr{mode: 0o777, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid()), mtime: st.Created}
-	if m.nobody != nil {
-		a.uid, a.gid = uint32(m.nobody.UID), uint32(m.nobody.GID)
-	}
-	return a
+	return skeletonAttr{mode: 0o777, uid: m.shared.uid, gid: m.shared.gid, mtime: st.Created}
 }
 
 // sharedInode returns the alloc/ node of an allocation in a view.

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,23 +137,9 @@ func TestMountSecretsStayInMemory(t *testing.T) {
 	}
 	big := make([]byte, 2<<20)
 	err = os.WriteFile(filepath.Join(tm.dir, "a1/web/secrets/big"), big, 0o600)
-	if !errorIs(err, syscall.ENOSPC) {
+	if !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("2 MiB into a 1 MiB secrets dir: got %v, want ENOSPC", err)
 	}
-}
-
-func errorIs(err error, errno syscall.Errno) bool {
-	for err != nil {
-		if e, ok := err.(syscall.Errno); ok {
-			return e == errno
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		err = u.Unwrap()
-	}
-	return false
 }
 
 // TestMountStatfs checks that df on the mount reports the backing store's

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/allocfs/allocfs/allocdir"
 )
@@ -45,11 +44,11 @@ func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
 			placeholders = append(placeholders, old.Lowers...)
 		}
 		next.Volumes[key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
-		mode := allocdir.TaskDirMode
-		if key == filepath.Join(allocdir.SharedAllocName, allocdir.SharedDataName) {
-			mode = allocdir.SharedDirMode
+		spec, ok := volumeSpecOf(key)
+		if !ok {
+			return 0, fmt.Errorf("failed to remap %s into %s: %q is not a volume: %w", prevID, newID, key, allocdir.ErrInvalidName)
 		}
-		specs = append(specs, volumeSpec{key: key, mode: mode})
+		specs = append(specs, spec)
 	}
 	if len(specs) == 0 {
 		return 0, nil

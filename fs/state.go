@@ -135,6 +135,18 @@ func taskVolumes(task string) []volumeSpec {
 	}
 }
 
+// volumeSpecOf returns the spec of the volume at key, whichever
+// allocation or task it belongs to.
+func volumeSpecOf(key string) (volumeSpec, bool) {
+	task, _, _ := strings.Cut(key, "/")
+	for _, v := range append(allocVolumes(), taskVolumes(task)...) {
+		if v.key == key {
+			return v, true
+		}
+	}
+	return volumeSpec{}, false
+}
+
 // stateSuffix ends every state file name; what precedes it is the ID.
 const stateSuffix = ".json"
 

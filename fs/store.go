@@ -37,6 +37,10 @@ const (
 	stagingDirName = "staging"
 )
 
+// StoreDirs are the directories the store owns inside the data dir; a
+// mount point must not lie within them.
+var StoreDirs = []string{stateDirName, layersDirName, stagingDirName}
+
 // Store is the backing store of the filesystem: the allocation records in
 // state/ and the layers they stack in layers/. Every byte an allocation
 // holds is a plain file under the data dir, so an operator can recover
@@ -110,7 +114,7 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 			return nil, fmt.Errorf("failed to create data dir: %w", err)
 		}
 	}
-	for _, name := range []string{stateDirName, layersDirName, stagingDirName} {
+	for _, name := range StoreDirs {
 		p := filepath.Join(abs, name)
 		err := os.Mkdir(p, 0o700)
 		if err == nil {
@@ -130,12 +134,9 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 		}
 	}
 
-	if os.Geteuid() == 0 {
-		o, err := allocdir.LookupOwner("nobody")
-		if err != nil {
-			s.logger.Warn("no user nobody: layers stay owned by root, so tasks running as nobody cannot write to them", "error", err)
-		}
-		s.owner = o
+	s.owner = allocdir.Nobody()
+	if os.Geteuid() == 0 && s.owner == nil {
+		s.logger.Warn("no user nobody: layers stay owned by root, so tasks running as nobody cannot write to them")
 	}
 
 	if err := s.cleanStaging(); err != nil {
@@ -161,7 +162,7 @@ func (s *Store) cleanStaging() error {
 	var errs []error
 	for _, e := range entries {
 		p := filepath.Join(s.StagingDir(), e.Name())
-		if err := os.RemoveAll(p); err != nil {
+		if err := allocdir.RemoveAll(p); err != nil {
 			errs = append(errs, fmt.Errorf("failed to remove leftover %q: %w", p, err))
 			continue
 		}
@@ -294,9 +295,6 @@ func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
 // volumes and no tasks if it does not: the allocdir contract builds an
 // allocation before its tasks. An existing allocation is returned as is.
 func (s *Store) Build(id string) (*State, error) {
-	if st, err := s.Get(id); err == nil {
-		return st, nil
-	}
 	st, err := s.create(id, nil)
 	if errors.Is(err, ErrExists) {
 		return s.Get(id)
@@ -493,7 +491,7 @@ func (s *Store) setupRoot(p string, mode os.FileMode) error {
 func (s *Store) removeFresh(layers []string) error {
 	var errs []error
 	for _, l := range layers {
-		if err := os.RemoveAll(s.LayerPath(l)); err != nil {
+		if err := allocdir.RemoveAll(s.LayerPath(l)); err != nil {
 			errs = append(errs, fmt.Errorf("failed to remove new layer %s: %w", l, err))
 		}
 	}
@@ -543,6 +541,35 @@ func (s *Store) Get(id string) (*State, error) {
 		return nil, err
 	}
 	return st.Clone(), nil
+}
+
+// view returns the committed record of id without copying it. It is for
+// the mount's request handlers, which run on every lookup and getattr:
+// committed records are never modified (every change commits a new
+// record), so the result may be read freely and must never be written.
+func (s *Store) view(id string) (*State, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.lookup(id)
+}
+
+// ids returns the IDs of every allocation, sorted.
+func (s *Store) ids() []string {
+	s.mu.RLock()
+	out := make([]string, 0, len(s.allocs))
+	for id := range s.allocs {
+		out = append(out, id)
+	}
+	s.mu.RUnlock()
+	sort.Strings(out)
+	return out
+}
+
+// Len is the number of allocations the store holds.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.allocs)
 }
 
 // List returns a copy of every record, sorted by ID.
@@ -674,7 +701,7 @@ func (s *Store) removeLayer(l string) error {
 			return &os.PathError{Op: "remove", Path: p, Err: err}
 		}
 	}
-	return os.RemoveAll(p)
+	return allocdir.RemoveAll(p)
 }
 
 // referencedLocked reports whether any allocation references layer l. The

@@ -74,7 +74,7 @@ func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Att
 var _ = (gofs.NodeLookuper)((*rootNode)(nil))
 
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := r.m.store.Get(name)
+	st, err := r.m.store.view(name)
 	if err != nil {
 		return nil, toErrno(r.m.logger, err)
 	}
@@ -89,10 +89,10 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 var _ = (gofs.NodeReaddirer)((*rootNode)(nil))
 
 func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	states := r.m.store.List()
-	entries := make([]fuse.DirEntry, 0, len(states))
-	for _, st := range states {
-		entries = append(entries, fuse.DirEntry{Name: st.ID, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", st.ID)})
+	ids := r.m.store.ids()
+	entries := make([]fuse.DirEntry, 0, len(ids))
+	for _, id := range ids {
+		entries = append(entries, fuse.DirEntry{Name: id, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", id)})
 	}
 	return gofs.NewListDirStream(entries), 0
 }
@@ -107,7 +107,7 @@ type allocNode struct {
 var _ = (gofs.NodeGetattrer)((*allocNode)(nil))
 
 func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	st, err := a.m.store.Get(a.id)
+	st, err := a.m.store.view(a.id)
 	if err != nil {
 		return toErrno(a.m.logger, err)
 	}
@@ -118,7 +118,7 @@ func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.At
 var _ = (gofs.NodeLookuper)((*allocNode)(nil))
 
 func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := a.m.store.Get(a.id)
+	st, err := a.m.store.view(a.id)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
@@ -126,7 +126,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		return a.m.sharedInode(ctx, &a.Inode, st, 0, out)
 	}
 	if st.task(name) >= 0 {
-		return a.m.volumeInodeFor(ctx, &a.Inode, st, name, 0, &taskNode{m: a.m, id: a.id, task: name}, out)
+		return a.m.volumeInode(ctx, &a.Inode, st, name, 0, &taskNode{m: a.m, id: a.id, task: name}, out)
 	}
 	return nil, syscall.ENOENT
 }
@@ -134,7 +134,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 var _ = (gofs.NodeReaddirer)((*allocNode)(nil))
 
 func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	st, err := a.m.store.Get(a.id)
+	st, err := a.m.store.view(a.id)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
@@ -159,7 +159,7 @@ type sharedNode struct {
 var _ = (gofs.NodeGetattrer)((*sharedNode)(nil))
 
 func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	st, err := s.m.store.Get(s.id)
+	st, err := s.m.store.view(s.id)
 	if err != nil {
 		return toErrno(s.m.logger, err)
 	}
@@ -170,13 +170,13 @@ func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.A
 var _ = (gofs.NodeLookuper)((*sharedNode)(nil))
 
 func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := s.m.store.Get(s.id)
+	st, err := s.m.store.view(s.id)
 	if err != nil {
 		return nil, toErrno(s.m.logger, err)
 	}
 	for _, sub := range allocdir.SharedAllocDirs {
 		if sub == name {
-			return s.m.volumeInode(ctx, &s.Inode, st, allocdir.SharedAllocName+"/"+name, s.view, out)
+			return s.m.volumeInode(ctx, &s.Inode, st, allocdir.SharedAllocName+"/"+name, s.view, nil, out)
 		}
 	}
 	return nil, syscall.ENOENT
@@ -208,7 +208,7 @@ var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocd
 
 // Lookup finds the layout child name of the task directory parent.
 func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := t.m.store.Get(t.id)
+	st, err := t.m.store.view(t.id)
 	if err != nil {
 		return nil, toErrno(t.m.logger, err)
 	}
@@ -220,7 +220,7 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 	case allocdir.SharedAllocName:
 		return t.m.sharedInode(ctx, parent, st, uint64(i+1), out)
 	case allocdir.TaskLocal, allocdir.TmpDirName:
-		return t.m.volumeInode(ctx, parent, st, t.task+"/"+name, 0, out)
+		return t.m.volumeInode(ctx, parent, st, t.task+"/"+name, 0, nil, out)
 	case allocdir.TaskSecrets, allocdir.TaskPrivate:
 		d := t.m.memRoot(ctx, parent, t.id, st.Tasks[i], name)
 		var attrOut fuse.AttrOut
@@ -250,19 +250,20 @@ func (m *Mount) memRoot(ctx context.Context, parent *gofs.Inode, allocID string,
 	}
 	limit := task.SecretsBytes()
 	if name == allocdir.TaskPrivate {
-		limit = allocdir.DefaultSecretsMB << 20
+		limit = task.PrivateBytes()
 	}
-	attr := memAttr{mode: syscall.S_IFDIR | 0o777, mtime: m.started, atime: m.started, ctime: m.started}
-	if o := m.nobody; o != nil {
+	attr := memAttr{mtime: m.started, atime: m.started, ctime: m.started}
+	o, mode, err := allocdir.SecretsOwner(task)
+	if err != nil {
+		// Fail closed: without its user, the directory is the agent's
+		// alone rather than nobody's.
+		m.logger.Error("task user not found; its secrets are the agent's only", "alloc_id", allocID, "task", task.Name, "user", task.User, "error", err)
+		o, mode = nil, 0o700
+	}
+	attr.mode = syscall.S_IFDIR | uint32(mode.Perm())
+	attr.uid, attr.gid = m.agent.uid, m.agent.gid
+	if o != nil {
 		attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
-	}
-	if task.User != "" {
-		if o, err := allocdir.LookupOwner(task.User); err == nil {
-			attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
-			attr.mode = syscall.S_IFDIR | 0o700
-		} else {
-			m.logger.Warn("task user not found; secrets stay owned by nobody", "alloc_id", allocID, "task", task.Name, "user", task.User, "error", err)
-		}
 	}
 	d := newMemDir(&quota{limit: limit}, attr)
 	parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: syntheticIno("mem", key)})

@@ -14,7 +14,6 @@ import (
 // mounts, and adds NAME_MAX on every name-taking operation.
 type volNode struct {
 	*gofs.LoopbackNode
-	vol *volume
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
@@ -24,34 +23,20 @@ type volNode struct {
 var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
 
 // WrapChild makes every node the loopback creates below a volume root a
-// volNode of the same volume.
+// volNode.
 func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
 	if lb, ok := ops.(*gofs.LoopbackNode); ok {
-		return &volNode{LoopbackNode: lb, vol: n.vol}
+		return &volNode{LoopbackNode: lb}
 	}
 	// A task directory's layout children (volumes, memory trees, the
 	// alloc/ view) are nodes of their own.
 	return ops
 }
 
-// volume identifies one mounted layer stack: which allocation, which
-// mount point in it, and which view of it (see viewShift).
-type volume struct {
-	allocID string
-	key     string
-	layer   string
-	view    uint64
-}
-
 // volumeInode returns the root node of the volume at key ("alloc/data",
-// "<task>/local", ...) of an allocation, as seen in view.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return m.volumeInodeFor(ctx, parent, st, key, view, nil, out)
-}
-
-// volumeInodeFor is volumeInode for a task directory's own volume when
-// task is set.
-func (m *Mount) volumeInodeFor(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// "<task>/local", ...) of an allocation, as seen in view. task is set for
+// a task directory's own volume, whose layout children it presents.
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, ok := st.Volumes[key]
 	if !ok {
 		return nil, syscall.ENOENT
@@ -62,14 +47,13 @@ func (m *Mount) volumeInodeFor(ctx context.Context, parent *gofs.Inode, st *Stat
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
 		return nil, syscall.EIO
 	}
-	vol := &volume{allocID: st.ID, key: key, layer: v.Upper, view: view}
 	root := &gofs.LoopbackRoot{
 		Path: dir,
 		// Dev is mixed into every inode number the loopback derives:
 		// choosing it this way yields backing inode ^ view<<viewShift.
 		Dev: rst.Dev ^ view<<(viewShift-32),
 	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, vol: vol, task: task}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, task: task}
 	root.RootNode = node
 	out.Attr.FromStat(&rst)
 	ino := rst.Ino ^ view<<viewShift

@@ -213,24 +213,18 @@ func testDestroy(t *testing.T, h *harness) {
 	})
 }
 
-// mountsUnder lists the mount points at or below dir from
-// /proc/self/mountinfo (mount points with spaces are escaped there, which
-// is fine for the comparison).
+// mountsUnder lists the mount points at or below dir.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := allocdir.ReadMountinfo("")
 	if err != nil {
 		t.Logf("cannot read the mount table, not checking mounts: %v", err)
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 5 {
-			continue
-		}
-		if mp := fields[4]; mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			out = append(out, m.MountPoint)
 		}
 	}
 	return out

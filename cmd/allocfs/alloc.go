@@ -247,7 +247,7 @@ func memoryNote(st *api.AllocStatus, key string) string {
 			}
 		}
 	case allocdir.TaskPrivate:
-		return "memory, capped at " + formatBytes(allocdir.DefaultSecretsMB<<20)
+		return "memory, capped at " + formatBytes(allocdir.Task{}.PrivateBytes())
 	}
 	return ""
 }

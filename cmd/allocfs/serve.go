@@ -146,7 +146,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
-		"passthrough", m.Passthrough(), "allocations", len(store.List()))
+		"passthrough", m.Passthrough(), "allocations", store.Len())
 
 	var failure error
 	select {
