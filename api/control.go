@@ -54,14 +54,14 @@ type Server struct {
 	logger      hclog.Logger
 	store       *fs.Store
 	mountDir    string
-	passthrough bool
+	passthrough func() bool
 	mux         *http.ServeMux
 }
 
 // NewServer returns the control API of store, whose mount is at mountDir.
-// passthrough is what the mount reported when it came up
-// (fs.Mount.Passthrough); the server only repeats it.
-func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthrough bool) *Server {
+// passthrough reports whether the mount serves file data by passthrough
+// now (fs.Mount.Passthrough): it can turn off after mount time.
+func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthrough func() bool) *Server {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
@@ -133,7 +133,7 @@ func (s *Server) allocStatus(w http.ResponseWriter, r *http.Request) {
 		State:       *st,
 		Mount:       filepath.Join(s.mountDir, st.ID),
 		Layers:      make(map[string]LayerUsage, len(st.Volumes)),
-		Passthrough: s.passthrough,
+		Passthrough: s.passthrough(),
 	}
 	for key, v := range st.Volumes {
 		if v == nil {
@@ -177,7 +177,7 @@ func (s *Server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusOK, NodeStatus{
 		DataDir:     s.store.DataDir(),
 		Mount:       s.mountDir,
-		Passthrough: s.passthrough,
+		Passthrough: s.passthrough(),
 		Allocs:      s.store.Len(),
 		Backing: BackingStatus{
 			BytesTotal:     sf.Blocks * bsize,

@@ -34,7 +34,7 @@ func newTestServer(t *testing.T) (*fs.Store, *Server) {
 	if err != nil {
 		t.Fatalf("OpenStore: %v", err)
 	}
-	return store, NewServer(logger, store, testMount, false)
+	return store, NewServer(logger, store, testMount, func() bool { return false })
 }
 
 // request sends one request to h and returns the recorded answer.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,9 +54,12 @@ type Mount struct {
 	mem           memRoots
 
 	passthrough bool
-	stopHook    func()
-	unmountOnce sync.Once
-	unmountErr  error
+	// passthroughLost is set when file data reached the daemon although
+	// passthrough was negotiated.
+	passthroughLost atomic.Bool
+	stopHook        func()
+	unmountOnce     sync.Once
+	unmountErr      error
 }
 
 // NewMount mounts store at dir and starts serving. The caller must call
@@ -120,9 +124,18 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 // Dir is the mount point.
 func (m *Mount) Dir() string { return m.dir }
 
-// Passthrough reports whether the kernel accepted passthrough at mount
-// time, so regular files are served from their backing fds.
-func (m *Mount) Passthrough() bool { return m.passthrough }
+// Passthrough reports whether regular files are served from their
+// backing fds by the kernel: it was negotiated at mount time, and no read
+// or write has reached the daemon since.
+func (m *Mount) Passthrough() bool { return m.passthrough && !m.passthroughLost.Load() }
+
+// dataThroughDaemon records that file data went through the daemon
+// although passthrough was negotiated, and says so once.
+func (m *Mount) dataThroughDaemon(op string) {
+	if m.passthroughLost.CompareAndSwap(false, true) {
+		m.logger.Error("passthrough is off: file data now goes through the daemon (go-fuse disables it for the whole mount after one failed registration)", "op", op, "passthrough", false)
+	}
+}
 
 // invalidate makes the kernel forget what it cached about allocation
 // id, so that the next lookup sees the store's current record. It is the

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -185,5 +187,55 @@ func TestMountSeesStoreChangesAtOnce(t *testing.T) {
 	}
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Errorf("stat right after destroy: got %v, want not-exist", err)
+	}
+}
+
+// TestMountPassthroughServesData checks that, when the kernel negotiated
+// passthrough, reads and writes through the mount never reach the
+// daemon: the mount still reports passthrough after a round trip of data.
+func TestMountPassthroughServesData(t *testing.T) {
+	tm := newTestMount(t)
+	if !tm.mount.passthrough {
+		t.Skip("the kernel did not offer passthrough (needs Linux 6.9+ and root)")
+	}
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(tm.dir, "a1/alloc/data/f")
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || len(got) != len(data) {
+		t.Fatalf("read back: %d bytes, %v", len(got), err)
+	}
+	if !tm.mount.Passthrough() {
+		t.Errorf("Passthrough after a data round trip: got false, want true (data reached the daemon)")
+	}
+}
+
+// TestPassthroughLossIsReported checks the detector itself: a read that
+// reaches a volume file's handle turns the mount's passthrough report off.
+func TestPassthroughLossIsReported(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Mount{logger: hclog.NewNullLogger(), passthrough: true}
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh := m.wrapFile(gofs.NewLoopbackFile(fd))
+	if !m.Passthrough() {
+		t.Fatal("Passthrough before any data: got false, want true")
+	}
+	fh.(gofs.FileReader).Read(context.Background(), make([]byte, 10), 0)
+	if m.Passthrough() {
+		t.Errorf("Passthrough after a read reached the handle: got true, want false")
 	}
 }

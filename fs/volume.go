@@ -14,6 +14,7 @@ import (
 // mounts, and adds NAME_MAX on every name-taking operation.
 type volNode struct {
 	*gofs.LoopbackNode
+	m *Mount
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
@@ -26,7 +27,7 @@ var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
 // volNode.
 func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
 	if lb, ok := ops.(*gofs.LoopbackNode); ok {
-		return &volNode{LoopbackNode: lb}
+		return &volNode{LoopbackNode: lb, m: n.m}
 	}
 	// A task directory's layout children (volumes, memory trees, the
 	// alloc/ view) are nodes of their own.
@@ -53,7 +54,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 		// choosing it this way yields backing inode ^ view<<viewShift.
 		Dev: rst.Dev ^ view<<(viewShift-32),
 	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, task: task}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, task: task}
 	root.RootNode = node
 	out.Attr.FromStat(&rst)
 	ino := rst.Ino ^ view<<viewShift
@@ -182,7 +183,47 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	return ch, n.m.wrapFile(fh), fuseFlags, errno
+}
+
+var _ = (gofs.NodeOpener)((*volNode)(nil))
+
+func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	return n.m.wrapFile(fh), fuseFlags, errno
+}
+
+// volFile is an open regular file of a volume. Its fd is offered to the
+// kernel for passthrough, so with passthrough on, no read or write ever
+// reaches it: one that does means go-fuse has turned passthrough off for
+// the whole mount (it does so silently, the first time registering a
+// backing fd fails), and the mount reports it.
+type volFile struct {
+	*gofs.LoopbackFile
+	m *Mount
+}
+
+func (m *Mount) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
+	lf, ok := fh.(*gofs.LoopbackFile)
+	if !ok || !m.passthrough {
+		return fh
+	}
+	return &volFile{LoopbackFile: lf, m: m}
+}
+
+var _ = (gofs.FileReader)((*volFile)(nil))
+
+func (f *volFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	f.m.dataThroughDaemon("read")
+	return f.LoopbackFile.Read(ctx, dest, off)
+}
+
+var _ = (gofs.FileWriter)((*volFile)(nil))
+
+func (f *volFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	f.m.dataThroughDaemon("write")
+	return f.LoopbackFile.Write(ctx, data, off)
 }
 
 var _ = (gofs.NodeMkdirer)((*volNode)(nil))

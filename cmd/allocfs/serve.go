@@ -137,7 +137,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return err
 	}
 
-	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough())
+	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough)
 	srv := &http.Server{
 		Handler:           apiServer,
 		ReadHeaderTimeout: 10 * time.Second,
