@@ -239,3 +239,48 @@ func TestPassthroughLossIsReported(t *testing.T) {
 		t.Errorf("Passthrough after a read reached the handle: got true, want false")
 	}
 }
+
+// TestMountSetgidDirectory checks that entries created in a setgid
+// directory get the directory's group, and new subdirectories stay setgid,
+// as on a local filesystem, whoever creates them.
+func TestMountSetgidDirectory(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tm.dir, "a1/alloc/data/shared")
+	if err := os.Mkdir(dir, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	const group = 4242
+	if err := os.Chown(dir, 0, group); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o775|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("f", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"f", "sub", "fifo", "link"} {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gid := fi.Sys().(*syscall.Stat_t).Gid; gid != group {
+			t.Errorf("group of %s: got %d, want %d (the setgid parent's)", name, gid, group)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sub")); err != nil || fi.Mode()&os.ModeSetgid == 0 {
+		t.Errorf("new subdirectory of a setgid dir: got mode %v (%v), want setgid", fi.Mode(), err)
+	}
+}

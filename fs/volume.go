@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"path/filepath"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -184,6 +185,9 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		return nil, nil, 0, errno
 	}
 	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if errno == 0 {
+		n.inheritGroup(name, &out.Attr)
+	}
 	return ch, n.m.wrapFile(fh), fuseFlags, errno
 }
 
@@ -232,7 +236,11 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	if errno == 0 {
+		n.inheritGroup(name, &out.Attr)
+	}
+	return ch, errno
 }
 
 var _ = (gofs.NodeMknoder)((*volNode)(nil))
@@ -241,7 +249,11 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	if errno == 0 {
+		n.inheritGroup(name, &out.Attr)
+	}
+	return ch, errno
 }
 
 var _ = (gofs.NodeSymlinker)((*volNode)(nil))
@@ -250,7 +262,11 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Symlink(ctx, target, name, out)
+	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
+	if errno == 0 {
+		n.inheritGroup(name, &out.Attr)
+	}
+	return ch, errno
 }
 
 var _ = (gofs.NodeLinker)((*volNode)(nil))
@@ -276,4 +292,35 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return syscall.ENAMETOOLONG
 	}
 	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+}
+
+// backingPath is the node's path on the backing store.
+func (n *volNode) backingPath() string {
+	return filepath.Join(n.RootData.Path, n.EmbeddedInode().Path(n.RootData.RootNode.EmbeddedInode()))
+}
+
+// inheritGroup gives a new entry the group of a setgid parent, as a local
+// filesystem does. The loopback chowns every new entry to the caller's
+// uid and primary gid, which is right only when the parent is not setgid.
+// A failure here leaves the caller's group, which is what the caller
+// would have had without setgid, so it is logged, not returned.
+func (n *volNode) inheritGroup(name string, attr *fuse.Attr) {
+	dir := n.backingPath()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil || st.Mode&syscall.S_ISGID == 0 || attr.Gid == st.Gid {
+		return
+	}
+	p := filepath.Join(dir, name)
+	if err := syscall.Lchown(p, -1, int(st.Gid)); err != nil {
+		n.m.logger.Warn("could not give a new entry its setgid parent's group", "path", p, "error", err)
+		return
+	}
+	// chown may also have cleared set-id bits of a file: report what is
+	// on disk now.
+	var cst syscall.Stat_t
+	if err := syscall.Lstat(p, &cst); err == nil {
+		ino := attr.Ino
+		attr.FromStat(&cst)
+		attr.Ino = ino
+	}
 }
