@@ -53,7 +53,9 @@ type Mount struct {
 	agent, shared fuseOwner
 	mem           memRoots
 
-	passthrough bool
+	// passthrough is whether the kernel negotiated passthrough; it is
+	// learnt after the mount is up, when requests are already served.
+	passthrough atomic.Bool
 	// passthroughLost is set when file data reached the daemon although
 	// passthrough was negotiated.
 	passthroughLost atomic.Bool
@@ -87,6 +89,9 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 	stable := opts.StableTimeout
 	negative := opts.NegativeTimeout
 	fopts := &gofs.Options{
+		// Mode 0000 is a real mode (chmod 000 is how tasks lock a file
+		// away); without this go-fuse reports it as 0644 or 0755.
+		NullPermissions: true,
 		EntryTimeout:    &stable,
 		AttrTimeout:     &stable,
 		NegativeTimeout: &negative,
@@ -97,7 +102,12 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 			Options:           []string{"default_permissions"},
 			DirectMountStrict: os.Geteuid() == 0,
 			MaxWrite:          1 << 20,
-			EnableLocks:       true,
+			// No EnableLocks: the kernel then keeps fcntl and flock
+			// locks itself, with exact POSIX semantics (per process,
+			// released on any close). Every user of an allocation's
+			// files is on this node and goes through this mount, so
+			// local locks are all the locking there is to do; go-fuse's
+			// loopback would map them onto open-file locks instead.
 			ExtraCapabilities: capHandleKillprivV2,
 			Debug:             opts.Debug,
 		},
@@ -111,8 +121,8 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 		m.Unmount()
 		return nil, fmt.Errorf("mount at %q did not come up: %w", dir, err)
 	}
-	m.passthrough = os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
-	if m.passthrough {
+	m.passthrough.Store(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
+	if m.passthrough.Load() {
 		m.logger.Info("mounted", "passthrough", true)
 	} else {
 		m.logger.Warn("mounted without passthrough: file data goes through the daemon", "passthrough", false, "root", os.Geteuid() == 0)
@@ -127,7 +137,7 @@ func (m *Mount) Dir() string { return m.dir }
 // Passthrough reports whether regular files are served from their
 // backing fds by the kernel: it was negotiated at mount time, and no read
 // or write has reached the daemon since.
-func (m *Mount) Passthrough() bool { return m.passthrough && !m.passthroughLost.Load() }
+func (m *Mount) Passthrough() bool { return m.passthrough.Load() && !m.passthroughLost.Load() }
 
 // dataThroughDaemon records that file data went through the daemon
 // although passthrough was negotiated, and says so once.

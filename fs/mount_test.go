@@ -195,7 +195,7 @@ func TestMountSeesStoreChangesAtOnce(t *testing.T) {
 // daemon: the mount still reports passthrough after a round trip of data.
 func TestMountPassthroughServesData(t *testing.T) {
 	tm := newTestMount(t)
-	if !tm.mount.passthrough {
+	if !tm.mount.passthrough.Load() {
 		t.Skip("the kernel did not offer passthrough (needs Linux 6.9+ and root)")
 	}
 	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
@@ -225,7 +225,8 @@ func TestPassthroughLossIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &Mount{logger: hclog.NewNullLogger(), passthrough: true}
+	m := &Mount{logger: hclog.NewNullLogger()}
+	m.passthrough.Store(true)
 	fd, err := syscall.Dup(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -16,6 +17,12 @@ import (
 type volNode struct {
 	*gofs.LoopbackNode
 	m *Mount
+
+	// openDirs are this directory's open handles: after the directory
+	// is renamed over or removed its path is gone, and fstat of an open
+	// handle must still answer from the handle's fd.
+	mu       sync.Mutex
+	openDirs map[*volDir]struct{}
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
@@ -110,7 +117,7 @@ var _ = (gofs.NodeOpendirHandler)((*volNode)(nil))
 // layout children; any other directory is the loopback's own.
 func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if n.task == nil {
-		return n.LoopbackNode.OpendirHandle(ctx, flags)
+		return n.openDir()
 	}
 	ds, errno := n.LoopbackNode.Readdir(ctx)
 	if errno != 0 {
@@ -210,7 +217,7 @@ type volFile struct {
 
 func (m *Mount) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
 	lf, ok := fh.(*gofs.LoopbackFile)
-	if !ok || !m.passthrough {
+	if !ok || !m.passthrough.Load() {
 		return fh
 	}
 	return &volFile{LoopbackFile: lf, m: m}
@@ -323,4 +330,75 @@ func (n *volNode) inheritGroup(name string, attr *fuse.Attr) {
 		attr.FromStat(&cst)
 		attr.Ino = ino
 	}
+}
+
+// dirStream is what go-fuse's loopback directory stream offers a handle.
+type dirStream interface {
+	gofs.FileReaddirenter
+	gofs.FileSeekdirer
+	gofs.FileReleasedirer
+	gofs.FileFsyncdirer
+}
+
+// volDir is an open directory of a volume: go-fuse's loopback stream,
+// plus the fd kept for attributes once the path no longer leads to it.
+type volDir struct {
+	dirStream
+	fd   int
+	node *volNode
+}
+
+// openDir opens the node's directory for listing.
+func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
+	fd, err := syscall.Open(n.backingPath(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, gofs.ToErrno(err)
+	}
+	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
+	if errno != 0 {
+		syscall.Close(fd)
+		return nil, 0, errno
+	}
+	d := &volDir{dirStream: ds.(dirStream), fd: fd, node: n}
+	n.mu.Lock()
+	if n.openDirs == nil {
+		n.openDirs = make(map[*volDir]struct{})
+	}
+	n.openDirs[d] = struct{}{}
+	n.mu.Unlock()
+	return d, 0, 0
+}
+
+var _ = (gofs.FileReleasedirer)((*volDir)(nil))
+
+// Releasedir forgets the handle, then closes the stream (and its fd).
+func (d *volDir) Releasedir(ctx context.Context, flags uint32) {
+	d.node.mu.Lock()
+	delete(d.node.openDirs, d)
+	d.node.mu.Unlock()
+	d.dirStream.Releasedir(ctx, flags)
+}
+
+var _ = (gofs.NodeGetattrer)((*volNode)(nil))
+
+// Getattr stats the node's path; a directory whose path is gone (renamed
+// over, removed) while it is open answers from an open handle, as an
+// unlinked but open directory does on a local filesystem.
+func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	if errno != syscall.ENOENT {
+		return errno
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for d := range n.openDirs {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(d.fd, &st); err != nil {
+			continue
+		}
+		out.FromStat(&st)
+		out.Ino = n.StableAttr().Ino
+		return 0
+	}
+	return errno
 }

@@ -6,12 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,51 +17,14 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/integration/harness"
 	"golang.org/x/sys/unix"
 )
 
 // The tests run the real binary: exit codes, signals and a FUSE mount
 // served by another process are what they check.
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-// allocfsBinary builds the binary once per test run (with the race
-// detector when the tests have it) and returns its path.
-func allocfsBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "allocfs-bin-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "allocfs")
-		args := []string{"build", "-o", binPath}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatalf("cannot build allocfs: %v", binErr)
-	}
-	return binPath
-}
+func TestMain(m *testing.M) { harness.Main(m) }
 
 // result is what a finished allocfs process left.
 type result struct {
@@ -77,7 +38,7 @@ func runCLI(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, allocfsBinary(t), args...)
+	cmd := exec.CommandContext(ctx, harness.Binary(t), args...)
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -101,114 +62,17 @@ func mustRun(t *testing.T, args ...string) result {
 	return r
 }
 
-// syncBuffer is a bytes.Buffer that a process can write to while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// daemon is an `allocfs serve` process started by a test.
-type daemon struct {
-	cmd    *exec.Cmd
-	socket string
-	mount  string
-	stderr *syncBuffer
-	done   chan struct{} // closed when the process has exited
-}
-
-// startServe starts `allocfs serve` on dataDir and mnt, waits until its
-// socket answers and registers a cleanup that kills it (by PID) and
-// lazily detaches mnt, whatever state the test left it in.
-func startServe(t *testing.T, dataDir, mnt string) *daemon {
+// startServe starts `allocfs serve` on dataDir and mnt with the socket
+// at its default place, and waits until it is up.
+func startServe(t *testing.T, dataDir, mnt string) *harness.Daemon {
 	t.Helper()
-	d := &daemon{
-		socket: filepath.Join(dataDir, "allocfs.sock"),
-		mount:  mnt,
-		stderr: &syncBuffer{},
-		done:   make(chan struct{}),
-	}
-	d.cmd = exec.Command(allocfsBinary(t), "serve", "--data-dir", dataDir, "--mount", mnt, "--log-level", "debug")
-	d.cmd.Stdout = d.stderr
-	d.cmd.Stderr = d.stderr
-	if err := d.cmd.Start(); err != nil {
-		t.Fatalf("start allocfs serve: %v", err)
-	}
-	go func() {
-		d.cmd.Wait()
-		close(d.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			d.cmd.Process.Kill()
-			<-d.done
-		}
-		// Best effort: the mount is normally gone by now.
-		unix.Unmount(mnt, unix.MNT_DETACH)
-		if t.Failed() {
-			t.Logf("allocfs serve (pid %d) output:\n%s", d.cmd.Process.Pid, d.stderr)
-		}
-	})
-	d.waitReady(t)
-	return d
-}
-
-// waitReady waits until the daemon's socket accepts connections.
-func (d *daemon) waitReady(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-d.done:
-			t.Fatalf("allocfs serve exited early with %v:\n%s", d.cmd.ProcessState, d.stderr)
-		default:
-		}
-		if conn, err := net.Dial("unix", d.socket); err == nil {
-			conn.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("allocfs serve did not listen on %s within a minute:\n%s", d.socket, d.stderr)
-}
-
-// stop sends sig and returns the exit code.
-func (d *daemon) stop(t *testing.T, sig os.Signal) int {
-	t.Helper()
-	if err := d.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %v: %v", sig, err)
-	}
-	select {
-	case <-d.done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("allocfs serve did not exit within a minute of %v:\n%s", sig, d.stderr)
-	}
-	return d.cmd.ProcessState.ExitCode()
+	return harness.Start(t, dataDir, mnt, filepath.Join(dataDir, "allocfs.sock"))
 }
 
 // mountedAt returns the filesystem type mounted at dir, or "".
 func mountedAt(t *testing.T, dir string) string {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	mounts, err := allocdir.ParseMountinfo(f)
+	mounts, err := allocdir.ReadMountinfo("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +107,7 @@ func TestServeMountLifecycle(t *testing.T) {
 	if got := mountedAt(t, mnt); got != allocfsFSType {
 		t.Fatalf("mount at %s: got fstype %q, want %q", mnt, got, allocfsFSType)
 	}
-	sock := "--socket=" + d.socket
+	sock := "--socket=" + d.Socket
 
 	r := runCLI(t, nil, "alloc", "create", "a1", "--task", "web", sock)
 	if r.code != exitOK {
@@ -307,14 +171,14 @@ func TestServeMountLifecycle(t *testing.T) {
 		t.Errorf("stat of a1 right after destroy: got %v, want not-exist", err)
 	}
 
-	if code := d.stop(t, syscall.SIGTERM); code != exitOK {
-		t.Fatalf("serve after SIGTERM: exit %d, want 0:\n%s", code, d.stderr)
+	if code := d.Signal(t, syscall.SIGTERM); code != exitOK {
+		t.Fatalf("serve after SIGTERM: exit %d, want 0:\n%s", code, d.Out)
 	}
 	if got := mountedAt(t, mnt); got != "" {
 		t.Errorf("after SIGTERM %s is still mounted (%s)", mnt, got)
 	}
-	if _, err := os.Lstat(d.socket); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("socket %s left behind: %v", d.socket, err)
+	if _, err := os.Lstat(d.Socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket %s left behind: %v", d.Socket, err)
 	}
 }
 
@@ -325,28 +189,28 @@ func TestServeRecoversAfterCrash(t *testing.T) {
 	fstest.RequireFUSE(t)
 	dataDir, mnt := testDirs(t)
 	d := startServe(t, dataDir, mnt)
-	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.socket)
+	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.Socket)
 	content := []byte("survives a crash\n")
 	f := filepath.Join(mnt, "a1", "web", "local", "f")
 	if err := os.WriteFile(f, content, 0o644); err != nil {
 		t.Fatalf("write through the mount: %v", err)
 	}
 
-	d.stop(t, syscall.SIGKILL)
+	d.Signal(t, syscall.SIGKILL)
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(mnt, &sfs); !errors.Is(err, syscall.ENOTCONN) {
 		t.Fatalf("statfs of the mount point after SIGKILL: got %v, want ENOTCONN (a stale mount)", err)
 	}
 
 	d = startServe(t, dataDir, mnt)
-	if !strings.Contains(d.stderr.String(), "stale mount") {
-		t.Errorf("serve did not log the stale mount it detached:\n%s", d.stderr)
+	if !strings.Contains(d.Out.String(), "stale mount") {
+		t.Errorf("serve did not log the stale mount it detached:\n%s", d.Out)
 	}
 	got, err := os.ReadFile(f)
 	if err != nil || !bytes.Equal(got, content) {
 		t.Errorf("%s after restart: got %q, %v; want %q", f, got, err, content)
 	}
-	if code := d.stop(t, syscall.SIGINT); code != exitOK {
+	if code := d.Signal(t, syscall.SIGINT); code != exitOK {
 		t.Fatalf("serve after SIGINT: exit %d, want 0", code)
 	}
 	if got := mountedAt(t, mnt); got != "" {
