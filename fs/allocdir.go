@@ -193,16 +193,18 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 type storeFS struct {
 	a  *AllocDir
 	st *State
-	// layers holds one open fd per volume for the whole operation: the
-	// resolver looks at a path one component at a time.
-	layers map[string]int
+	// volumes holds each volume's ReadFS, with its layers' fds open, for
+	// the whole operation: the resolver looks at a path one component at
+	// a time.
+	volumes map[string]allocdir.ReadFS
+	fds     []int
 }
 
 func (f *storeFS) close() {
-	for _, fd := range f.layers {
+	for _, fd := range f.fds {
 		unix.Close(fd)
 	}
-	f.layers = nil
+	f.fds, f.volumes = nil, nil
 }
 
 // where says what backs a path of the allocation.
@@ -272,23 +274,35 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 	if !ok {
 		return nil, &iofs.PathError{Op: "lookup", Path: key, Err: iofs.ErrNotExist}
 	}
-	fd, ok := f.layers[key]
+	vfs, ok := f.volumes[key]
 	if !ok {
-		var err error
-		fd, err = unix.Open(f.a.store.LayerPath(v.Upper), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("layer %s of %s/%s: %w", v.Upper, f.st.ID, key, err)
+		ids := append([]string{v.Upper}, v.Lowers...)
+		layers := make([]allocdir.ReadFS, 0, len(ids))
+		roots := make([]string, 0, len(ids))
+		for _, id := range ids {
+			root := f.a.store.LayerPath(id)
+			fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("layer %s of %s/%s: %w", id, f.st.ID, key, err)
+			}
+			f.fds = append(f.fds, fd)
+			layers = append(layers, allocdir.NewBeneathFS(fd))
+			roots = append(roots, root)
 		}
-		if f.layers == nil {
-			f.layers = make(map[string]int)
+		vfs = layers[0]
+		if len(layers) > 1 {
+			vfs = &ovlReadFS{ovl: &overlay{roots: roots}, layers: layers}
 		}
-		f.layers[key] = fd
+		if f.volumes == nil {
+			f.volumes = make(map[string]allocdir.ReadFS)
+		}
+		f.volumes[key] = vfs
 	}
 	r := path.Join(rest...)
 	if r == "" {
 		r = "."
 	}
-	return &where{layerFS: allocdir.NewBeneathFS(fd), rest: r, base: base}, nil
+	return &where{layerFS: vfs, rest: r, base: base}, nil
 }
 
 // memRoot returns the live memory directory of a task, or nil when there
@@ -493,6 +507,86 @@ func memReadDir(w *where) ([]iofs.DirEntry, error) {
 	out := make([]iofs.DirEntry, 0, len(names))
 	for _, name := range names {
 		out = append(out, iofs.FileInfoToDirEntry(memInfo(name, children[name])))
+	}
+	return out, nil
+}
+
+// ovlReadFS is the read side's view of a volume with lower layers: the
+// overlay decides which layer shows a path (whiteouts and opaque
+// directories included), and that layer's beneath-only ReadFS reads it,
+// so no symbolic link planted meanwhile is followed.
+type ovlReadFS struct {
+	ovl    *overlay
+	layers []allocdir.ReadFS
+}
+
+func ovlRel(name string) string {
+	if name == "." {
+		return ""
+	}
+	return name
+}
+
+// shown returns the layers where name is visible, shown one first.
+func (o *ovlReadFS) shown(op, name string) ([]int, error) {
+	all := make([]int, len(o.layers))
+	for i := range all {
+		all[i] = i
+	}
+	if name == "." {
+		return all, nil
+	}
+	layers, _, errno := o.ovl.visible(ovlRel(name), all)
+	if errno != 0 {
+		return nil, &iofs.PathError{Op: op, Path: name, Err: errno}
+	}
+	return layers, nil
+}
+
+func (o *ovlReadFS) Open(name string) (iofs.File, error) {
+	layers, err := o.shown("open", name)
+	if err != nil {
+		return nil, err
+	}
+	return o.layers[layers[0]].Open(name)
+}
+
+func (o *ovlReadFS) Lstat(name string) (iofs.FileInfo, error) {
+	layers, err := o.shown("lstat", name)
+	if err != nil {
+		return nil, err
+	}
+	return o.layers[layers[0]].Lstat(name)
+}
+
+func (o *ovlReadFS) ReadLink(name string) (string, error) {
+	layers, err := o.shown("readlink", name)
+	if err != nil {
+		return "", err
+	}
+	return o.layers[layers[0]].ReadLink(name)
+}
+
+func (o *ovlReadFS) ReadDir(name string) ([]iofs.DirEntry, error) {
+	layers, err := o.shown("readdir", name)
+	if err != nil {
+		return nil, err
+	}
+	entries, errno := o.ovl.list(ovlRel(name), layers)
+	if errno != 0 {
+		return nil, &iofs.PathError{Op: "readdir", Path: name, Err: errno}
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
+	out := make([]iofs.DirEntry, 0, len(entries))
+	for _, e := range entries {
+		fi, err := o.Lstat(path.Join(name, e.Name))
+		if errors.Is(err, iofs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, iofs.FileInfoToDirEntry(fi))
 	}
 	return out, nil
 }

@@ -2,12 +2,14 @@ package fs
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // volNode is a file or directory inside a volume. It serves the volume's
@@ -17,6 +19,13 @@ import (
 type volNode struct {
 	*gofs.LoopbackNode
 	m *Mount
+	// view is mixed into inode numbers (see viewShift).
+	view uint64
+	// ovl is set for a volume with lower layers; layers then says where
+	// the node is visible, the layer it is shown from first (0 is the
+	// upper layer). Guarded by mu.
+	ovl    *overlay
+	layers []int
 
 	// openDirs are this directory's open handles: after the directory
 	// is renamed over or removed its path is gone, and fstat of an open
@@ -35,7 +44,8 @@ var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
 // volNode.
 func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
 	if lb, ok := ops.(*gofs.LoopbackNode); ok {
-		return &volNode{LoopbackNode: lb, m: n.m}
+		// Whatever the loopback creates is new, so in the upper layer.
+		return &volNode{LoopbackNode: lb, m: n.m, view: n.view, ovl: n.ovl, layers: []int{0}}
 	}
 	// A task directory's layout children (volumes, memory trees, the
 	// alloc/ view) are nodes of their own.
@@ -62,7 +72,18 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 		// choosing it this way yields backing inode ^ view<<viewShift.
 		Dev: rst.Dev ^ view<<(viewShift-32),
 	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, task: task}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, view: view, task: task, layers: []int{0}}
+	if len(v.Lowers) > 0 {
+		o := &overlay{roots: []string{dir}}
+		for _, l := range v.Lowers {
+			o.roots = append(o.roots, m.store.LayerPath(l))
+		}
+		node.ovl = o
+		node.layers = nil
+		for i := range o.roots {
+			node.layers = append(node.layers, i)
+		}
+	}
 	root.RootNode = node
 	out.Attr.FromStat(&rst)
 	ino := rst.Ino ^ view<<viewShift
@@ -79,6 +100,9 @@ func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	}
 	if n.reserved(name) {
 		return n.task.Lookup(ctx, n.EmbeddedInode(), name, out)
+	}
+	if n.ovl != nil {
+		return n.ovlLookup(ctx, name, out)
 	}
 	return n.LoopbackNode.Lookup(ctx, name, out)
 }
@@ -116,6 +140,9 @@ var _ = (gofs.NodeOpendirHandler)((*volNode)(nil))
 // OpendirHandle lists a task directory as its layer's entries plus the
 // layout children; any other directory is the loopback's own.
 func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ovl != nil {
+		return n.ovlOpendir()
+	}
 	if n.task == nil {
 		return n.openDir()
 	}
@@ -173,6 +200,9 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
+	if n.ovl != nil {
+		return n.removeEntry(name, false)
+	}
 	return n.LoopbackNode.Unlink(ctx, name)
 }
 
@@ -182,6 +212,9 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
+	if n.ovl != nil {
+		return n.removeEntry(name, true)
+	}
 	return n.LoopbackNode.Rmdir(ctx, name)
 }
 
@@ -190,6 +223,11 @@ var _ = (gofs.NodeCreater)((*volNode)(nil))
 func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, nil, 0, errno
+	}
+	if n.ovl != nil {
+		if _, errno := n.prepareCreate(name); errno != 0 {
+			return nil, nil, 0, errno
+		}
 	}
 	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
 	if errno == 0 {
@@ -201,6 +239,19 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 var _ = (gofs.NodeOpener)((*volNode)(nil))
 
 func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.lowerOnly() {
+		if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) == 0 {
+			// Reading a lower file needs no copy: open it where it is.
+			fd, err := syscall.Open(n.shownPath(), int(flags&^(syscall.O_APPEND|syscall.O_CREAT))|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, 0, gofs.ToErrno(err)
+			}
+			return n.m.wrapFile(gofs.NewLoopbackFile(fd)), 0, 0
+		}
+		if errno := n.copyUp(); errno != 0 {
+			return nil, 0, errno
+		}
+	}
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
 	return n.m.wrapFile(fh), fuseFlags, errno
 }
@@ -243,7 +294,22 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
+	hid := false
+	if n.ovl != nil {
+		var errno syscall.Errno
+		if hid, errno = n.prepareCreate(name); errno != 0 {
+			return nil, errno
+		}
+	}
 	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	if errno == 0 && hid {
+		// The new directory replaces one a lower layer still holds:
+		// opaque, it shows none of that directory's entries.
+		if err := unix.Lsetxattr(filepath.Join(n.ovl.roots[0], n.rel(), name), opaqueXattr, []byte("y"), 0); err != nil {
+			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
+			return nil, gofs.ToErrno(err)
+		}
+	}
 	if errno == 0 {
 		n.inheritGroup(name, &out.Attr)
 	}
@@ -255,6 +321,11 @@ var _ = (gofs.NodeMknoder)((*volNode)(nil))
 func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
+	}
+	if n.ovl != nil {
+		if _, errno := n.prepareCreate(name); errno != 0 {
+			return nil, errno
+		}
 	}
 	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
 	if errno == 0 {
@@ -269,6 +340,11 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
+	if n.ovl != nil {
+		if _, errno := n.prepareCreate(name); errno != 0 {
+			return nil, errno
+		}
+	}
 	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
 	if errno == 0 {
 		n.inheritGroup(name, &out.Attr)
@@ -281,6 +357,16 @@ var _ = (gofs.NodeLinker)((*volNode)(nil))
 func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
+	}
+	if n.ovl != nil {
+		if t, ok := target.(*volNode); ok {
+			if errno := t.copyUp(); errno != 0 {
+				return nil, errno
+			}
+		}
+		if _, errno := n.prepareCreate(name); errno != 0 {
+			return nil, errno
+		}
 	}
 	return n.LoopbackNode.Link(ctx, target, name, out)
 }
@@ -297,6 +383,9 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		}
 	} else if len(newName) > maxNameLen {
 		return syscall.ENAMETOOLONG
+	}
+	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
+		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
 	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
 }
@@ -385,6 +474,15 @@ var _ = (gofs.NodeGetattrer)((*volNode)(nil))
 // over, removed) while it is open answers from an open handle, as an
 // unlinked but open directory does on a local filesystem.
 func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if n.lowerOnly() {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(n.shownPath(), &st); err != nil {
+			return gofs.ToErrno(err)
+		}
+		out.FromStat(&st)
+		out.Ino = n.StableAttr().Ino
+		return 0
+	}
 	errno := n.LoopbackNode.Getattr(ctx, f, out)
 	if errno != syscall.ENOENT {
 		return errno
@@ -401,4 +499,101 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		return 0
 	}
 	return errno
+}
+
+var _ = (gofs.NodeSetattrer)((*volNode)(nil))
+
+// Setattr copies a lower entry up first: metadata changes are writes.
+func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if errno := n.copyUp(); errno != 0 {
+		return errno
+	}
+	return n.LoopbackNode.Setattr(ctx, f, in, out)
+}
+
+var _ = (gofs.NodeReadlinker)((*volNode)(nil))
+
+func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	if n.lowerOnly() {
+		target, err := os.Readlink(n.shownPath())
+		if err != nil {
+			return nil, gofs.ToErrno(err)
+		}
+		return []byte(target), 0
+	}
+	return n.LoopbackNode.Readlink(ctx)
+}
+
+var _ = (gofs.NodeGetxattrer)((*volNode)(nil))
+
+func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if n.ovl != nil {
+		if attr == opaqueXattr {
+			return 0, syscall.ENODATA // the layer format is not the task's business
+		}
+		if n.lowerOnly() {
+			sz, err := unix.Lgetxattr(n.shownPath(), attr, dest)
+			return uint32(sz), gofs.ToErrno(err)
+		}
+	}
+	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+}
+
+var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
+
+func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if n.ovl != nil && attr == opaqueXattr {
+		return syscall.EPERM
+	}
+	if errno := n.copyUp(); errno != 0 {
+		return errno
+	}
+	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+}
+
+var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
+
+func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if n.ovl != nil && attr == opaqueXattr {
+		return syscall.EPERM
+	}
+	if errno := n.copyUp(); errno != 0 {
+		return errno
+	}
+	return n.LoopbackNode.Removexattr(ctx, attr)
+}
+
+var _ = (gofs.NodeListxattrer)((*volNode)(nil))
+
+func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	if n.lowerOnly() {
+		sz, err := unix.Llistxattr(n.shownPath(), dest)
+		return uint32(sz), gofs.ToErrno(err)
+	}
+	return n.LoopbackNode.Listxattr(ctx, dest)
+}
+
+var _ = (gofs.NodeStatxer)((*volNode)(nil))
+
+func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
+	if n.lowerOnly() {
+		var st unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, n.shownPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
+			return gofs.ToErrno(err)
+		}
+		out.FromStatx(&st)
+		return 0
+	}
+	return n.LoopbackNode.Statx(ctx, f, flags, mask, out)
+}
+
+var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
+
+// Tmpfile needs the directory in the upper layer, like any creation.
+func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.copyUp(); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	ch, fh, fuseFlags, errno := n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
+	return ch, n.m.wrapFile(fh), fuseFlags, errno
 }

@@ -1,0 +1,580 @@
+package fs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Layers use the on-disk format of the kernel's overlayfs, so that an
+// operator can always recover a volume with `mount -t overlay` and
+// ordinary tools: a whiteout (a name deleted in an upper layer) is a
+// character device 0/0, and an opaque directory (one that hides whatever
+// lower layers hold at its path) carries trusted.overlay.opaque=y. Both
+// need root, as does everything else about snapshot-mode volumes.
+const opaqueXattr = "trusted.overlay.opaque"
+
+// overlay is a volume with read-only lower layers under its writable
+// upper one. roots[0] is the upper layer, roots[1:] the lowers, top first.
+type overlay struct {
+	roots []string
+}
+
+func isWhiteout(st *syscall.Stat_t) bool {
+	return st.Mode&syscall.S_IFMT == syscall.S_IFCHR && st.Rdev == 0
+}
+
+func isDir(st *syscall.Stat_t) bool { return st.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+
+func isOpaque(p string) bool {
+	buf := make([]byte, 1)
+	n, err := unix.Lgetxattr(p, opaqueXattr, buf)
+	return err == nil && n == 1 && buf[0] == 'y'
+}
+
+// visible computes where rel, inside a directory visible in dirLayers, is
+// visible: the layers holding it, the shown one first. For a directory
+// the rest are the lower directories merged under it, down to the first
+// opaque one; a non-directory is shown from one layer only. A whiteout,
+// or a non-directory under a directory, hides everything below it.
+func (o *overlay) visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, syscall.Errno) {
+	var layers []int
+	var shown syscall.Stat_t
+	for _, i := range dirLayers {
+		var st syscall.Stat_t
+		p := filepath.Join(o.roots[i], rel)
+		if err := syscall.Lstat(p, &st); err != nil {
+			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+				continue
+			}
+			return nil, shown, gofs.ToErrno(err)
+		}
+		if isWhiteout(&st) || (len(layers) > 0 && !isDir(&st)) {
+			break
+		}
+		if len(layers) == 0 {
+			shown = st
+		}
+		layers = append(layers, i)
+		if !isDir(&st) || isOpaque(p) {
+			break
+		}
+	}
+	if len(layers) == 0 {
+		return nil, shown, syscall.ENOENT
+	}
+	return layers, shown, 0
+}
+
+// list returns the merged entries of the directory rel visible in
+// dirLayers: upper names first, whiteouts and names already seen left
+// out.
+func (o *overlay) list(rel string, dirLayers []int) ([]fuse.DirEntry, syscall.Errno) {
+	seen := make(map[string]bool)
+	var out []fuse.DirEntry
+	for _, i := range dirLayers {
+		f, err := os.Open(filepath.Join(o.roots[i], rel))
+		if err != nil {
+			return nil, gofs.ToErrno(err)
+		}
+		entries, err := f.ReadDir(-1)
+		f.Close()
+		if err != nil {
+			return nil, gofs.ToErrno(err)
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			if e.Type()&os.ModeCharDevice != 0 {
+				if fi, err := e.Info(); err == nil {
+					if st, ok := fi.Sys().(*syscall.Stat_t); ok && isWhiteout(st) {
+						continue
+					}
+				}
+			}
+			out = append(out, fuse.DirEntry{Name: name, Mode: fileTypeBits(e.Type())})
+		}
+	}
+	return out, 0
+}
+
+// fileTypeBits turns a directory entry's type into st_mode type bits.
+func fileTypeBits(t os.FileMode) uint32 {
+	switch {
+	case t.IsDir():
+		return syscall.S_IFDIR
+	case t&os.ModeSymlink != 0:
+		return syscall.S_IFLNK
+	case t&os.ModeNamedPipe != 0:
+		return syscall.S_IFIFO
+	case t&os.ModeSocket != 0:
+		return syscall.S_IFSOCK
+	case t&os.ModeCharDevice != 0:
+		return syscall.S_IFCHR
+	case t&os.ModeDevice != 0:
+		return syscall.S_IFBLK
+	}
+	return syscall.S_IFREG
+}
+
+// rel is the node's path inside its volume ("" for the root).
+func (n *volNode) rel() string {
+	return n.EmbeddedInode().Path(n.RootData.RootNode.EmbeddedInode())
+}
+
+// nodeLayers returns where the node is visible; for a node of a volume
+// without lowers, the upper layer.
+func (n *volNode) nodeLayers() []int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.layers
+}
+
+// lowerOnly reports whether the node's entry is shown from a lower layer:
+// it has not been copied up.
+func (n *volNode) lowerOnly() bool {
+	if n.ovl == nil {
+		return false
+	}
+	l := n.nodeLayers()
+	return len(l) > 0 && l[0] != 0
+}
+
+// shownPath is the backing path of the layer the node is shown from.
+func (n *volNode) shownPath() string {
+	return filepath.Join(n.ovl.roots[n.nodeLayers()[0]], n.rel())
+}
+
+// ovlLookup finds name in a directory of an overlay volume.
+func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	layers, st, errno := n.ovl.visible(filepath.Join(n.rel(), name), n.nodeLayers())
+	if errno != 0 {
+		return nil, errno
+	}
+	if layers[0] == 0 {
+		// In the upper layer: the loopback's lookup gives the node the
+		// identity (inode number and generation) its creation gave it, so
+		// an open file and its name stay one inode for the kernel.
+		ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+		if errno != 0 {
+			return nil, errno
+		}
+		if c, ok := ch.Operations().(*volNode); ok {
+			c.mu.Lock()
+			c.layers = layers
+			c.mu.Unlock()
+		}
+		return ch, 0
+	}
+	out.Attr.FromStat(&st)
+	ino := st.Ino ^ n.view<<viewShift
+	out.Attr.Ino = ino
+	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, view: n.view, ovl: n.ovl, layers: layers}
+	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino}), 0
+}
+
+// ovlOpendir lists a directory of an overlay volume.
+func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
+	entries, errno := n.ovl.list(n.rel(), n.nodeLayers())
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	return &listDir{entries: entries}, 0, 0
+}
+
+// copyUp makes the node's entry exist in the upper layer, copying it
+// (and its parents) from the lower layer it is shown from. A directory
+// copied up still merges with its lowers; a file is cloned where the
+// backing filesystem can (FICLONE), copied otherwise, into a temporary
+// name that is renamed into place, so a crash never leaves half a file
+// under the real name.
+func (n *volNode) copyUp() syscall.Errno {
+	if !n.lowerOnly() {
+		return 0
+	}
+	if _, parent := n.Parent(); parent != nil {
+		if p, ok := parent.Operations().(*volNode); ok && p.ovl == n.ovl {
+			if errno := p.copyUp(); errno != 0 {
+				return errno
+			}
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.layers) > 0 && n.layers[0] == 0 {
+		return 0 // copied up while we waited
+	}
+	rel := n.rel()
+	src := filepath.Join(n.ovl.roots[n.layers[0]], rel)
+	dst := filepath.Join(n.ovl.roots[0], rel)
+	if err := copyEntry(src, dst); err != nil {
+		n.m.logger.Error("copy-up failed", "from", src, "to", dst, "error", err)
+		return gofs.ToErrno(err)
+	}
+	if isDirPath(dst) {
+		n.layers = append([]int{0}, n.layers...)
+	} else {
+		n.layers = []int{0}
+	}
+	return 0
+}
+
+func isDirPath(p string) bool {
+	var st syscall.Stat_t
+	return syscall.Lstat(p, &st) == nil && isDir(&st)
+}
+
+// copyEntry copies one entry (not a directory's content) from src to dst,
+// with its mode, owner and times. An entry already at dst is kept: it was
+// copied up by an earlier call.
+func copyEntry(src, dst string) error {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(src, &st); err != nil {
+		return err
+	}
+	var dstSt syscall.Stat_t
+	if err := syscall.Lstat(dst, &dstSt); err == nil && !isWhiteout(&dstSt) {
+		return nil
+	} else if err == nil {
+		if err := syscall.Unlink(dst); err != nil {
+			return err
+		}
+	}
+	perm := st.Mode & 07777
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		if err := syscall.Mkdir(dst, perm); err != nil {
+			return err
+		}
+	case syscall.S_IFREG:
+		if err := copyFile(src, dst, perm); err != nil {
+			return err
+		}
+	case syscall.S_IFLNK:
+		target, err := os.Readlink(src)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(target, dst); err != nil {
+			return err
+		}
+	default:
+		if err := syscall.Mknod(dst, st.Mode, int(st.Rdev)); err != nil {
+			return err
+		}
+	}
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		// chown cleared set-id bits: put the mode back.
+		if err := syscall.Chmod(dst, perm); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// copyFile copies a regular file's bytes into a temporary file next to
+// dst, then renames it into place.
+func copyFile(src, dst string, perm uint32) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	var suffix [6]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return err
+	}
+	tmp := filepath.Join(filepath.Dir(dst), ".allocfs-copyup-"+hex.EncodeToString(suffix[:]))
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(perm&0o777))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
+		if _, err := io.Copy(out, in); err != nil {
+			out.Close()
+			return err
+		}
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+}
+
+// copyUpTree copies a directory up with everything its lowers show in
+// it, and makes it opaque: after a rename it no longer sits over the same
+// lower paths, so it must not merge with anything below. Live child nodes
+// are told their entries are in the upper layer now.
+func (n *volNode) copyUpTree() syscall.Errno {
+	if errno := n.copyUp(); errno != 0 {
+		return errno
+	}
+	layers := n.nodeLayers()
+	if len(layers) <= 1 {
+		return 0
+	}
+	rel := n.rel()
+	if err := n.ovl.materialize(rel, layers); err != nil {
+		n.m.logger.Error("copy-up of a directory tree failed", "path", rel, "error", err)
+		return gofs.ToErrno(err)
+	}
+	n.mu.Lock()
+	n.layers = []int{0}
+	n.mu.Unlock()
+	var reset func(in *gofs.Inode)
+	reset = func(in *gofs.Inode) {
+		for _, ch := range in.Children() {
+			if c, ok := ch.Operations().(*volNode); ok && c.ovl == n.ovl {
+				c.mu.Lock()
+				c.layers = []int{0}
+				c.mu.Unlock()
+				reset(ch)
+			}
+		}
+	}
+	reset(n.EmbeddedInode())
+	return 0
+}
+
+// materialize copies into the upper layer every entry visible at rel
+// (a directory present in the upper layer and merged over layers[1:]),
+// recursively, and marks each directory opaque.
+func (o *overlay) materialize(rel string, layers []int) error {
+	entries, errno := o.list(rel, layers)
+	if errno != 0 {
+		return errno
+	}
+	for _, e := range entries {
+		childRel := filepath.Join(rel, e.Name)
+		childLayers, _, errno := o.visible(childRel, layers)
+		if errno != 0 {
+			return errno
+		}
+		if childLayers[0] != 0 {
+			if err := copyEntry(filepath.Join(o.roots[childLayers[0]], childRel), filepath.Join(o.roots[0], childRel)); err != nil {
+				return err
+			}
+			if e.Mode == syscall.S_IFDIR {
+				childLayers = append([]int{0}, childLayers...)
+			}
+		}
+		if e.Mode == syscall.S_IFDIR && len(childLayers) > 1 {
+			if err := o.materialize(childRel, childLayers); err != nil {
+				return err
+			}
+		}
+	}
+	return unix.Lsetxattr(filepath.Join(o.roots[0], rel), opaqueXattr, []byte("y"), 0)
+}
+
+// inLowers reports whether name in the directory n is visible from a
+// lower layer, so that removing or renaming it needs a whiteout.
+func (n *volNode) inLowers(name string) bool {
+	var lowers []int
+	for _, i := range n.nodeLayers() {
+		if i != 0 {
+			lowers = append(lowers, i)
+		}
+	}
+	if len(lowers) == 0 {
+		return false
+	}
+	_, _, errno := n.ovl.visible(filepath.Join(n.rel(), name), lowers)
+	return errno == 0
+}
+
+// whiteout hides name of the directory n (copied up) in the lower layers.
+func (n *volNode) whiteout(name string) syscall.Errno {
+	p := filepath.Join(n.ovl.roots[0], n.rel(), name)
+	if err := syscall.Mknod(p, syscall.S_IFCHR, 0); err != nil {
+		return gofs.ToErrno(err)
+	}
+	return 0
+}
+
+// clearWhiteout removes a whiteout at name of the directory n before an
+// entry is created there, and reports whether there was one.
+func (n *volNode) clearWhiteout(name string) (bool, syscall.Errno) {
+	p := filepath.Join(n.ovl.roots[0], n.rel(), name)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil || !isWhiteout(&st) {
+		return false, 0
+	}
+	if err := syscall.Unlink(p); err != nil {
+		return false, gofs.ToErrno(err)
+	}
+	return true, 0
+}
+
+// prepareCreate readies the directory n of an overlay volume for a new
+// entry at name: the directory is copied up and a whiteout there is
+// removed. It reports whether the name hid something in a lower layer.
+func (n *volNode) prepareCreate(name string) (bool, syscall.Errno) {
+	if errno := n.copyUp(); errno != 0 {
+		return false, errno
+	}
+	hidden, errno := n.clearWhiteout(name)
+	if errno != 0 {
+		return false, errno
+	}
+	return hidden || n.inLowers(name), 0
+}
+
+// removeEntry deletes name from the directory n of an overlay volume:
+// from the upper layer if it is there, and with a whiteout if a lower
+// layer shows it too. rmdir refuses a directory whose merged view is not
+// empty.
+func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
+	rel := filepath.Join(n.rel(), name)
+	layers, st, errno := n.ovl.visible(rel, n.nodeLayers())
+	if errno != 0 {
+		return errno
+	}
+	if dir != isDir(&st) {
+		if dir {
+			return syscall.ENOTDIR
+		}
+		return syscall.EISDIR
+	}
+	if dir {
+		entries, errno := n.ovl.list(rel, layers)
+		if errno != 0 {
+			return errno
+		}
+		if len(entries) > 0 {
+			return syscall.ENOTEMPTY
+		}
+	}
+	if errno := n.copyUp(); errno != 0 {
+		return errno
+	}
+	lower := n.inLowers(name)
+	if layers[0] == 0 {
+		upper := filepath.Join(n.ovl.roots[0], rel)
+		var err error
+		if dir {
+			// Only whiteouts can be left in a merged-empty directory.
+			if err = clearDir(upper); err == nil {
+				err = syscall.Rmdir(upper)
+			}
+		} else {
+			err = syscall.Unlink(upper)
+		}
+		if err != nil {
+			return gofs.ToErrno(err)
+		}
+	}
+	if lower {
+		return n.whiteout(name)
+	}
+	return 0
+}
+
+// clearDir removes the whiteouts left in an upper directory.
+func clearDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ovlRename renames within an overlay volume: the source is copied up
+// (a directory with everything its lowers show, and made opaque), the
+// target directory is copied up, the rename happens in the upper layer,
+// and the old name is whited out if a lower layer still shows it.
+func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+	child := n.GetChild(name)
+	if child == nil {
+		var out fuse.EntryOut
+		var errno syscall.Errno
+		if child, errno = n.ovlLookup(ctx, name, &out); errno != 0 {
+			return errno
+		}
+	}
+	src, ok := child.Operations().(*volNode)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if flags&renameNoReplace != 0 {
+		if _, _, errno := dst.ovl.visible(filepath.Join(dst.rel(), newName), dst.nodeLayers()); errno == 0 {
+			return syscall.EEXIST
+		}
+	}
+	if errno := src.copyUpTree(); errno != 0 {
+		return errno
+	}
+	if flags&renameExchange != 0 {
+		other := dst.GetChild(newName)
+		if other == nil {
+			var out fuse.EntryOut
+			var errno syscall.Errno
+			if other, errno = dst.ovlLookup(ctx, newName, &out); errno != 0 {
+				return errno
+			}
+		}
+		if o, ok := other.Operations().(*volNode); ok {
+			if errno := o.copyUpTree(); errno != 0 {
+				return errno
+			}
+		}
+		return n.LoopbackNode.Rename(ctx, name, dst, newName, flags)
+	}
+	if errno := dst.copyUp(); errno != 0 {
+		return errno
+	}
+	// A target that a lower layer shows: a directory must be empty in
+	// the merged view, and whatever is replaced is hidden by the renamed
+	// entry (a directory is opaque after copyUpTree).
+	if layers, st, errno := dst.ovl.visible(filepath.Join(dst.rel(), newName), dst.nodeLayers()); errno == 0 && isDir(&st) {
+		entries, errno := dst.ovl.list(filepath.Join(dst.rel(), newName), layers)
+		if errno != 0 {
+			return errno
+		}
+		if len(entries) > 0 {
+			return syscall.ENOTEMPTY
+		}
+		if layers[0] == 0 {
+			if err := clearDir(filepath.Join(dst.ovl.roots[0], dst.rel(), newName)); err != nil {
+				return gofs.ToErrno(err)
+			}
+		}
+	}
+	if _, errno := dst.clearWhiteout(newName); errno != 0 {
+		return errno
+	}
+	oldLower := n.inLowers(name)
+	if errno := n.LoopbackNode.Rename(ctx, name, dst, newName, flags); errno != 0 {
+		return errno
+	}
+	if oldLower {
+		return n.whiteout(name)
+	}
+	return 0
+}
