@@ -24,8 +24,24 @@ lint: tools
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 
+# bench compares the mount with its native backing filesystem
+# (fs/bench_test.go, docs/benchmarks.md): BENCH_ROUNDS rounds of every
+# workload, one whole workload per op, alternating which side of each pair
+# runs first, then the mount/native ratios (scripts/benchratio.sh). Needs
+# root and /dev/fuse; cold runs drop the page cache.
+BENCH        ?= .
+BENCH_ROUNDS ?= 3
+BENCH_OUT    ?= bin/bench.txt
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=3 $(PKGS)
+	@mkdir -p $(dir $(BENCH_OUT)) && rm -f $(BENCH_OUT)
+	$(GO) test -c -o bin/fs.test ./fs
+	for i in $$(seq $(BENCH_ROUNDS)); do \
+		order=native-first; if [ $$((i % 2)) -eq 0 ]; then order=mount-first; fi; \
+		echo "== round $$i of $(BENCH_ROUNDS) ($$order)" | tee -a $(BENCH_OUT); \
+		{ ALLOCFS_BENCH_ORDER=$$order ./bin/fs.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchtime 1x -test.count 1 -test.timeout 30m 2>&1 || echo "FAIL: round $$i"; } | tee -a $(BENCH_OUT); \
+	done
+	@if grep -q '^FAIL' $(BENCH_OUT); then echo "a benchmark round failed: see $(BENCH_OUT)"; exit 1; fi
+	@sh scripts/benchratio.sh $(BENCH_OUT)
 
 tools:
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
