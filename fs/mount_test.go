@@ -285,3 +285,46 @@ func TestMountSetgidDirectory(t *testing.T) {
 		t.Errorf("new subdirectory of a setgid dir: got mode %v (%v), want setgid", fi.Mode(), err)
 	}
 }
+
+// TestMountCachedListingsStayCurrent checks that the listings the kernel
+// caches for volume directories follow every change made through the
+// mount: create, rename, unlink, mkdir and rmdir.
+func TestMountCachedListingsStayCurrent(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tm.dir, "a1/web/local")
+	list := func() string {
+		t.Helper()
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, ",")
+	}
+	steps := []struct {
+		do   func() error
+		want string
+	}{
+		{func() error { return nil }, ""},
+		{func() error { return os.WriteFile(filepath.Join(dir, "a"), nil, 0o644) }, "a"},
+		{func() error { return os.Rename(filepath.Join(dir, "a"), filepath.Join(dir, "b")) }, "b"},
+		{func() error { return os.Mkdir(filepath.Join(dir, "c"), 0o755) }, "b,c"},
+		{func() error { return os.Remove(filepath.Join(dir, "b")) }, "c"},
+		{func() error { return os.Remove(filepath.Join(dir, "c")) }, ""},
+	}
+	for i, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		list() // a second listing would come from the cache
+		if got := list(); got != s.want {
+			t.Errorf("step %d: listing got %q, want %q", i, got, s.want)
+		}
+	}
+}

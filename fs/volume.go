@@ -455,7 +455,10 @@ func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 	}
 	n.openDirs[d] = struct{}{}
 	n.mu.Unlock()
-	return d, 0, 0
+	// The kernel may keep the listing: every change to a volume's
+	// directories passes through it (which drops the cached listing),
+	// and allocfs's own changes replace whole volumes.
+	return d, fuse.FOPEN_CACHE_DIR, 0
 }
 
 var _ = (gofs.FileReleasedirer)((*volDir)(nil))
