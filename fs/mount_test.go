@@ -3,6 +3,8 @@ package fs
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/fs/fstest"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 )
 
 // testMount is a store in a temp dir mounted at a temp mount point; it is
@@ -327,4 +330,106 @@ func TestMountCachedListingsStayCurrent(t *testing.T) {
 			t.Errorf("step %d: listing got %q, want %q", i, got, s.want)
 		}
 	}
+}
+
+// TestMountFileKinds checks what the POSIX table does not: mmap writes
+// reach the file, unix sockets can be bound and connected in a volume,
+// renameat2's NOREPLACE and EXCHANGE work inside a volume, and a rename
+// between two volumes is EXDEV (mv then copies).
+func TestMountFileKinds(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(tm.dir, "a1/alloc/data")
+
+	t.Run("mmap", func(t *testing.T) {
+		p := filepath.Join(data, "mapped")
+		if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		mem, err := syscall.Mmap(int(f.Fd()), 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		if err != nil {
+			t.Fatalf("mmap: %v", err)
+		}
+		copy(mem, "through a mapping")
+		if err := unix.Msync(mem, unix.MS_SYNC); err != nil {
+			t.Fatalf("msync: %v", err)
+		}
+		syscall.Munmap(mem)
+		got, err := os.ReadFile(filepath.Join(tm.store.LayerPath(mustState(t, tm.store, "a1").Volumes["alloc/data"].Upper), "mapped"))
+		if err != nil || !strings.HasPrefix(string(got), "through a mapping") {
+			t.Errorf("backing file after msync: got %.20q, %v", got, err)
+		}
+	})
+
+	t.Run("unix socket", func(t *testing.T) {
+		p := filepath.Join(tm.dir, "a1/alloc/tmp/api.sock")
+		ln, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatalf("listen on a socket in the mount: %v", err)
+		}
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				c.Write([]byte("hello"))
+				c.Close()
+			}
+		}()
+		c, err := net.Dial("unix", p)
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		defer c.Close()
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hello" {
+			t.Errorf("read from the socket: got %q, %v", buf, err)
+		}
+		if fi, err := os.Lstat(p); err != nil || fi.Mode()&os.ModeSocket == 0 {
+			t.Errorf("lstat of the socket: got %v, %v", fi, err)
+		}
+	})
+
+	t.Run("renameat2", func(t *testing.T) {
+		a, b := filepath.Join(data, "ra"), filepath.Join(data, "rb")
+		os.WriteFile(a, []byte("a"), 0o644)
+		os.WriteFile(b, []byte("b"), 0o644)
+		if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_NOREPLACE); !errors.Is(err, unix.EEXIST) {
+			t.Errorf("RENAME_NOREPLACE onto an existing name: got %v, want EEXIST", err)
+		}
+		if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+			t.Fatalf("RENAME_EXCHANGE: %v", err)
+		}
+		ga, _ := os.ReadFile(a)
+		gb, _ := os.ReadFile(b)
+		if string(ga) != "b" || string(gb) != "a" {
+			t.Errorf("after RENAME_EXCHANGE: ra=%q rb=%q, want b and a", ga, gb)
+		}
+	})
+
+	t.Run("EXDEV between volumes", func(t *testing.T) {
+		src := filepath.Join(data, "moving")
+		os.WriteFile(src, []byte("x"), 0o644)
+		err := os.Rename(src, filepath.Join(tm.dir, "a1/web/local/moving"))
+		if !errors.Is(err, unix.EXDEV) {
+			t.Errorf("rename from alloc/data to web/local: got %v, want EXDEV", err)
+		}
+		if _, err := os.Stat(src); err != nil {
+			t.Errorf("the source after a refused rename: %v", err)
+		}
+	})
+}
+
+func mustState(t *testing.T, s *Store, id string) *State {
+	t.Helper()
+	st, err := s.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
