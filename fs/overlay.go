@@ -181,7 +181,7 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	out.Attr.FromStat(&st)
 	ino := st.Ino ^ n.view<<viewShift
 	out.Attr.Ino = ino
-	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, view: n.view, ovl: n.ovl, layers: layers}
+	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, view: n.view, ro: n.ro, ovl: n.ovl, layers: layers}
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino}), 0
 }
 

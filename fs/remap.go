@@ -4,13 +4,20 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 )
 
+// MigratedToName is the file a previous allocation shows, read-only, in
+// each volume whose data was adopted by its replacement.
+const MigratedToName = "MIGRATED-TO"
+
 // Remap is the adopt migration: for every volume key (alloc/data,
-// <task>/local) that prevID has, newID takes over prevID's layers and
-// prevID gets a fresh empty layer in their place. No file is copied or
+// <task>/local) that prevID has, newID takes over prevID's layers, and
+// prevID gets in their place a fresh read-only layer holding only a
+// MIGRATED-TO file that says where the data went. No file is copied or
 // moved; only the two records change. It returns how many volumes moved.
 //
 // Crash safety: the new allocation's record is written first, so after a
@@ -19,16 +26,9 @@ import (
 // references). newID's own empty placeholders are removed last, and only
 // if still empty.
 func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
-	if prevID == newID {
-		return 0, fmt.Errorf("failed to remap %s onto itself: %w", prevID, allocdir.ErrInvalidName)
-	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	prev, err := s.Get(prevID)
-	if err != nil {
-		return 0, err
-	}
-	next, err := s.Get(newID)
+	prev, next, err := s.migrationPair(prevID, newID)
 	if err != nil {
 		return 0, err
 	}
@@ -39,43 +39,169 @@ func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
 		if !ok {
 			continue
 		}
-		if old, ok := next.Volumes[key]; ok {
-			placeholders = append(placeholders, old.Upper)
-			placeholders = append(placeholders, old.Lowers...)
-		}
-		next.Volumes[key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
 		spec, ok := volumeSpecOf(key)
 		if !ok {
 			return 0, fmt.Errorf("failed to remap %s into %s: %q is not a volume: %w", prevID, newID, key, allocdir.ErrInvalidName)
 		}
+		if nv := next.Volumes[key]; nv != nil {
+			placeholders = append(placeholders, nv.layers()...)
+		}
+		next.Volumes[key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
 		specs = append(specs, spec)
 	}
 	if len(specs) == 0 {
 		return 0, nil
 	}
+	next.Previous = prevID
 	if err := next.validate(); err != nil {
 		return 0, fmt.Errorf("failed to remap %s into %s: %w", prevID, newID, err)
 	}
 	if err := s.commit(next); err != nil {
 		return 0, fmt.Errorf("failed to remap %s into %s: %w", prevID, newID, err)
 	}
-	if err := s.commitWithLayers(prev, specs); err != nil {
-		// Both records name the layers now; the previous allocation keeps
-		// showing them until this is retried or it is collected.
-		return len(specs), fmt.Errorf("remapped into %s, but failed to give %s fresh layers: %w", newID, prevID, err)
+	created, err := s.markerLayers(specs, newID)
+	if err == nil {
+		for i, spec := range specs {
+			prev.Volumes[spec.key] = &Volume{Upper: created[i], ReadOnly: true}
+		}
+		prev.MigratedTo = newID
+		err = s.commit(prev)
 	}
-	for _, l := range placeholders {
+	if err != nil {
+		// Both records name the layers now; the previous allocation keeps
+		// showing them until it is collected.
+		return len(specs), fmt.Errorf("remapped into %s, but failed to give %s its placeholders: %w", newID, prevID, errors.Join(err, s.removeFresh(created)))
+	}
+	s.removeIfEmpty(newID, placeholders)
+	return len(specs), nil
+}
+
+// Seal is the snapshot migration: for every volume key that prevID has,
+// newID gets a fresh writable layer over prevID's layers, and prevID's
+// volume is frozen read-only, so the previous allocation keeps a
+// read-only view of its data and the new one copies a file up on its
+// first write. Nothing is copied now. It returns how many volumes were
+// sealed.
+//
+// Crash safety: the previous allocation is frozen first; a crash before
+// the new record is written leaves the data where it was, read-only.
+func (s *Store) Seal(prevID, newID string, keys []string) (int, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	prev, next, err := s.migrationPair(prevID, newID)
+	if err != nil {
+		return 0, err
+	}
+	var specs []volumeSpec
+	for _, key := range keys {
+		if _, ok := prev.Volumes[key]; !ok {
+			continue
+		}
+		spec, ok := volumeSpecOf(key)
+		if !ok {
+			return 0, fmt.Errorf("failed to seal %s under %s: %q is not a volume: %w", prevID, newID, key, allocdir.ErrInvalidName)
+		}
+		specs = append(specs, spec)
+	}
+	if len(specs) == 0 {
+		return 0, nil
+	}
+	var placeholders []string
+	for _, spec := range specs {
+		prev.Volumes[spec.key].ReadOnly = true
+	}
+	prev.MigratedTo = newID
+	if err := s.commit(prev); err != nil {
+		return 0, fmt.Errorf("failed to freeze %s: %w", prevID, err)
+	}
+	created := make([]string, 0, len(specs))
+	for _, spec := range specs {
+		l, err := s.newLayer(spec.mode)
+		if err != nil {
+			return 0, fmt.Errorf("failed to seal %s under %s: %w", prevID, newID, errors.Join(err, s.removeFresh(created)))
+		}
+		created = append(created, l)
+		pv := prev.Volumes[spec.key]
+		if nv := next.Volumes[spec.key]; nv != nil {
+			placeholders = append(placeholders, nv.layers()...)
+		}
+		next.Volumes[spec.key] = &Volume{Upper: l, Lowers: pv.layers()}
+	}
+	next.Previous = prevID
+	if err := syncDir(filepath.Join(s.dataDir, layersDirName)); err != nil {
+		return 0, fmt.Errorf("failed to sync layers: %w", errors.Join(err, s.removeFresh(created)))
+	}
+	if err := s.commit(next); err != nil {
+		return 0, fmt.Errorf("failed to seal %s under %s: %w", prevID, newID, errors.Join(err, s.removeFresh(created)))
+	}
+	s.removeIfEmpty(newID, placeholders)
+	return len(specs), nil
+}
+
+// migrationPair returns copies of the two records of a migration. Whether
+// the previous allocation must be terminal is the caller's policy: the
+// allocdir contract's Move does not ask.
+func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err error) {
+	if prevID == newID {
+		return nil, nil, fmt.Errorf("failed to migrate %s onto itself: %w", prevID, allocdir.ErrInvalidName)
+	}
+	if prev, err = s.Get(prevID); err != nil {
+		return nil, nil, err
+	}
+	if next, err = s.Get(newID); err != nil {
+		return nil, nil, err
+	}
+	return prev, next, nil
+}
+
+// markerLayers creates one read-only placeholder layer per spec, holding
+// a MIGRATED-TO file that names the allocation the data went to.
+func (s *Store) markerLayers(specs []volumeSpec, newID string) ([]string, error) {
+	var created []string
+	note := fmt.Sprintf("this directory's data was adopted by allocation %s at %s\n", newID, time.Now().UTC().Format(time.RFC3339))
+	for _, spec := range specs {
+		l, err := s.newLayer(spec.mode)
+		if err != nil {
+			return created, err
+		}
+		created = append(created, l)
+		if err := os.WriteFile(filepath.Join(s.LayerPath(l), MigratedToName), []byte(note), 0o444); err != nil {
+			return created, err
+		}
+	}
+	return created, syncDir(filepath.Join(s.dataDir, layersDirName))
+}
+
+// removeIfEmpty removes placeholder layers that nothing references and
+// nobody wrote into; one with content is kept for GC rather than deleted.
+func (s *Store) removeIfEmpty(owner string, layers []string) {
+	for _, l := range layers {
 		s.mu.RLock()
 		used := s.referencedLocked(l)
 		s.mu.RUnlock()
 		if used {
 			continue
 		}
-		// Remove succeeds only on an empty directory: a placeholder that
-		// somebody wrote into is kept for GC rather than deleted.
-		if err := os.Remove(s.LayerPath(l)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.logger.Warn("previous placeholder layer kept", "layer", l, "alloc_id", newID, "error", err)
+		if err := os.Remove(s.LayerPath(l)); err != nil && !os.IsNotExist(err) {
+			s.logger.Warn("placeholder layer kept", "layer", l, "alloc_id", owner, "error", err)
 		}
 	}
-	return len(specs), nil
+}
+
+// Stop makes an allocation terminal: kept, browsable, its logs readable,
+// and eligible for garbage collection. Stopping a stopped allocation
+// changes nothing.
+func (s *Store) Stop(id string) (*State, error) {
+	st, err := s.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if st.Status == StatusTerminal {
+		return st, nil
+	}
+	return s.Update(id, func(st *State) error {
+		st.Status = StatusTerminal
+		st.Stopped = time.Now().UTC()
+		return nil
+	})
 }

@@ -20,6 +20,9 @@ import (
 type Volume struct {
 	Upper  string   `json:"upper"`            // writable top layer ID
 	Lowers []string `json:"lowers,omitempty"` // read-only layers, top first
+	// ReadOnly freezes the whole volume (EROFS): a previous allocation's
+	// view after its data migrated away.
+	ReadOnly bool `json:"readonly,omitempty"`
 }
 
 // layers returns every layer ID of the volume, top first.
@@ -53,6 +56,13 @@ type State struct {
 	// "alloc/logs", "alloc/tmp", "<task>/local", "<task>/tmp") to its
 	// layers.
 	Volumes map[string]*Volume `json:"volumes"`
+	// Stopped is when the allocation became terminal; GC collects the
+	// oldest first.
+	Stopped time.Time `json:"stopped,omitempty"`
+	// Previous is the allocation this one took its data from, and
+	// MigratedTo the one that took this one's.
+	Previous   string `json:"previous,omitempty"`
+	MigratedTo string `json:"migrated_to,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
@@ -72,7 +82,7 @@ func (s *State) Clone() *State {
 				c.Volumes[k] = nil
 				continue
 			}
-			nv := &Volume{Upper: v.Upper}
+			nv := &Volume{Upper: v.Upper, ReadOnly: v.ReadOnly}
 			if v.Lowers != nil {
 				nv.Lowers = append([]string(nil), v.Lowers...)
 			}

@@ -27,6 +27,10 @@ var (
 	// ErrNoTasks: an allocation without tasks has nothing to lay out, and
 	// would leave the store unable to tell a typo from an intent.
 	ErrNoTasks = errors.New("an allocation needs at least one task")
+	// ErrNotTerminal: a migration from an allocation that is still
+	// running; it must be stopped first, or its tasks would keep writing
+	// into data that has moved.
+	ErrNotTerminal = errors.New("allocation is not terminal: stop it first")
 )
 
 // Names of the directories the store owns inside the data dir. The store

@@ -21,6 +21,8 @@ type volNode struct {
 	m *Mount
 	// view is mixed into inode numbers (see viewShift).
 	view uint64
+	// ro freezes the volume: every change fails with EROFS.
+	ro bool
 	// ovl is set for a volume with lower layers; layers then says where
 	// the node is visible, the layer it is shown from first (0 is the
 	// upper layer). Guarded by mu.
@@ -45,7 +47,7 @@ var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
 func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
 	if lb, ok := ops.(*gofs.LoopbackNode); ok {
 		// Whatever the loopback creates is new, so in the upper layer.
-		return &volNode{LoopbackNode: lb, m: n.m, view: n.view, ovl: n.ovl, layers: []int{0}}
+		return &volNode{LoopbackNode: lb, m: n.m, view: n.view, ro: n.ro, ovl: n.ovl, layers: []int{0}}
 	}
 	// A task directory's layout children (volumes, memory trees, the
 	// alloc/ view) are nodes of their own.
@@ -72,7 +74,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 		// choosing it this way yields backing inode ^ view<<viewShift.
 		Dev: rst.Dev ^ view<<(viewShift-32),
 	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, view: view, task: task, layers: []int{0}}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, view: view, ro: v.ReadOnly, task: task, layers: []int{0}}
 	if len(v.Lowers) > 0 {
 		o := &overlay{roots: []string{dir}}
 		for _, l := range v.Lowers {
@@ -197,6 +199,9 @@ func (l *listDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 var _ = (gofs.NodeUnlinker)((*volNode)(nil))
 
 func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
@@ -209,6 +214,9 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRmdirer)((*volNode)(nil))
 
 func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
@@ -221,6 +229,9 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeCreater)((*volNode)(nil))
 
 func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ro {
+		return nil, nil, 0, syscall.EROFS
+	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -239,6 +250,9 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 var _ = (gofs.NodeOpener)((*volNode)(nil))
 
 func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ro && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		return nil, 0, syscall.EROFS
+	}
 	if n.lowerOnly() {
 		if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) == 0 {
 			// Reading a lower file needs no copy: open it where it is.
@@ -291,6 +305,9 @@ func (f *volFile) Write(ctx context.Context, data []byte, off int64) (uint32, sy
 var _ = (gofs.NodeMkdirer)((*volNode)(nil))
 
 func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.ro {
+		return nil, syscall.EROFS
+	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
@@ -319,6 +336,9 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 var _ = (gofs.NodeMknoder)((*volNode)(nil))
 
 func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.ro {
+		return nil, syscall.EROFS
+	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
@@ -337,6 +357,9 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 var _ = (gofs.NodeSymlinker)((*volNode)(nil))
 
 func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.ro {
+		return nil, syscall.EROFS
+	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
@@ -355,6 +378,9 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 var _ = (gofs.NodeLinker)((*volNode)(nil))
 
 func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.ro {
+		return nil, syscall.EROFS
+	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
@@ -374,6 +400,9 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 var _ = (gofs.NodeRenamer)((*volNode)(nil))
 
 func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
@@ -508,6 +537,9 @@ var _ = (gofs.NodeSetattrer)((*volNode)(nil))
 
 // Setattr copies a lower entry up first: metadata changes are writes.
 func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
@@ -545,6 +577,9 @@ func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
 
 func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if n.ovl != nil && attr == opaqueXattr {
 		return syscall.EPERM
 	}
@@ -557,6 +592,9 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
 
 func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if n.ro {
+		return syscall.EROFS
+	}
 	if n.ovl != nil && attr == opaqueXattr {
 		return syscall.EPERM
 	}
@@ -594,6 +632,9 @@ var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
 
 // Tmpfile needs the directory in the upper layer, like any creation.
 func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ro {
+		return nil, nil, 0, syscall.EROFS
+	}
 	if errno := n.copyUp(); errno != 0 {
 		return nil, nil, 0, errno
 	}

@@ -1,0 +1,147 @@
+package fs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// migrationFixture creates a stopped allocation "prev" with data, local
+// content and a log, and a new allocation "next", both with task web.
+func migrationFixture(t *testing.T, tm *testMount) (prev, next string) {
+	t.Helper()
+	for _, id := range []string{"prev", "next"} {
+		if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for rel, content := range map[string]string{
+		"prev/alloc/data/test.txt":       "line 1\n",
+		"prev/web/local/conf":            "conf\n",
+		"prev/alloc/logs/web.stderr.0":   "prev log\n",
+		"next/alloc/logs/web.stdout.0":   "next log\n",
+		"prev/alloc/data/sub/nested.txt": "nested\n",
+	} {
+		p := filepath.Join(tm.dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tm.store.Stop("prev"); err != nil {
+		t.Fatal(err)
+	}
+	return "prev", "next"
+}
+
+func readMount(t *testing.T, tm *testMount, rel string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(tm.dir, rel))
+	if err != nil {
+		t.Fatalf("read %s: %v", rel, err)
+	}
+	return string(b)
+}
+
+var migratedKeys = []string{"alloc/data", "web/local"}
+
+// TestMountAdopt checks the adopt migration through the mount: the new
+// allocation sees and writes the data, the previous one keeps its logs
+// and shows a read-only directory saying where its data went.
+func TestMountAdopt(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := migrationFixture(t, tm)
+	n, err := tm.store.Remap(prev, next, migratedKeys)
+	if err != nil || n != 2 {
+		t.Fatalf("Remap: %d volumes, %v; want 2", n, err)
+	}
+	if got := readMount(t, tm, "next/alloc/data/test.txt"); got != "line 1\n" {
+		t.Errorf("next's data: got %q", got)
+	}
+	if got := readMount(t, tm, "next/web/local/conf"); got != "conf\n" {
+		t.Errorf("next's local: got %q", got)
+	}
+	f, err := os.OpenFile(filepath.Join(tm.dir, "next/alloc/data/test.txt"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("line 2\n")
+	f.Close()
+	if got := readMount(t, tm, "prev/alloc/logs/web.stderr.0"); got != "prev log\n" {
+		t.Errorf("prev's log after the migration: got %q (nomad#18034)", got)
+	}
+	entries, err := os.ReadDir(filepath.Join(tm.dir, "prev/alloc/data"))
+	if err != nil || len(entries) != 1 || entries[0].Name() != MigratedToName {
+		t.Errorf("prev's alloc/data: got %v, %v; want only %s", entries, err, MigratedToName)
+	}
+	if got := readMount(t, tm, "prev/alloc/data/"+MigratedToName); !strings.Contains(got, "next") {
+		t.Errorf("%s: got %q, want it to name next", MigratedToName, got)
+	}
+	err = os.WriteFile(filepath.Join(tm.dir, "prev/alloc/data/new"), nil, 0o644)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Errorf("write into prev's migrated data: got %v, want EROFS", err)
+	}
+	st := mustState(t, tm.store, next)
+	if st.Previous != prev {
+		t.Errorf("next's previous: got %q, want %q", st.Previous, prev)
+	}
+}
+
+// TestMountSeal checks the snapshot migration: the new allocation sees
+// the previous data and copies a file up on its first write; the previous
+// allocation keeps a frozen view in which writes fail with EROFS.
+func TestMountSeal(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := migrationFixture(t, tm)
+	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
+		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
+	}
+	f, err := os.OpenFile(filepath.Join(tm.dir, "next/alloc/data/test.txt"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("line 2\n")
+	f.Close()
+	if got := readMount(t, tm, "next/alloc/data/test.txt"); got != "line 1\nline 2\n" {
+		t.Errorf("next's data after an append: got %q", got)
+	}
+	if got := readMount(t, tm, "prev/alloc/data/test.txt"); got != "line 1\n" {
+		t.Errorf("prev's frozen view: got %q, want the data as it was", got)
+	}
+	if got := readMount(t, tm, "next/alloc/data/sub/nested.txt"); got != "nested\n" {
+		t.Errorf("next's nested data: got %q", got)
+	}
+	if err := os.Remove(filepath.Join(tm.dir, "next/alloc/data/sub/nested.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readMount(t, tm, "prev/alloc/data/sub/nested.txt"); got != "nested\n" {
+		t.Errorf("prev's view after next removed the file: got %q", got)
+	}
+	for _, write := range []func() error{
+		func() error {
+			return os.WriteFile(filepath.Join(tm.dir, "prev/alloc/data/test.txt"), []byte("x"), 0o644)
+		},
+		func() error { return os.Remove(filepath.Join(tm.dir, "prev/web/local/conf")) },
+		func() error { return os.Mkdir(filepath.Join(tm.dir, "prev/alloc/data/d"), 0o755) },
+		func() error { return os.Chmod(filepath.Join(tm.dir, "prev/alloc/data/test.txt"), 0o600) },
+	} {
+		if err := write(); !errors.Is(err, syscall.EROFS) {
+			t.Errorf("a change in prev's frozen view: got %v, want EROFS", err)
+		}
+	}
+	// Destroying the previous allocation keeps the layers the new one
+	// stacks on.
+	if err := tm.store.Destroy(prev); err != nil {
+		t.Fatal(err)
+	}
+	if got := readMount(t, tm, "next/web/local/conf"); got != "conf\n" {
+		t.Errorf("next's local after prev was destroyed: got %q", got)
+	}
+}
