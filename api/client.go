@@ -111,11 +111,40 @@ func (e *Error) Is(target error) bool {
 
 // CreateAlloc creates an allocation with tasks and returns its record.
 func (c *Client) CreateAlloc(ctx context.Context, id string, tasks []allocdir.Task) (*fs.State, error) {
+	return c.Create(ctx, CreateAllocRequest{ID: id, Tasks: tasks})
+}
+
+// Create creates the allocation req describes, taking over a previous
+// allocation's data when it names one.
+func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
 	var st fs.State
-	if err := c.call(ctx, http.MethodPost, AllocsPath, CreateAllocRequest{ID: id, Tasks: tasks}, http.StatusCreated, &st); err != nil {
+	if err := c.call(ctx, http.MethodPost, AllocsPath, req, http.StatusCreated, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
+}
+
+// StopAlloc makes allocation id terminal: kept and browsable until GC.
+func (c *Client) StopAlloc(ctx context.Context, id string) (*fs.State, error) {
+	var st fs.State
+	if err := c.call(ctx, http.MethodPost, allocPath(id)+"/stop", nil, http.StatusOK, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// GC collects allocation id, which must be terminal, or every terminal
+// allocation when id is empty, and returns what it collected.
+func (c *Client) GC(ctx context.Context, id string) ([]string, error) {
+	path := GCPath
+	if id != "" {
+		path = allocPath(id) + "/gc"
+	}
+	var out GCResponse
+	if err := c.call(ctx, http.MethodPost, path, nil, http.StatusOK, &out); err != nil {
+		return nil, err
+	}
+	return out.Collected, nil
 }
 
 // ListAllocs returns every allocation, sorted by ID.

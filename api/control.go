@@ -8,11 +8,15 @@
 // {"error": "..."} and a status code chosen from the error's sentinel in one
 // place (statusCode):
 //
-//	POST   /v1/allocs        create an allocation     201, 400, 409
-//	GET    /v1/allocs        list allocations         200
-//	GET    /v1/allocs/{id}   status of one            200, 400, 404, 410
-//	DELETE /v1/allocs/{id}   destroy one              204, 400, 404, 410
-//	GET    /v1/status        the node                 200
+//	POST   /v1/allocs            create an allocation, migrating
+//	                             a previous one's data   201, 400, 404, 409
+//	GET    /v1/allocs            list allocations        200
+//	GET    /v1/allocs/{id}       status of one           200, 400, 404, 410
+//	POST   /v1/allocs/{id}/stop  make it terminal        200, 404, 410
+//	POST   /v1/allocs/{id}/gc    collect a terminal one  200, 404, 409, 410
+//	DELETE /v1/allocs/{id}       destroy one             204, 400, 404, 410
+//	POST   /v1/gc                collect every terminal  200
+//	GET    /v1/status            the node                200
 //
 // 404 means the daemon never knew the allocation; 410 means it was
 // destroyed since the daemon started.
@@ -32,6 +36,7 @@ import (
 	iofs "io/fs"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -56,7 +61,13 @@ type Server struct {
 	mountDir    string
 	passthrough func() bool
 	mux         *http.ServeMux
+	// background is work a request started and did not wait for (the
+	// migration log line); Wait waits for it.
+	background sync.WaitGroup
 }
+
+// Wait waits for work that requests left running in the background.
+func (s *Server) Wait() { s.background.Wait() }
 
 // NewServer returns the control API of store, whose mount is at mountDir.
 // passthrough reports whether the mount serves file data by passthrough
@@ -76,6 +87,9 @@ func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthroug
 	s.mux.HandleFunc("GET "+AllocsPath, s.listAllocs)
 	s.mux.HandleFunc("GET "+AllocsPath+"/{id}", s.allocStatus)
 	s.mux.HandleFunc("DELETE "+AllocsPath+"/{id}", s.destroyAlloc)
+	s.mux.HandleFunc("POST "+AllocsPath+"/{id}/stop", s.stopAlloc)
+	s.mux.HandleFunc("POST "+AllocsPath+"/{id}/gc", s.gcAlloc)
+	s.mux.HandleFunc("POST "+GCPath, s.gcAll)
 	s.mux.HandleFunc("GET "+StatusPath, s.nodeStatus)
 	return s
 }
@@ -105,7 +119,7 @@ func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := s.store.Create(req.ID, req.Tasks)
+	st, err := s.create(req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -200,7 +214,7 @@ func statusCode(err error) int {
 		return http.StatusGone
 	case errors.Is(err, allocdir.ErrUnknownAlloc):
 		return http.StatusNotFound
-	case errors.Is(err, fs.ErrExists):
+	case errors.Is(err, fs.ErrExists), errors.Is(err, fs.ErrNotTerminal):
 		return http.StatusConflict
 	case errors.Is(err, allocdir.ErrInvalidName), errors.Is(err, fs.ErrNoTasks), errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest

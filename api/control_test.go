@@ -34,7 +34,9 @@ func newTestServer(t *testing.T) (*fs.Store, *Server) {
 	if err != nil {
 		t.Fatalf("OpenStore: %v", err)
 	}
-	return store, NewServer(logger, store, testMount, func() bool { return false })
+	s := NewServer(logger, store, testMount, func() bool { return false })
+	t.Cleanup(s.Wait)
+	return store, s
 }
 
 // request sends one request to h and returns the recorded answer.

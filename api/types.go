@@ -12,6 +12,7 @@ import (
 const (
 	AllocsPath = "/v1/allocs"
 	StatusPath = "/v1/status"
+	GCPath     = "/v1/gc"
 )
 
 // allocPath is the path of one allocation: its ID as one escaped segment.
@@ -21,6 +22,18 @@ func allocPath(id string) string { return AllocsPath + "/" + url.PathEscape(id) 
 type CreateAllocRequest struct {
 	ID    string          `json:"id"`
 	Tasks []allocdir.Task `json:"tasks"`
+	// Previous is the allocation this one replaces; Migrate says what
+	// happens to its data ("none", "sticky" or "migrate"; migrate implies
+	// sticky) and Mode how a local handover is done ("adopt" or
+	// "snapshot").
+	Previous string `json:"previous,omitempty"`
+	Migrate  string `json:"migrate,omitempty"`
+	Mode     string `json:"mode,omitempty"`
+}
+
+// GCResponse is the answer of the GC endpoints: the allocations collected.
+type GCResponse struct {
+	Collected []string `json:"collected"`
 }
 
 // AllocStatus is the answer of GET /v1/allocs/{id}: the allocation's

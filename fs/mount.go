@@ -18,6 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// detachWait bounds how long Unmount waits for a lazily detached mount's
+// last open files to be closed.
+const detachWait = 5 * time.Second
+
 // capHandleKillprivV2 is FUSE_HANDLE_KILLPRIV_V2 (bit 28 on Linux), which
 // go-fuse does not name. With it the kernel stops asking the daemon for
 // security.capability before every write(2).
@@ -240,6 +244,19 @@ func (m *Mount) Unmount() error {
 				m.unmountErr = errors.Join(fmt.Errorf("failed to unmount %q: %w", m.dir, err), fmt.Errorf("lazy unmount: %w", lerr))
 				return
 			}
+			// A detached mount lives on while processes hold files in
+			// it, and the server with it: do not wait for them forever.
+			done := make(chan struct{})
+			go func() {
+				m.server.Wait()
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(detachWait):
+				m.logger.Warn("detached mount still has open files; leaving its server to them", "waited", detachWait)
+			}
+			return
 		}
 		m.server.Wait()
 	})

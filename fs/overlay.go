@@ -157,6 +157,34 @@ func (n *volNode) shownPath() string {
 	return filepath.Join(n.ovl.roots[n.nodeLayers()[0]], n.rel())
 }
 
+// openShown opens the node's entry in the layer it is shown from, never
+// following a symbolic link on the way: a task that swaps a directory for
+// a link to /etc between lookup and open gets an error, not /etc.
+func (n *volNode) openShown(flags int) (int, error) {
+	return openInLayer(n.ovl.roots[n.nodeLayers()[0]], n.rel(), flags)
+}
+
+// openInLayer opens rel beneath the layer root with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS.
+func openInLayer(root, rel string, flags int) (int, error) {
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	if rel == "" {
+		rel = "."
+	}
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+	for {
+		fd, err := unix.Openat2(dir, rel, &how)
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		return fd, err
+	}
+}
+
 // ovlLookup finds name in a directory of an overlay volume.
 func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	layers, st, errno := n.ovl.visible(filepath.Join(n.rel(), name), n.nodeLayers())
@@ -219,7 +247,7 @@ func (n *volNode) copyUp() syscall.Errno {
 	rel := n.rel()
 	src := filepath.Join(n.ovl.roots[n.layers[0]], rel)
 	dst := filepath.Join(n.ovl.roots[0], rel)
-	if err := copyEntry(src, dst); err != nil {
+	if err := copyEntry(n.ovl.roots[n.layers[0]], rel, dst); err != nil {
 		n.m.logger.Error("copy-up failed", "from", src, "to", dst, "error", err)
 		return gofs.ToErrno(err)
 	}
@@ -239,7 +267,8 @@ func isDirPath(p string) bool {
 // copyEntry copies one entry (not a directory's content) from src to dst,
 // with its mode, owner and times. An entry already at dst is kept: it was
 // copied up by an earlier call.
-func copyEntry(src, dst string) error {
+func copyEntry(srcRoot, rel, dst string) error {
+	src := filepath.Join(srcRoot, rel)
 	var st syscall.Stat_t
 	if err := syscall.Lstat(src, &st); err != nil {
 		return err
@@ -259,7 +288,7 @@ func copyEntry(src, dst string) error {
 			return err
 		}
 	case syscall.S_IFREG:
-		if err := copyFile(src, dst, perm); err != nil {
+		if err := copyFile(srcRoot, rel, dst, perm); err != nil {
 			return err
 		}
 	case syscall.S_IFLNK:
@@ -290,11 +319,12 @@ func copyEntry(src, dst string) error {
 
 // copyFile copies a regular file's bytes into a temporary file next to
 // dst, then renames it into place.
-func copyFile(src, dst string, perm uint32) (err error) {
-	in, err := os.Open(src)
+func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
+	fd, err := openInLayer(srcRoot, rel, unix.O_RDONLY)
 	if err != nil {
 		return err
 	}
+	in := os.NewFile(uintptr(fd), filepath.Join(srcRoot, rel))
 	defer in.Close()
 	var suffix [6]byte
 	if _, err := rand.Read(suffix[:]); err != nil {
@@ -372,7 +402,7 @@ func (o *overlay) materialize(rel string, layers []int) error {
 			return errno
 		}
 		if childLayers[0] != 0 {
-			if err := copyEntry(filepath.Join(o.roots[childLayers[0]], childRel), filepath.Join(o.roots[0], childRel)); err != nil {
+			if err := copyEntry(o.roots[childLayers[0]], childRel, filepath.Join(o.roots[0], childRel)); err != nil {
 				return err
 			}
 			if e.Mode == syscall.S_IFDIR {

@@ -259,3 +259,51 @@ func TestMountOverlayPosix(t *testing.T) {
 		})
 	}
 }
+
+// TestMountOverlayCopyUpWhileOpen checks that a lower file held open for
+// reading does not become the target of a later write: the write goes to
+// the copied-up file, and the lower layer stays as it was.
+func TestMountOverlayCopyUpWhileOpen(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(tm.dir, "a1/alloc/data/f")
+	if err := os.WriteFile(p, []byte("lower\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lower, upper := stackLayer(t, tm.store, "a1", "alloc/data")
+	reader, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	head := make([]byte, 3)
+	if _, err := io.ReadFull(reader, head); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("open for append while a reader holds the lower file: %v", err)
+	}
+	if _, err := w.WriteString("upper\n"); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if b, _ := os.ReadFile(filepath.Join(lower, "f")); string(b) != "lower\n" {
+		t.Errorf("lower f after the append: got %q, want it untouched", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(upper, "f")); string(b) != "lower\nupper\n" {
+		t.Errorf("upper f after the append: got %q", b)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "lower\nupper\n" {
+		t.Errorf("f through the mount: got %q", b)
+	}
+	// A chmod while the old reader is still open changes the upper file.
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(lower, "f")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("lower f's mode after a chmod through the mount: got %v, %v; want 0644", fi.Mode(), err)
+	}
+}

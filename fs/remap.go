@@ -205,3 +205,47 @@ func (s *Store) Stop(id string) (*State, error) {
 		return nil
 	})
 }
+
+// CreateMigrated creates allocation id and hands it prevID's data
+// (alloc/data and the local/ of each task both have) by Seal when
+// snapshot is set, by Remap otherwise. The previous allocation must be
+// terminal. Either everything happens or nothing does: when the handover
+// fails, the new allocation is destroyed again and the error says why.
+// It returns the new record and how many volumes were handed over.
+func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
+	prev, err := s.Get(prevID)
+	if err != nil {
+		return nil, 0, fmt.Errorf("previous allocation: %w", err)
+	}
+	if prev.Status != StatusTerminal {
+		return nil, 0, fmt.Errorf("previous allocation %s is %s: stop it first (allocfs alloc stop %s): %w", prevID, prev.Status, prevID, ErrNotTerminal)
+	}
+	if prev.MigratedTo != "" {
+		return nil, 0, fmt.Errorf("previous allocation %s already handed its data to %s: %w", prevID, prev.MigratedTo, ErrExists)
+	}
+	if _, err := s.Create(id, tasks); err != nil {
+		return nil, 0, err
+	}
+	names := make([]string, 0, len(tasks))
+	for _, t := range tasks {
+		names = append(names, t.Name)
+	}
+	keys, err := allocdir.MigratedDirs(names)
+	if err != nil {
+		return nil, 0, errors.Join(err, s.Destroy(id))
+	}
+	var n int
+	if snapshot {
+		n, err = s.Seal(prevID, id, keys)
+	} else {
+		n, err = s.Remap(prevID, id, keys)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.Destroy(id)))
+	}
+	st, err := s.Get(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, n, nil
+}

@@ -34,6 +34,9 @@ type volNode struct {
 	// handle must still answer from the handle's fd.
 	mu       sync.Mutex
 	openDirs map[*volDir]struct{}
+	// daemonServed counts the open handles of this file whose data the
+	// daemon serves (no passthrough); see daemonFile.
+	daemonServed int
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
@@ -256,18 +259,39 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 	if n.lowerOnly() {
 		if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) == 0 {
 			// Reading a lower file needs no copy: open it where it is.
-			fd, err := syscall.Open(n.shownPath(), int(flags&^(syscall.O_APPEND|syscall.O_CREAT))|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT)))
 			if err != nil {
 				return nil, 0, gofs.ToErrno(err)
 			}
-			return n.m.wrapFile(gofs.NewLoopbackFile(fd)), 0, 0
+			lf := gofs.NewLoopbackFile(fd)
+			if n.ro {
+				// Nothing in a frozen volume is ever copied up.
+				return n.m.wrapFile(lf), 0, 0
+			}
+			// No passthrough: the kernel keeps one backing file per
+			// inode while any handle is open, and a writer opening the
+			// file after its copy-up would be given this lower file to
+			// write into.
+			return n.daemonFile(lf), 0, 0
 		}
 		if errno := n.copyUp(); errno != 0 {
 			return nil, 0, errno
 		}
 	}
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
-	return n.m.wrapFile(fh), fuseFlags, errno
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	n.mu.Lock()
+	served := n.daemonServed
+	n.mu.Unlock()
+	if served > 0 {
+		// The kernel refuses passthrough on an inode that has handles
+		// served by the daemon open (EIO): stay with the daemon until
+		// they are closed.
+		return n.daemonFile(fh), fuseFlags, 0
+	}
+	return n.m.wrapFile(fh), fuseFlags, 0
 }
 
 // volFile is an open regular file of a volume. Its fd is offered to the
@@ -468,7 +492,9 @@ type volDir struct {
 
 // openDir opens the node's directory for listing.
 func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
-	fd, err := syscall.Open(n.backingPath(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	// Opened beneath the layer root, never through a symbolic link that
+	// a task swapped in for one of the directories on the way.
+	fd, err := openInLayer(n.RootData.Path, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
 		return nil, 0, gofs.ToErrno(err)
 	}
@@ -515,6 +541,14 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		out.Ino = n.StableAttr().Ino
 		return 0
 	}
+	if n.ovl != nil {
+		// go-fuse may hand us any open handle of the node, and one opened
+		// before a copy-up still reads the lower file: trust the path
+		// first, the handle only when the path is gone (unlinked, open).
+		if errno := n.LoopbackNode.Getattr(ctx, nil, out); errno != syscall.ENOENT || f == nil {
+			return errno
+		}
+	}
 	errno := n.LoopbackNode.Getattr(ctx, f, out)
 	if errno != syscall.ENOENT {
 		return errno
@@ -542,6 +576,10 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
+	}
+	if n.ovl != nil {
+		// A handle opened before the copy-up would change the lower file.
+		f = nil
 	}
 	return n.LoopbackNode.Setattr(ctx, f, in, out)
 }
@@ -640,4 +678,42 @@ func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *f
 	}
 	ch, fh, fuseFlags, errno := n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
 	return ch, n.m.wrapFile(fh), fuseFlags, errno
+}
+
+// daemonHandle is what a file handle served by the daemon offers: the
+// loopback file's operations, without its passthrough fd.
+type daemonHandle interface {
+	gofs.FileReader
+	gofs.FileWriter
+	gofs.FileReleaser
+	gofs.FileFlusher
+	gofs.FileFsyncer
+	gofs.FileGetattrer
+	gofs.FileSetattrer
+	gofs.FileLseeker
+	gofs.FileAllocater
+}
+
+// daemonFile is an open file whose data the daemon serves: it hides the
+// loopback file's passthrough fd, and counts itself in its node's
+// daemonServed while open.
+type daemonFile struct {
+	daemonHandle
+	node *volNode
+}
+
+func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
+	n.mu.Lock()
+	n.daemonServed++
+	n.mu.Unlock()
+	return &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
+}
+
+var _ = (gofs.FileReleaser)((*daemonFile)(nil))
+
+func (f *daemonFile) Release(ctx context.Context) syscall.Errno {
+	f.node.mu.Lock()
+	f.node.daemonServed--
+	f.node.mu.Unlock()
+	return f.daemonHandle.Release(ctx)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/migrate"
 	"github.com/spf13/pflag"
 )
 
@@ -22,6 +23,7 @@ var allocCommands = []command{
 	{"create", "create an allocation", runAllocCreate},
 	{"list", "list allocations", runAllocList},
 	{"status", "show an allocation's layout, layers and usage", runAllocStatus},
+	{"stop", "make an allocation terminal: kept and browsable until GC", runAllocStop},
 	{"destroy", "destroy an allocation and the layers only it uses", runAllocDestroy},
 }
 
@@ -64,7 +66,13 @@ func runAllocCreate(e *env, args []string) error {
 	const cmd = "allocfs alloc create"
 	fset := newFlagSet(e, cmd, "ID --task NAME [--task NAME...] [flags]", `
 Create an allocation: its directory appears at <mount>/ID with alloc/ and one
-directory per task. Every layer starts empty.`)
+directory per task. Every layer starts empty, unless --previous names the
+allocation this one replaces and --sticky or --migrate asks for its data:
+then alloc/data and the local/ of each task both have are handed over without
+copying a byte, by adoption (the previous allocation keeps its logs and a
+read-only MIGRATED-TO note) or, with --migrate-mode snapshot, by sealing the
+previous data read-only under a fresh layer (it keeps a frozen view). The
+previous allocation must be stopped first.`)
 	socket := socketFlag(e, fset)
 	var (
 		taskNames []string
@@ -74,6 +82,10 @@ directory per task. Every layer starts empty.`)
 	fset.StringArrayVar(&taskNames, "task", nil, "a task `NAME`; repeat for several tasks (at least one)")
 	fset.StringArrayVar(&users, "user", nil, "`TASK=USER` owns the task's secrets/ and private/ (mode 0700); repeatable")
 	fset.IntVar(&secretsMB, "secrets-mb", 0, "size cap of each task's secrets/ in `MiB` (0: 1 MiB)")
+	previous := fset.String("previous", "", "the `ID` of the allocation this one replaces")
+	sticky := fset.Bool("sticky", false, "take over the previous allocation's data on this node")
+	migrateData := fset.Bool("migrate", false, "take over the previous allocation's data (implies --sticky)")
+	mode := fset.String("migrate-mode", "adopt", "how data is handed over on this node: `adopt` or snapshot")
 	if err := parseFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
@@ -82,6 +94,24 @@ directory per task. Every layer starts empty.`)
 	}
 	if secretsMB < 0 {
 		return usageErrorf(cmd, "--secrets-mb must not be negative, got %d", secretsMB)
+	}
+	policy := migrate.PolicyNone
+	switch {
+	case *migrateData:
+		policy = migrate.PolicyMigrate
+	case *sticky:
+		policy = migrate.PolicySticky
+	}
+	if policy != migrate.PolicyNone && *previous == "" {
+		return usageErrorf(cmd, "--sticky and --migrate need --previous")
+	}
+	if _, err := migrate.ParseMode(*mode); err != nil {
+		return usageErrorf(cmd, "%v", err)
+	}
+	if *previous != "" {
+		if err := checkAllocID(*previous); err != nil {
+			return err
+		}
 	}
 	id := fset.Arg(0)
 	if err := checkAllocID(id); err != nil {
@@ -114,11 +144,66 @@ directory per task. Every layer starts empty.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	st, err := c.CreateAlloc(ctx, id, tasks)
+	st, err := c.Create(ctx, api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "created allocation %s (tasks: %s)\n", st.ID, strings.Join(taskList(st.Tasks), ", "))
+	if st.Previous != "" {
+		fmt.Fprintf(e.stdout, "took over the data of %s (%s)\n", st.Previous, *mode)
+	}
+	return nil
+}
+
+func runAllocStop(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs alloc stop", "ID [flags]", `
+Stop an allocation: it becomes terminal. Its directory stays in the mount,
+browsable, its logs readable, until garbage collection (allocfs gc).`)
+	socket := socketFlag(e, fset)
+	if err := parseFlags(fset, args, 1, 1); err != nil {
+		return err
+	}
+	id := fset.Arg(0)
+	if err := checkAllocID(id); err != nil {
+		return err
+	}
+	ctx, c, done := dial(*socket)
+	defer done()
+	if _, err := c.StopAlloc(ctx, id); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "stopped allocation %s\n", id)
+	return nil
+}
+
+func runGC(e *env, args []string) error {
+	fset := newFlagSet(e, "allocfs gc", "[ID] [flags]", `
+Collect terminal allocations: with an ID, that one (it must be stopped);
+without, every stopped allocation, oldest first. Layers that another
+allocation still stacks on survive.`)
+	socket := socketFlag(e, fset)
+	if err := parseFlags(fset, args, 0, 1); err != nil {
+		return err
+	}
+	id := fset.Arg(0)
+	if id != "" {
+		if err := checkAllocID(id); err != nil {
+			return err
+		}
+	}
+	ctx, c, done := dial(*socket)
+	defer done()
+	collected, err := c.GC(ctx, id)
+	if err != nil {
+		return err
+	}
+	if len(collected) == 0 {
+		fmt.Fprintln(e.stdout, "nothing to collect: no terminal allocations")
+		return nil
+	}
+	for _, id := range collected {
+		fmt.Fprintf(e.stdout, "collected allocation %s\n", id)
+	}
 	return nil
 }
 

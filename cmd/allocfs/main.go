@@ -53,6 +53,7 @@ var commands = []command{
 	{"serve", "mount the allocation directories and serve the control API", runServe},
 	{"alloc", "create, list, inspect and destroy allocations", runAlloc},
 	{"status", "show the node: data dir, mount, passthrough, backing store", runStatus},
+	{"gc", "collect terminal allocations", runGC},
 	{"version", "print the version", runVersion},
 }
 

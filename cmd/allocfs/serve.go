@@ -174,6 +174,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		logger.Warn("requests still running after the timeout; closing their connections", "timeout", shutdownTimeout, "error", err)
 		srv.Close()
 	}
+	apiServer.Wait()
 	logger.Info("control API stopped")
 
 	logger.Info("unmounting", "mount", m.Dir())

@@ -1,0 +1,169 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/migrate"
+)
+
+// create makes the allocation a request asks for and, when it names a
+// previous allocation, decides what happens to that one's data and logs
+// the decision in one line: remapped, sealed, or skipped and why.
+func (s *Server) create(req CreateAllocRequest) (*fs.State, error) {
+	policy, err := migrate.ParsePolicy(req.Migrate)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	mode, err := migrate.ParseMode(req.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	if req.Previous == "" {
+		if policy != migrate.PolicyNone {
+			return nil, fmt.Errorf("%w: migrate %q needs a previous allocation", ErrBadRequest, policy)
+		}
+		return s.store.Create(req.ID, req.Tasks)
+	}
+	if !policy.Local() {
+		st, err := s.store.Create(req.ID, req.Tasks)
+		if err == nil {
+			s.logger.Info("migration skipped", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "reason", "policy none: the replacement starts empty")
+		}
+		return st, err
+	}
+	start := time.Now()
+	st, volumes, err := s.store.CreateMigrated(req.ID, req.Tasks, req.Previous, mode == migrate.ModeSnapshot)
+	if err != nil {
+		s.logger.Warn("migration refused", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "mode", mode, "error", err)
+		return nil, err
+	}
+	elapsed := time.Since(start)
+	// The handover is O(1); what it handed over is counted afterwards, so
+	// that the request does not wait for a walk of the data.
+	s.background.Add(1)
+	go func() {
+		defer s.background.Done()
+		s.logMigration(st, req.Previous, mode, volumes, elapsed)
+	}()
+	return st, nil
+}
+
+// logMigration writes the one line that records a local migration, with
+// what the handed-over layers hold.
+func (s *Server) logMigration(st *fs.State, prev string, mode migrate.Mode, volumes int, elapsed time.Duration) {
+	var bytes, files int64
+	for key, v := range st.Volumes {
+		if key == "alloc/logs" || key == "alloc/tmp" {
+			continue
+		}
+		for _, l := range append([]string{v.Upper}, v.Lowers...) {
+			b, f := walkUsage(s.store.LayerPath(l))
+			bytes += b
+			files += f
+		}
+	}
+	decision := "remapped"
+	if mode == migrate.ModeSnapshot {
+		decision = "sealed"
+	}
+	s.logger.Info("migration "+decision, "previous_alloc_id", prev, "alloc_id", st.ID, "mode", mode,
+		"volumes", volumes, "bytes", bytes, "files", files, "bytes_copied", 0, "duration", elapsed)
+}
+
+// walkUsage counts the regular-file bytes and the non-directory entries
+// of a layer, on the backing store.
+func walkUsage(root string) (bytes, files int64) {
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		files++
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				bytes += fi.Size()
+			}
+		}
+		return nil
+	})
+	return bytes, files
+}
+
+func (s *Server) stopAlloc(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.store.Stop(id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, st)
+}
+
+// gcAlloc collects one terminal allocation; a running one is refused.
+func (s *Server) gcAlloc(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.store.Get(id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if st.Status != fs.StatusTerminal {
+		s.writeError(w, r, fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, fs.ErrNotTerminal))
+		return
+	}
+	if err := s.collect(st, "requested"); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, GCResponse{Collected: []string{id}})
+}
+
+// gcAll collects every terminal allocation, oldest stopped first.
+func (s *Server) gcAll(w http.ResponseWriter, r *http.Request) {
+	var terminal []*fs.State
+	for _, st := range s.store.List() {
+		if st.Status == fs.StatusTerminal {
+			terminal = append(terminal, st)
+		}
+	}
+	sort.Slice(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
+	out := GCResponse{Collected: []string{}}
+	var errs []error
+	for _, st := range terminal {
+		if err := s.collect(st, "node gc requested"); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out.Collected = append(out.Collected, st.ID)
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, out)
+}
+
+// collect destroys a terminal allocation and says why in the log. Layers
+// another allocation still stacks on survive (the store only removes
+// layers nothing references).
+func (s *Server) collect(st *fs.State, reason string) error {
+	if err := s.store.Destroy(st.ID); err != nil {
+		return err
+	}
+	s.logger.Info("collected allocation", "alloc_id", st.ID, "reason", reason, "stopped", st.Stopped, "migrated_to", st.MigratedTo)
+	return nil
+}

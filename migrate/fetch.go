@@ -1,0 +1,618 @@
+package migrate
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/hashicorp/go-hclog"
+)
+
+// Defaults and bounds of FetchOptions.
+const (
+	// DefaultRetries is how many attempts Fetch makes in all.
+	DefaultRetries = 5
+	// DefaultBackoff is the wait before the first retry; it doubles after
+	// every failed attempt up to MaxBackoff.
+	DefaultBackoff = 500 * time.Millisecond
+	// MaxBackoff caps the wait between attempts (unless Backoff itself is
+	// larger).
+	MaxBackoff = 10 * time.Second
+	// DefaultStallTimeout is how long an attempt may go without receiving
+	// a byte, response headers included, before it is abandoned.
+	DefaultStallTimeout = 60 * time.Second
+)
+
+const (
+	// recvBufSize is the read-ahead between the network and the
+	// extractor: the tar reader's 512-byte header reads are then served
+	// from memory.
+	recvBufSize = 1 << 20
+	// progressInterval is the shortest interval between two progress
+	// reports of one attempt.
+	progressInterval = 200 * time.Millisecond
+	// maxErrorBody caps how much of an error response is kept.
+	maxErrorBody = 4 << 10
+	// maxTrailingBytes caps what is read after the archive's end while
+	// looking for the integrity trailer.
+	maxTrailingBytes = 64 << 10
+	// tarTrailerSize is tar's end-of-archive marker: two zero blocks.
+	tarTrailerSize = 2 * 512
+)
+
+var (
+	// ErrPermissionDenied: the source refused the token (HTTP 403).
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrIntegrity: the archive arrived complete but its SHA-256 is not
+	// the one the source sent, or the source's trailer is unusable.
+	ErrIntegrity = errors.New("snapshot integrity check failed")
+	// errStalled is the cause an attempt is cancelled with when no byte
+	// arrived for StallTimeout.
+	errStalled = errors.New("transfer stalled")
+)
+
+// StatusError is a response other than 200 OK. It wraps
+// ErrPermissionDenied for 403, allocdir.ErrUnknownAlloc for 404 and
+// allocdir.ErrGone for 410.
+type StatusError struct {
+	StatusCode int
+	// Message is the start of the response body, trimmed.
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("unexpected response code: %d (%s)", e.StatusCode, e.Message)
+}
+
+// Unwrap returns the sentinel the status stands for, if any.
+func (e *StatusError) Unwrap() error {
+	switch e.StatusCode {
+	case http.StatusForbidden:
+		return ErrPermissionDenied
+	case http.StatusNotFound:
+		return allocdir.ErrUnknownAlloc
+	case http.StatusGone:
+		return allocdir.ErrGone
+	}
+	return nil
+}
+
+// transient reports whether another attempt may get a different answer:
+// the source is overloaded or failing, not refusing.
+func (e *StatusError) transient() bool {
+	return e.StatusCode >= 500 || e.StatusCode == http.StatusTooManyRequests
+}
+
+// FetchOptions says where a snapshot comes from and where it goes.
+type FetchOptions struct {
+	// URL is the source node's base URL, e.g. http://10.0.0.1:4646.
+	URL string
+	// AllocID is the previous allocation, the one to snapshot.
+	AllocID string
+	// Token is sent in the X-Nomad-Token header (see TokenChecker).
+	Token string
+	// StagingDir must exist; the snapshot is extracted into a new
+	// directory inside it (see Fetched.Dir).
+	StagingDir string
+	// HTTPClient makes the requests. nil means a client with connect,
+	// TLS handshake and response header timeouts but no overall timeout:
+	// a transfer takes as long as it takes while bytes flow.
+	HTTPClient *http.Client
+	// Retries is how many attempts are made in all; 0 (or less) means
+	// DefaultRetries. 1 means no retry.
+	Retries int
+	// Backoff is the wait before the first retry; 0 (or less) means
+	// DefaultBackoff. It doubles after each failed attempt, up to
+	// MaxBackoff. A Retry-After header of a 429 or 5xx response may
+	// lengthen one wait, up to MaxBackoff.
+	Backoff time.Duration
+	// StallTimeout abandons an attempt that received nothing for that
+	// long, response headers included; 0 means DefaultStallTimeout and a
+	// negative value disables it.
+	StallTimeout time.Duration
+	// Limits are passed to allocdir.ExtractSnapshot.
+	Limits allocdir.ExtractOptions
+	// Progress, when set, is called from the goroutine that runs Fetch
+	// (so it must not block) at most every 200 ms while bytes arrive, and
+	// once more with Done set when an attempt that got a response ends.
+	Progress func(Progress)
+	// Logger receives one line per attempt; nil discards.
+	Logger hclog.Logger
+}
+
+// Fetched describes a snapshot that was received, checked and extracted.
+type Fetched struct {
+	// Dir is the extracted snapshot, a new directory inside StagingDir
+	// laid out like an allocation directory (alloc/data, <task>/local).
+	// It belongs to the caller, who moves it into place or removes it.
+	Dir string
+	// Bytes is the size of the tar stream received.
+	Bytes int64
+	// Entries is the number of archive entries read.
+	Entries int
+	// Duration is the time from the first request to the end of the
+	// successful attempt, waits between attempts included.
+	Duration time.Duration
+	// Attempts is how many attempts it took.
+	Attempts int
+	// Verified is true when the source sent the SHA-256 trailer and it
+	// matched. A stock Nomad source sends none; the archive's own
+	// end-of-archive check still applied.
+	Verified bool
+}
+
+// Fetch streams the snapshot of opts.AllocID from the node at opts.URL
+// and extracts it, with allocdir.ExtractSnapshot, into a new directory
+// inside opts.StagingDir, which it returns once the archive was read to
+// its end, every entry was accepted and, when the source sent one, the
+// SHA-256 trailer matched.
+//
+// It is all or nothing: an attempt that fails leaves nothing inside
+// StagingDir. Transient failures are retried with a doubling backoff, up
+// to opts.Retries attempts in all: errors connecting, a connection cut or
+// stalled mid-transfer (an archive that ends early, however it ends), an
+// integrity mismatch, 5xx and 429. Everything else fails at once: 403
+// (ErrPermissionDenied), 404 (allocdir.ErrUnknownAlloc), 410
+// (allocdir.ErrGone) and other 4xx (all as *StatusError), an archive
+// refused for what it holds (allocdir.ErrArchive: a malicious entry, a
+// limit, the sender's error entry), a refused TLS certificate, a local
+// failure such as a full disk, and the cancellation of ctx, whose error is
+// then wrapped.
+func Fetch(ctx context.Context, opts FetchOptions) (*Fetched, error) {
+	f, err := newFetcher(opts)
+	if err != nil {
+		return nil, err
+	}
+	if f.ownClient {
+		defer f.client.CloseIdleConnections()
+	}
+	return f.run(ctx)
+}
+
+type fetcher struct {
+	opts      FetchOptions
+	url       string
+	source    string // the URL without credentials, for logs and errors
+	client    *http.Client
+	ownClient bool
+	logger    hclog.Logger
+}
+
+func newFetcher(opts FetchOptions) (*fetcher, error) {
+	if err := allocdir.ValidName(opts.AllocID); err != nil {
+		return nil, fmt.Errorf("failed to fetch snapshot: allocation ID: %w", err)
+	}
+	base, err := url.Parse(opts.URL)
+	if err != nil {
+		return nil, fmt.Errorf("failed to fetch snapshot of alloc %s: invalid URL: %w", opts.AllocID, err)
+	}
+	if (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("failed to fetch snapshot of alloc %s: invalid URL %q: want http(s)://host[:port]", opts.AllocID, base.Redacted())
+	}
+	if fi, err := os.Stat(opts.StagingDir); err != nil {
+		return nil, fmt.Errorf("failed to fetch snapshot of alloc %s: staging dir: %w", opts.AllocID, err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("failed to fetch snapshot of alloc %s: staging dir %q is not a directory", opts.AllocID, opts.StagingDir)
+	}
+	if opts.Retries <= 0 {
+		opts.Retries = DefaultRetries
+	}
+	if opts.Backoff <= 0 {
+		opts.Backoff = DefaultBackoff
+	}
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = DefaultStallTimeout
+	}
+	f := &fetcher{
+		opts:   opts,
+		url:    base.JoinPath("v1/client/allocation", url.PathEscape(opts.AllocID), "snapshot").String(),
+		source: base.Redacted(),
+		client: opts.HTTPClient,
+	}
+	if f.client == nil {
+		f.client = defaultClient()
+		f.ownClient = true
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	f.logger = logger.Named("migrate").With("alloc_id", opts.AllocID, "source", f.source)
+	return f, nil
+}
+
+// defaultClient has timeouts for every step that precedes the body, and
+// none for the body itself: the stall watchdog covers it.
+func defaultClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: DefaultStallTimeout,
+		IdleConnTimeout:       90 * time.Second,
+		ReadBufferSize:        256 << 10,
+	}}
+}
+
+// attemptError is the outcome of a failed attempt: whether it is worth
+// another, and how long the source asked to wait.
+type attemptError struct {
+	err        error
+	transient  bool
+	retryAfter time.Duration
+}
+
+func (e *attemptError) Error() string { return e.err.Error() }
+func (e *attemptError) Unwrap() error { return e.err }
+
+func transientErr(err error) error { return &attemptError{err: err, transient: true} }
+
+func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
+	start := time.Now()
+	backoff := f.opts.Backoff
+	maxBackoff := max(MaxBackoff, f.opts.Backoff)
+	for attempt := 1; ; attempt++ {
+		f.logger.Info("fetching snapshot", "attempt", attempt, "max_attempts", f.opts.Retries)
+		res, err := f.attempt(ctx, attempt)
+		if err == nil {
+			res.Attempts = attempt
+			res.Duration = time.Since(start)
+			f.logger.Info("fetched snapshot", "attempt", attempt, "dir", res.Dir, "bytes", res.Bytes,
+				"entries", res.Entries, "verified", res.Verified, "duration", res.Duration)
+			return res, nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			f.logger.Info("snapshot fetch cancelled", "attempt", attempt, "error", err)
+			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s: %w", f.opts.AllocID, f.source, cerr)
+		}
+		var ae *attemptError
+		transient := errors.As(err, &ae) && ae.transient
+		if !transient || attempt >= f.opts.Retries {
+			f.logger.Error("failed to fetch snapshot", "attempt", attempt, "transient", transient, "error", err)
+			if ae != nil {
+				err = ae.err
+			}
+			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s (attempt %d of %d): %w",
+				f.opts.AllocID, f.source, attempt, f.opts.Retries, err)
+		}
+		wait := backoff
+		if ae.retryAfter > wait {
+			wait = min(ae.retryAfter, maxBackoff)
+		}
+		f.logger.Warn("snapshot fetch attempt failed; retrying", "attempt", attempt, "max_attempts", f.opts.Retries,
+			"retry_in", wait, "error", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s: %w", f.opts.AllocID, f.source, ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// attempt makes one request and, on success, returns the extracted
+// snapshot. Whatever it fails with, nothing it created is left.
+func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	wd := newWatchdog(f.opts.StallTimeout, cancel)
+	defer wd.stop()
+
+	req, err := http.NewRequestWithContext(actx, http.MethodGet, f.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to build request: %w", err)
+	}
+	if f.opts.Token != "" {
+		req.Header.Set(TokenHeader, f.opts.Token)
+	}
+	req.Header.Set("Accept", "application/x-tar")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		err = fmt.Errorf("failed to request snapshot: %w", err)
+		if badCertificate(err) {
+			// Another attempt would meet the same certificate.
+			return nil, err
+		}
+		return nil, transientErr(f.stalled(actx, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		se := &StatusError{StatusCode: resp.StatusCode, Message: strings.TrimSpace(strings.ToValidUTF8(string(msg), "\uFFFD"))}
+		if se.Message == "" {
+			se.Message = http.StatusText(resp.StatusCode)
+		}
+		return nil, &attemptError{err: se, transient: se.transient(), retryAfter: retryAfter(resp.Header)}
+	}
+
+	m := &meter{
+		r:        resp.Body,
+		hash:     sha256.New(),
+		wd:       wd,
+		progress: f.opts.Progress,
+		base:     Progress{AllocID: f.opts.AllocID, Attempt: attempt, Total: resp.ContentLength},
+		start:    time.Now(),
+	}
+	m.last = m.start
+	br := bufio.NewReaderSize(m, recvBufSize)
+	dest := filepath.Join(f.opts.StagingDir, "snapshot-"+randomSuffix())
+	stats, err := allocdir.ExtractSnapshot(br, dest, f.opts.Limits)
+	if err != nil {
+		err = f.classify(actx, err, m, br)
+		m.done(err)
+		return nil, err
+	}
+	verified, err := f.verify(actx, br, m, resp)
+	if err != nil {
+		if rerr := allocdir.RemoveAll(dest); rerr != nil {
+			f.logger.Error("failed to remove refused snapshot", "dir", dest, "error", rerr)
+			err = errors.Join(err, fmt.Errorf("failed to remove %q: %w", dest, rerr))
+		}
+		m.done(err)
+		return nil, err
+	}
+	m.done(nil)
+	return &Fetched{Dir: dest, Bytes: m.n, Entries: stats.Entries, Verified: verified}, nil
+}
+
+// classify tells a transfer that broke (worth another attempt) from an
+// archive or a node that refuses (not worth it).
+func (f *fetcher) classify(actx context.Context, err error, m *meter, br *bufio.Reader) error {
+	switch {
+	case errors.Is(context.Cause(actx), errStalled):
+		return transientErr(f.stalled(actx, err))
+	case m.err != nil && errors.Is(err, m.err):
+		// The extractor stopped on the connection's error.
+		return transientErr(err)
+	case errors.Is(err, allocdir.ErrArchive) && truncated(err, m, br):
+		return transientErr(err)
+	}
+	return err
+}
+
+// truncated reports whether a refused archive was refused for ending
+// early rather than for what it holds. A body that ends mid-block makes
+// the tar reader fail with io.ErrUnexpectedEOF; one that ends at a block
+// boundary is consumed to its end without the end-of-archive marker. An
+// archive refused for an entry was not read to its end, or was, with its
+// marker. (A stream cut right after a body that ends in 1 KiB of zeros
+// looks like it has its marker: it is still refused, only not retried.)
+func truncated(err error, m *meter, br *bufio.Reader) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	return m.eof && br.Buffered() == 0 && !m.endsWithTrailer()
+}
+
+func (f *fetcher) stalled(actx context.Context, err error) error {
+	if errors.Is(context.Cause(actx), errStalled) {
+		return fmt.Errorf("%w: nothing received for %s: %w", errStalled, f.opts.StallTimeout, err)
+	}
+	return err
+}
+
+// verify reads what follows the archive, which makes the HTTP trailers
+// available, and checks the SHA-256 trailer if the source sent one.
+func (f *fetcher) verify(actx context.Context, br *bufio.Reader, m *meter, resp *http.Response) (bool, error) {
+	_, declared := resp.Trailer[http.CanonicalHeaderKey(TrailerSHA256)]
+	n, err := io.Copy(io.Discard, io.LimitReader(br, maxTrailingBytes+1))
+	if err != nil {
+		return false, transientErr(f.stalled(actx, fmt.Errorf("failed to read the end of the snapshot: %w", err)))
+	}
+	if n > maxTrailingBytes {
+		if declared {
+			return false, fmt.Errorf("%w: more than %d bytes follow the end of the archive", ErrIntegrity, maxTrailingBytes)
+		}
+		// Not ours to check: the archive itself was complete.
+		return false, nil
+	}
+	want := resp.Trailer.Get(TrailerSHA256)
+	if want == "" {
+		if declared {
+			f.logger.Warn("source declared an integrity trailer but did not send it; snapshot not verified")
+		}
+		return false, nil
+	}
+	got := m.hash.Sum(nil)
+	wantSum, err := hex.DecodeString(want)
+	if err != nil || len(wantSum) != sha256.Size {
+		return false, transientErr(fmt.Errorf("%w: malformed %s trailer %q", ErrIntegrity, TrailerSHA256, want))
+	}
+	if !bytes.Equal(got, wantSum) {
+		return false, transientErr(fmt.Errorf("%w: received %d bytes with sha256 %x, source sent %s", ErrIntegrity, m.n, got, want))
+	}
+	return true, nil
+}
+
+// badCertificate reports a TLS certificate that was refused.
+func badCertificate(err error) bool {
+	var (
+		verr *tls.CertificateVerificationError
+		uerr x509.UnknownAuthorityError
+		herr x509.HostnameError
+		cerr x509.CertificateInvalidError
+	)
+	return errors.As(err, &verr) || errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr)
+}
+
+// retryAfter parses a Retry-After header given in seconds; the HTTP-date
+// form is ignored.
+func retryAfter(h http.Header) time.Duration {
+	s, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
+	if err != nil || s <= 0 {
+		return 0
+	}
+	return time.Duration(s) * time.Second
+}
+
+// randomSuffix names an attempt's directory: unique, so no attempt meets
+// another's leftovers, and short, so the extractor's temporary name next
+// to it stays within NAME_MAX whatever the allocation ID.
+func randomSuffix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return hex.EncodeToString(b[:])
+}
+
+// meter sits between the response body and the extractor: it hashes and
+// counts every byte, feeds the stall watchdog and the progress callback,
+// and records how the body ended.
+type meter struct {
+	r    io.Reader
+	hash hash.Hash
+	n    int64
+	// err is the body's first error other than io.EOF; eof is set once
+	// the body ended cleanly.
+	err error
+	eof bool
+	// zeros counts the zero bytes at the end of what was read so far.
+	zeros int64
+
+	wd       *watchdog
+	progress func(Progress)
+	base     Progress
+	start    time.Time
+	last     time.Time
+}
+
+func (m *meter) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if n > 0 {
+		b := p[:n]
+		m.hash.Write(b)
+		m.n += int64(n)
+		if i := lastNonZero(b); i < 0 {
+			m.zeros += int64(n)
+		} else {
+			m.zeros = int64(n - 1 - i)
+		}
+		m.wd.touch()
+		if m.progress != nil {
+			if now := time.Now(); now.Sub(m.last) >= progressInterval {
+				m.last = now
+				m.progress(m.report(now))
+			}
+		}
+	}
+	switch {
+	case err == io.EOF:
+		m.eof = true
+	case err != nil && m.err == nil:
+		m.err = err
+	}
+	return n, err
+}
+
+func lastNonZero(b []byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] != 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// endsWithTrailer reports whether the body ended on tar's end-of-archive
+// marker (two zero blocks, on a block boundary).
+func (m *meter) endsWithTrailer() bool {
+	return m.zeros >= tarTrailerSize && m.n%512 == 0
+}
+
+func (m *meter) report(now time.Time) Progress {
+	p := m.base
+	p.Bytes = m.n
+	p.Elapsed = now.Sub(m.start)
+	if s := p.Elapsed.Seconds(); s > 0 {
+		p.Rate = float64(m.n) / s
+	}
+	return p
+}
+
+// done sends the attempt's last report.
+func (m *meter) done(err error) {
+	if m.progress == nil {
+		return
+	}
+	p := m.report(time.Now())
+	p.Done = true
+	p.Err = err
+	m.progress(p)
+}
+
+// watchdog cancels an attempt that received nothing for timeout. Reads
+// only store a timestamp; the timer re-arms itself for what is left.
+type watchdog struct {
+	timeout time.Duration
+	base    time.Time
+	last    atomic.Int64 // nanoseconds since base of the last activity
+	cancel  context.CancelCauseFunc
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+// newWatchdog returns nil (a watchdog that does nothing) for a timeout
+// that is not positive.
+func newWatchdog(timeout time.Duration, cancel context.CancelCauseFunc) *watchdog {
+	if timeout <= 0 {
+		return nil
+	}
+	w := &watchdog{timeout: timeout, base: time.Now(), cancel: cancel}
+	w.mu.Lock()
+	w.timer = time.AfterFunc(timeout, w.fire)
+	w.mu.Unlock()
+	return w
+}
+
+func (w *watchdog) touch() {
+	if w != nil {
+		w.last.Store(int64(time.Since(w.base)))
+	}
+}
+
+func (w *watchdog) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	idle := time.Since(w.base) - time.Duration(w.last.Load())
+	if idle >= w.timeout {
+		w.cancel(errStalled)
+		return
+	}
+	w.timer.Reset(w.timeout - idle)
+}
+
+func (w *watchdog) stop() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.stopped = true
+	w.timer.Stop()
+	w.mu.Unlock()
+}

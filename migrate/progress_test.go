@@ -1,0 +1,94 @@
+package migrate_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/migrate"
+)
+
+// TestProgressETA: known only with a total and a rate.
+func TestProgressETA(t *testing.T) {
+	t.Parallel()
+	p := migrate.Progress{Bytes: 25 << 20, Total: 100 << 20, Rate: 25 << 20}
+	if eta, ok := p.ETA(); !ok || eta != 3*time.Second {
+		t.Errorf("got ETA %s %v, want 3s true", eta, ok)
+	}
+	p.Total = -1
+	if _, ok := p.ETA(); ok {
+		t.Error("unknown total: got an ETA, want none")
+	}
+}
+
+// TestProgressPrinterTerminal: one line rewritten in place with \r,
+// ended by a newline when the attempt is done.
+func TestProgressPrinterTerminal(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	print := migrate.NewProgressPrinter(&b, true)
+	base := migrate.Progress{AllocID: srcID, Attempt: 1, Total: 100 << 20}
+	for i := 1; i <= 3; i++ {
+		p := base
+		p.Bytes = int64(i) * 10 << 20
+		p.Elapsed = time.Duration(i) * time.Second
+		p.Rate = 10 << 20
+		print(p)
+	}
+	done := base
+	done.Bytes, done.Elapsed, done.Rate, done.Done = 100<<20, 10*time.Second, 10<<20, true
+	print(done)
+	out := b.String()
+	if n := strings.Count(out, "\r"); n != 4 {
+		t.Errorf("got %d carriage returns, want 4 in %q", n, out)
+	}
+	if n := strings.Count(out, "\n"); n != 1 || !strings.HasSuffix(out, "\n") {
+		t.Errorf("got %q, want a single newline at the end", out)
+	}
+	for _, want := range []string{"5f0c7a2e", "30.0 MiB of 100.0 MiB (30%)", "10.0 MiB/s", "ETA 7s", "100.0 MiB in 10s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("got %q, want it to contain %q", out, want)
+		}
+	}
+}
+
+// TestProgressPrinterRetry: a failed attempt's line is closed and the
+// next attempt gets its own.
+func TestProgressPrinterRetry(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	print := migrate.NewProgressPrinter(&b, true)
+	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
+	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 2 << 20, Total: -1, Done: true, Err: errors.New("cut")})
+	print(migrate.Progress{AllocID: srcID, Attempt: 2, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
+	lines := strings.Split(b.String(), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "interrupted after 2.0 MiB") || !strings.Contains(lines[1], "(attempt 2)") {
+		t.Errorf("got lines %q, want the interrupted attempt 1, then attempt 2", lines)
+	}
+}
+
+// TestProgressPrinterPlain: without a terminal, a line at most every 5 s
+// of an attempt, plus the final one.
+func TestProgressPrinterPlain(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	print := migrate.NewProgressPrinter(&b, false)
+	for s := 1; s <= 12; s++ {
+		print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: int64(s) << 20, Total: -1, Rate: 1 << 20, Elapsed: time.Duration(s) * time.Second})
+	}
+	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 13 << 20, Total: -1, Rate: 1 << 20, Elapsed: 13 * time.Second, Done: true})
+	out := b.String()
+	if strings.Contains(out, "\r") {
+		t.Errorf("got %q, want no carriage return", out)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("got %d lines %q, want 3 (5 s, 10 s, done)", len(lines), lines)
+	}
+	for i, want := range []string{"5.0 MiB, 1.0 MiB/s", "10.0 MiB, 1.0 MiB/s", "13.0 MiB in 13s"} {
+		if !strings.Contains(lines[i], want) {
+			t.Errorf("line %d: got %q, want it to contain %q", i, lines[i], want)
+		}
+	}
+}
