@@ -41,6 +41,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -119,7 +120,7 @@ func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := s.create(req)
+	st, err := s.create(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -216,6 +217,10 @@ func statusCode(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, fs.ErrExists), errors.Is(err, fs.ErrNotTerminal):
 		return http.StatusConflict
+	case errors.Is(err, migrate.ErrPermissionDenied):
+		return http.StatusForbidden
+	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity):
+		return http.StatusBadGateway
 	case errors.Is(err, allocdir.ErrInvalidName), errors.Is(err, fs.ErrNoTasks), errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/migrate"
 )
@@ -16,7 +18,7 @@ import (
 // create makes the allocation a request asks for and, when it names a
 // previous allocation, decides what happens to that one's data and logs
 // the decision in one line: remapped, sealed, or skipped and why.
-func (s *Server) create(req CreateAllocRequest) (*fs.State, error) {
+func (s *Server) create(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
 	policy, err := migrate.ParsePolicy(req.Migrate)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
@@ -30,6 +32,12 @@ func (s *Server) create(req CreateAllocRequest) (*fs.State, error) {
 			return nil, fmt.Errorf("%w: migrate %q needs a previous allocation", ErrBadRequest, policy)
 		}
 		return s.store.Create(req.ID, req.Tasks)
+	}
+	if req.From != "" {
+		if !policy.Remote() {
+			return nil, fmt.Errorf("%w: fetching from %s needs migrate, not %q", ErrBadRequest, req.From, policy)
+		}
+		return s.createRemote(ctx, req)
 	}
 	if !policy.Local() {
 		st, err := s.store.Create(req.ID, req.Tasks)
@@ -166,4 +174,49 @@ func (s *Server) collect(st *fs.State, reason string) error {
 	}
 	s.logger.Info("collected allocation", "alloc_id", st.ID, "reason", reason, "stopped", st.Stopped, "migrated_to", st.MigratedTo)
 	return nil
+}
+
+// createRemote fetches the previous allocation's snapshot from another
+// node into staging, checked and complete, then creates the new
+// allocation on it; on any failure nothing is left in staging or in the
+// store.
+func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
+	if _, err := s.store.Get(req.ID); err == nil {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", req.ID, fs.ErrExists)
+	}
+	names := make([]string, 0, len(req.Tasks))
+	for _, t := range req.Tasks {
+		names = append(names, t.Name)
+	}
+	keys, err := allocdir.MigratedDirs(names)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	fetched, err := migrate.Fetch(ctx, migrate.FetchOptions{
+		URL:        req.From,
+		AllocID:    req.Previous,
+		Token:      req.Token,
+		StagingDir: s.store.StagingDir(),
+		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
+		Logger:     s.logger,
+	})
+	if err != nil {
+		s.logger.Warn("remote migration failed; nothing was created", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "from", req.From, "error", err)
+		return nil, fmt.Errorf("failed to fetch %s from %s: %w", req.Previous, req.From, err)
+	}
+	defer allocdir.RemoveAll(fetched.Dir)
+	dirs := make(map[string]string)
+	for _, key := range keys {
+		if fi, err := os.Lstat(filepath.Join(fetched.Dir, key)); err == nil && fi.IsDir() {
+			dirs[key] = filepath.Join(fetched.Dir, key)
+		}
+	}
+	st, err := s.store.CreateImported(req.ID, req.Tasks, req.Previous, dirs)
+	if err != nil {
+		return nil, err
+	}
+	s.logger.Info("migration fetched", "previous_alloc_id", req.Previous, "alloc_id", st.ID, "from", req.From,
+		"volumes", len(dirs), "bytes", fetched.Bytes, "entries", fetched.Entries, "attempts", fetched.Attempts,
+		"verified", fetched.Verified, "duration", fetched.Duration)
+	return st, nil
 }

@@ -29,6 +29,10 @@ type CreateAllocRequest struct {
 	Previous string `json:"previous,omitempty"`
 	Migrate  string `json:"migrate,omitempty"`
 	Mode     string `json:"mode,omitempty"`
+	// From is the base URL of the node that holds Previous, when it is
+	// not this one; the snapshot is fetched from it with Token.
+	From  string `json:"from,omitempty"`
+	Token string `json:"token,omitempty"`
 }
 
 // GCResponse is the answer of the GC endpoints: the allocations collected.

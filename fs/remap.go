@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
 )
 
 // MigratedToName is the file a previous allocation shows, read-only, in
@@ -248,4 +250,78 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 		return nil, 0, err
 	}
 	return st, n, nil
+}
+
+// CreateImported creates allocation id with the volumes in dirs ("alloc/data"
+// or "<task>/local" to a directory inside the staging dir, fully received
+// and checked) as their upper layers, each moved into layers/ by one
+// rename: the remote migration's final step. Keys for tasks the new
+// allocation does not have are left in staging. Nothing is left half
+// done: on failure the allocation is destroyed and the imported layers
+// removed.
+func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
+	if _, err := s.Create(id, tasks); err != nil {
+		return nil, err
+	}
+	var imported []string
+	fail := func(err error) (*State, error) {
+		return nil, errors.Join(err, s.Destroy(id), s.removeFresh(imported))
+	}
+	layers := make(map[string]string, len(dirs))
+	st, err := s.Get(id)
+	if err != nil {
+		return fail(err)
+	}
+	for key, dir := range dirs {
+		if _, ok := st.Volumes[key]; !ok {
+			continue
+		}
+		l, err := s.ImportLayer(dir)
+		if err != nil {
+			return fail(err)
+		}
+		imported = append(imported, l)
+		layers[key] = l
+	}
+	var placeholders []string
+	st, err = s.Update(id, func(st *State) error {
+		for key, l := range layers {
+			placeholders = append(placeholders, st.Volumes[key].layers()...)
+			st.Volumes[key] = &Volume{Upper: l}
+		}
+		st.Previous = prevID
+		return nil
+	})
+	if err != nil {
+		return fail(err)
+	}
+	s.removeIfEmpty(id, placeholders)
+	return st, nil
+}
+
+// ImportLayer turns dir, a directory inside the staging dir, into a new
+// layer by renaming it into layers/, and returns the layer's ID.
+func (s *Store) ImportLayer(dir string) (string, error) {
+	rel, err := filepath.Rel(s.StagingDir(), dir)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("cannot import %q: not inside the staging dir %q: %w", dir, s.StagingDir(), allocdir.ErrInvalidName)
+	}
+	for range 8 {
+		id, err := newLayerID()
+		if err != nil {
+			return "", err
+		}
+		err = unix.Renameat2(unix.AT_FDCWD, dir, unix.AT_FDCWD, s.LayerPath(id), unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("failed to import %q as a layer: %w", dir, err)
+		}
+		if err := syncDir(filepath.Join(s.dataDir, layersDirName)); err != nil {
+			return "", errors.Join(err, s.removeFresh([]string{id}))
+		}
+		return id, nil
+	}
+	return "", errors.New("failed to find an unused layer ID")
 }

@@ -86,6 +86,8 @@ previous allocation must be stopped first.`)
 	sticky := fset.Bool("sticky", false, "take over the previous allocation's data on this node")
 	migrateData := fset.Bool("migrate", false, "take over the previous allocation's data (implies --sticky)")
 	mode := fset.String("migrate-mode", "adopt", "how data is handed over on this node: `adopt` or snapshot")
+	from := fset.String("from", "", "base `URL` of the node holding --previous (http://host:port); needs --migrate")
+	tokenFile := fset.String("token-file", "", "`file` holding the migration token the --from node expects")
 	if err := parseFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
@@ -111,6 +113,19 @@ previous allocation must be stopped first.`)
 	if *previous != "" {
 		if err := checkAllocID(*previous); err != nil {
 			return err
+		}
+	}
+	var token string
+	if *from != "" {
+		if policy != migrate.PolicyMigrate {
+			return usageErrorf(cmd, "--from needs --migrate")
+		}
+		if *tokenFile != "" {
+			b, err := os.ReadFile(*tokenFile)
+			if err != nil {
+				return fmt.Errorf("failed to read the migration token: %w", err)
+			}
+			token = strings.TrimSpace(string(b))
 		}
 	}
 	id := fset.Arg(0)
@@ -144,12 +159,15 @@ previous allocation must be stopped first.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	st, err := c.Create(ctx, api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode})
+	st, err := c.Create(ctx, api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode, From: *from, Token: token})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "created allocation %s (tasks: %s)\n", st.ID, strings.Join(taskList(st.Tasks), ", "))
-	if st.Previous != "" {
+	switch {
+	case st.Previous != "" && *from != "":
+		fmt.Fprintf(e.stdout, "fetched the data of %s from %s\n", st.Previous, *from)
+	case st.Previous != "":
 		fmt.Fprintf(e.stdout, "took over the data of %s (%s)\n", st.Previous, *mode)
 	}
 	return nil

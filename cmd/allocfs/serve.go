@@ -9,11 +9,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -40,6 +43,8 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		logLevel  string
 		logJSON   bool
 		debugFuse bool
+		httpAddr  string
+		tokenFile string
 	)
 	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
@@ -47,6 +52,8 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	fset.StringVar(&logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fset.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
+	fset.StringVar(&httpAddr, "http-addr", "", "also serve other nodes on this TCP `address` (host:port): the snapshot endpoint of remote migration")
+	fset.StringVar(&tokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token; required with --http-addr")
 	if err := parseFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
@@ -56,6 +63,19 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	}
 	if dataDir == "" {
 		return usageErrorf(cmd, "--data-dir must not be empty")
+	}
+	var token string
+	if httpAddr != "" {
+		if tokenFile == "" {
+			return usageErrorf(cmd, "--http-addr needs --migrate-token-file: snapshots are never served without a token")
+		}
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("failed to read the migration token: %w", err)
+		}
+		if token = strings.TrimSpace(string(b)); token == "" {
+			return fmt.Errorf("the migration token file %q is empty", tokenFile)
+		}
 	}
 	if mountDir == "" {
 		mountDir = filepath.Join(dataDir, "mnt")
@@ -85,6 +105,8 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		mountDir: mountDir,
 		socket:   socket,
 		mount:    fs.MountOptions{Debug: debugFuse},
+		httpAddr: httpAddr,
+		token:    token,
 	})
 }
 
@@ -95,6 +117,10 @@ type serveConfig struct {
 	mountDir string
 	socket   string
 	mount    fs.MountOptions
+	// httpAddr, when set, is where other nodes fetch snapshots, with
+	// token.
+	httpAddr string
+	token    string
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
@@ -143,8 +169,29 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	var nodeSrv *http.Server
+	if cfg.httpAddr != "" {
+		tcp, err := net.Listen("tcp", cfg.httpAddr)
+		if err != nil {
+			srv.Close()
+			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.httpAddr, err), m.Unmount())
+		}
+		lookup := func(id string) (allocdir.FS, error) {
+			if _, err := store.Get(id); err != nil {
+				return nil, err
+			}
+			return fs.NewAllocDir(logger, store, m, m.Dir(), id), nil
+		}
+		nodeSrv = &http.Server{
+			Handler:           migrate.SnapshotHandler(logger, lookup, migrate.SharedToken(cfg.token)),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		}
+		go func() { served <- nodeSrv.Serve(tcp) }()
+		logger.Info("serving snapshots to other nodes", "addr", tcp.Addr().String())
+	}
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
 		"passthrough", m.Passthrough(), "allocations", store.Len())
 
@@ -169,10 +216,16 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	logger.Info("stopping control API")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	err = srv.Shutdown(ctx)
+	if nodeSrv != nil {
+		err = errors.Join(err, nodeSrv.Shutdown(ctx))
+	}
 	cancel()
 	if err != nil {
 		logger.Warn("requests still running after the timeout; closing their connections", "timeout", shutdownTimeout, "error", err)
 		srv.Close()
+		if nodeSrv != nil {
+			nodeSrv.Close()
+		}
 	}
 	apiServer.Wait()
 	logger.Info("control API stopped")
