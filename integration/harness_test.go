@@ -33,6 +33,13 @@ type node struct {
 // listens and its mount is up.
 func startNode(t *testing.T) *node {
 	t.Helper()
+	return startNodeWith(t, nil)
+}
+
+// startNodeWith is startNode for a daemon run under prefix (nsenter into
+// a network namespace, say) with extra serve flags args.
+func startNodeWith(t *testing.T, prefix []string, args ...string) *node {
+	t.Helper()
 	// Not t.TempDir: a subtest's name would push the socket path past
 	// the 108 bytes a unix socket address can hold.
 	root, err := os.MkdirTemp("", "allocfs-it-")
@@ -55,7 +62,7 @@ func startNode(t *testing.T) *node {
 		mnt:     filepath.Join(root, "mnt"),
 		socket:  filepath.Join(root, "allocfs.sock"),
 	}
-	n.Daemon = harness.Start(t, n.dataDir, n.mnt, n.socket)
+	n.Daemon = harness.StartDaemon(t, &harness.Daemon{DataDir: n.dataDir, Mount: n.mnt, Socket: n.socket, Prefix: prefix, Args: args})
 	return n
 }
 

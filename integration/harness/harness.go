@@ -152,6 +152,9 @@ type Daemon struct {
 	DataDir, Mount, Socket string
 	// Out is the daemon's stdout and stderr, across restarts.
 	Out *SyncBuffer
+	// Prefix runs the daemon under another command (nsenter into a
+	// network namespace, say); Args are extra flags of serve.
+	Prefix, Args []string
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
@@ -165,7 +168,14 @@ type Daemon struct {
 // code).
 func Start(t testing.TB, dataDir, mnt, socket string) *Daemon {
 	t.Helper()
-	d := &Daemon{DataDir: dataDir, Mount: mnt, Socket: socket, Out: &SyncBuffer{}}
+	return StartDaemon(t, &Daemon{DataDir: dataDir, Mount: mnt, Socket: socket})
+}
+
+// StartDaemon is Start for a daemon with a Prefix or extra Args.
+func StartDaemon(t testing.TB, d *Daemon) *Daemon {
+	t.Helper()
+	d.Out = &SyncBuffer{}
+	mnt := d.Mount
 	t.Cleanup(func() {
 		d.Kill()
 		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
@@ -188,7 +198,9 @@ func (d *Daemon) start(t testing.TB) {
 	if testing.Verbose() {
 		level = "debug"
 	}
-	cmd := exec.Command(Binary(t), "serve", "--data-dir", d.DataDir, "--mount", d.Mount, "--socket", d.Socket, "--log-level", level)
+	args := append([]string{Binary(t), "serve", "--data-dir", d.DataDir, "--mount", d.Mount, "--socket", d.Socket, "--log-level", level}, d.Args...)
+	args = append(append([]string(nil), d.Prefix...), args...)
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = d.Out, d.Out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start allocfs serve: %v", err)
