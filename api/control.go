@@ -215,7 +215,7 @@ func statusCode(err error) int {
 		return http.StatusGone
 	case errors.Is(err, allocdir.ErrUnknownAlloc):
 		return http.StatusNotFound
-	case errors.Is(err, fs.ErrExists), errors.Is(err, fs.ErrNotTerminal):
+	case errors.Is(err, fs.ErrExists), errors.Is(err, fs.ErrNotTerminal), errors.Is(err, fs.ErrPinned):
 		return http.StatusConflict
 	case errors.Is(err, migrate.ErrPermissionDenied):
 		return http.StatusForbidden

@@ -31,6 +31,9 @@ var (
 	// running; it must be stopped first, or its tasks would keep writing
 	// into data that has moved.
 	ErrNotTerminal = errors.New("allocation is not terminal: stop it first")
+	// ErrPinned: a Destroy of an allocation that something is still
+	// reading (a migration streaming its snapshot).
+	ErrPinned = errors.New("allocation is pinned by a migration in progress")
 )
 
 // Names of the directories the store owns inside the data dir. The store
@@ -72,6 +75,9 @@ type Store struct {
 	// late request can be told "gone" rather than "never existed". It grows
 	// by one short string per destroyed allocation.
 	destroyed map[string]struct{}
+	// pins counts, per allocation, the readers that must finish before it
+	// may be destroyed (a snapshot streaming to another node).
+	pins map[string]int
 	// dying holds the layers Destroy is removing (or failed to remove), so
 	// that no Update can stack on a tree that is half deleted.
 	dying map[string]struct{}
@@ -105,6 +111,7 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 		dataDir:   abs,
 		allocs:    make(map[string]*State),
 		destroyed: make(map[string]struct{}),
+		pins:      make(map[string]int),
 		dying:     make(map[string]struct{}),
 		hooks:     make(map[int]func(id string)),
 	}
@@ -647,6 +654,11 @@ func (s *Store) Destroy(id string) error {
 		s.mu.Unlock()
 		s.writeMu.Unlock()
 		return err
+	}
+	if n := s.pins[id]; n > 0 {
+		s.mu.Unlock()
+		s.writeMu.Unlock()
+		return fmt.Errorf("failed to destroy allocation %s (%d readers): %w", id, n, ErrPinned)
 	}
 	delete(s.allocs, id)
 	s.mu.Unlock()

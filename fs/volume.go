@@ -272,7 +272,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			// inode while any handle is open, and a writer opening the
 			// file after its copy-up would be given this lower file to
 			// write into.
-			return n.daemonFile(lf), 0, 0
+			return n.daemonFile(lowerFile{lf.(lowerHandle)}), 0, 0
 		}
 		if errno := n.copyUp(); errno != 0 {
 			return nil, 0, errno
@@ -541,15 +541,7 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		out.Ino = n.StableAttr().Ino
 		return 0
 	}
-	if n.ovl != nil {
-		// go-fuse may hand us any open handle of the node, and one opened
-		// before a copy-up still reads the lower file: trust the path
-		// first, the handle only when the path is gone (unlinked, open).
-		if errno := n.LoopbackNode.Getattr(ctx, nil, out); errno != syscall.ENOENT || f == nil {
-			return errno
-		}
-	}
-	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	errno := n.LoopbackNode.Getattr(ctx, attrHandle(f), out)
 	if errno != syscall.ENOENT {
 		return errno
 	}
@@ -577,11 +569,7 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	if n.ovl != nil {
-		// A handle opened before the copy-up would change the lower file.
-		f = nil
-	}
-	return n.LoopbackNode.Setattr(ctx, f, in, out)
+	return n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out)
 }
 
 var _ = (gofs.NodeReadlinker)((*volNode)(nil))
@@ -663,7 +651,17 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 		out.FromStatx(&st)
 		return 0
 	}
-	return n.LoopbackNode.Statx(ctx, f, flags, mask, out)
+	if h, ok := attrHandle(f).(gofs.FileStatxer); ok {
+		return h.Statx(ctx, flags, mask, out)
+	}
+	// By path: the node is the entry itself, so a final symbolic link
+	// (swapped in by a task, say) is never followed.
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, n.backingPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	out.FromStatx(&st)
+	return 0
 }
 
 var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
@@ -692,6 +690,50 @@ type daemonHandle interface {
 	gofs.FileSetattrer
 	gofs.FileLseeker
 	gofs.FileAllocater
+}
+
+// lowerHandle is what a handle on a lower file offers: reading. go-fuse
+// answers GETATTR and SETATTR through any open handle of a node, and this
+// one would show, or change, the lower file after a copy-up: it has
+// neither, so they go by path to the copied-up file.
+type lowerHandle interface {
+	gofs.FileReader
+	gofs.FileReleaser
+	gofs.FileFlusher
+	gofs.FileFsyncer
+	gofs.FileLseeker
+}
+
+// lowerFile is a loopback file on a lower layer, reduced to lowerHandle.
+type lowerFile struct{ lowerHandle }
+
+func (lowerFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return 0, syscall.EBADF
+}
+
+// Getattr and Setattr are never called (see attrHandle); they exist to
+// complete daemonHandle.
+func (lowerFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	return syscall.ENOSYS
+}
+
+func (lowerFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return syscall.ENOSYS
+}
+
+// attrHandle is f unless it is a handle on a lower file, whose attributes
+// are not the node's once it has been copied up.
+func attrHandle(f gofs.FileHandle) gofs.FileHandle {
+	if df, ok := f.(*daemonFile); ok {
+		if _, lower := df.daemonHandle.(lowerFile); lower {
+			return nil
+		}
+	}
+	return f
+}
+
+func (lowerFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return syscall.EBADF
 }
 
 // daemonFile is an open file whose data the daemon serves: it hides the

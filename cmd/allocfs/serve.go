@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -45,6 +46,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		debugFuse bool
 		httpAddr  string
 		tokenFile string
+		gc        = fs.DefaultGCConfig()
 	)
 	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
@@ -54,6 +56,10 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
 	fset.StringVar(&httpAddr, "http-addr", "", "also serve other nodes on this TCP `address` (host:port): the snapshot endpoint of remote migration")
 	fset.StringVar(&tokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token; required with --http-addr")
+	fset.DurationVar(&gc.Interval, "gc-interval", gc.Interval, "how often the collector checks the node's `duration`")
+	fset.Float64Var(&gc.DiskUsagePercent, "gc-disk-usage-threshold", gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
+	fset.Float64Var(&gc.InodeUsagePercent, "gc-inode-usage-threshold", gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
+	fset.IntVar(&gc.MaxAllocs, "gc-max-allocs", gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
 	if err := parseFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
@@ -107,6 +113,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		mount:    fs.MountOptions{Debug: debugFuse},
 		httpAddr: httpAddr,
 		token:    token,
+		gc:       gc,
 	})
 }
 
@@ -121,6 +128,7 @@ type serveConfig struct {
 	// token.
 	httpAddr string
 	token    string
+	gc       fs.GCConfig
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
@@ -182,7 +190,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			if _, err := store.Get(id); err != nil {
 				return nil, err
 			}
-			return fs.NewAllocDir(logger, store, m, m.Dir(), id), nil
+			return pinnedFS{FS: fs.NewAllocDir(logger, store, m, m.Dir(), id), store: store, id: id}, nil
 		}
 		nodeSrv = &http.Server{
 			Handler:           migrate.SnapshotHandler(logger, lookup, migrate.SharedToken(cfg.token)),
@@ -192,6 +200,14 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		go func() { served <- nodeSrv.Serve(tcp) }()
 		logger.Info("serving snapshots to other nodes", "addr", tcp.Addr().String())
 	}
+	gcCtx, stopGC := context.WithCancel(context.Background())
+	gcDone := make(chan struct{})
+	go func() {
+		defer close(gcDone)
+		if cfg.gc.Interval > 0 {
+			fs.NewCollector(logger, store, cfg.gc).Run(gcCtx)
+		}
+	}()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
 		"passthrough", m.Passthrough(), "allocations", store.Len())
 
@@ -213,6 +229,8 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		os.Exit(exitFailed)
 	}()
 
+	stopGC()
+	<-gcDone
 	logger.Info("stopping control API")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	err = srv.Shutdown(ctx)
@@ -309,4 +327,21 @@ func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
 		return nil, fmt.Errorf("failed to restrict socket %q to its owner: %w", path, err)
 	}
 	return ln, nil
+}
+
+// pinnedFS keeps its allocation from being collected while its snapshot
+// streams to another node.
+type pinnedFS struct {
+	allocdir.FS
+	store *fs.Store
+	id    string
+}
+
+func (p pinnedFS) Snapshot(w io.Writer) error {
+	unpin, err := p.store.Pin(p.id)
+	if err != nil {
+		return err
+	}
+	defer unpin()
+	return p.FS.Snapshot(w)
 }
