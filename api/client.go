@@ -124,6 +124,54 @@ func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*fs.State,
 	return &st, nil
 }
 
+// CreateWithProgress is Create for a request that fetches from another
+// node: fn is called with each progress report of the transfer.
+func (c *Client) CreateWithProgress(ctx context.Context, req CreateAllocRequest, fn func(ProgressEvent)) (*fs.State, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("failed to encode request: %w", err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://allocfs"+AllocsPath+"?progress=1", bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		var ue *UnreachableError
+		if errors.As(err, &ue) {
+			return nil, ue
+		}
+		return nil, fmt.Errorf("request to allocfs at %s failed: %w", c.socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		apiErr := &Error{StatusCode: resp.StatusCode}
+		var eb errorBody
+		if json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBytes)).Decode(&eb) == nil {
+			apiErr.Message = eb.Error
+		}
+		return nil, apiErr
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line createLine
+		if err := dec.Decode(&line); err != nil {
+			return nil, fmt.Errorf("the create request ended without an outcome: %w", err)
+		}
+		switch {
+		case line.Progress != nil:
+			if fn != nil {
+				fn(*line.Progress)
+			}
+		case line.State != nil:
+			return line.State, nil
+		case line.Error != "":
+			return nil, &Error{StatusCode: line.Status, Message: line.Error}
+		}
+	}
+}
+
 // StopAlloc makes allocation id terminal: kept and browsable until GC.
 func (c *Client) StopAlloc(ctx context.Context, id string) (*fs.State, error) {
 	var st fs.State

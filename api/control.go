@@ -120,7 +120,11 @@ func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := s.create(r.Context(), req)
+	if r.URL.Query().Get("progress") == "1" {
+		s.createStreaming(w, r, req)
+		return
+	}
+	st, err := s.create(r.Context(), req, nil)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -2,12 +2,14 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -18,7 +20,7 @@ import (
 // create makes the allocation a request asks for and, when it names a
 // previous allocation, decides what happens to that one's data and logs
 // the decision in one line: remapped, sealed, or skipped and why.
-func (s *Server) create(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
+func (s *Server) create(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*fs.State, error) {
 	policy, err := migrate.ParsePolicy(req.Migrate)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
@@ -37,7 +39,7 @@ func (s *Server) create(ctx context.Context, req CreateAllocRequest) (*fs.State,
 		if !policy.Remote() {
 			return nil, fmt.Errorf("%w: fetching from %s needs migrate, not %q", ErrBadRequest, req.From, policy)
 		}
-		return s.createRemote(ctx, req)
+		return s.createRemote(ctx, req, progress)
 	}
 	if !policy.Local() {
 		st, err := s.store.Create(req.ID, req.Tasks)
@@ -72,9 +74,12 @@ func (s *Server) logMigration(st *fs.State, prev string, mode migrate.Mode, volu
 			continue
 		}
 		for _, l := range append([]string{v.Upper}, v.Lowers...) {
-			b, f := walkUsage(s.store.LayerPath(l))
-			bytes += b
-			files += f
+			u, err := layerUsage(s.store.LayerPath(l))
+			if err != nil {
+				s.logger.Warn("cannot measure a migrated layer", "layer", l, "error", err)
+			}
+			bytes += u.Bytes
+			files += u.Files
 		}
 	}
 	decision := "remapped"
@@ -83,24 +88,6 @@ func (s *Server) logMigration(st *fs.State, prev string, mode migrate.Mode, volu
 	}
 	s.logger.Info("migration "+decision, "previous_alloc_id", prev, "alloc_id", st.ID, "mode", mode,
 		"volumes", volumes, "bytes", bytes, "files", files, "bytes_copied", 0, "duration", elapsed)
-}
-
-// walkUsage counts the regular-file bytes and the non-directory entries
-// of a layer, on the backing store.
-func walkUsage(root string) (bytes, files int64) {
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return nil
-		}
-		files++
-		if d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				bytes += fi.Size()
-			}
-		}
-		return nil
-	})
-	return bytes, files
 }
 
 func (s *Server) stopAlloc(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +167,7 @@ func (s *Server) collect(st *fs.State, reason string) error {
 // node into staging, checked and complete, then creates the new
 // allocation on it; on any failure nothing is left in staging or in the
 // store.
-func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
+func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*fs.State, error) {
 	if _, err := s.store.Get(req.ID); err == nil {
 		return nil, fmt.Errorf("failed to create allocation %s: %w", req.ID, fs.ErrExists)
 	}
@@ -199,6 +186,7 @@ func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest) (*fs.
 		StagingDir: s.store.StagingDir(),
 		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
+		Progress:   progress,
 	})
 	if err != nil {
 		s.logger.Warn("remote migration failed; nothing was created", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "from", req.From, "error", err)
@@ -219,4 +207,37 @@ func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest) (*fs.
 		"volumes", len(dirs), "bytes", fetched.Bytes, "entries", fetched.Entries, "attempts", fetched.Attempts,
 		"verified", fetched.Verified, "duration", fetched.Duration)
 	return st, nil
+}
+
+// createStreaming answers a create with ?progress=1: 200, then one JSON
+// line per progress report of a remote fetch, then the outcome.
+func (s *Server) createStreaming(w http.ResponseWriter, r *http.Request, req CreateAllocRequest) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	var mu sync.Mutex
+	send := func(line createLine) {
+		mu.Lock()
+		defer mu.Unlock()
+		enc.Encode(line)
+		rc.Flush()
+	}
+	progress := func(p migrate.Progress) {
+		ev := &ProgressEvent{Attempt: p.Attempt, Bytes: p.Bytes, Total: p.Total, Rate: p.Rate, ElapsedMS: p.Elapsed.Milliseconds(), Done: p.Done}
+		if p.Err != nil {
+			ev.Err = p.Err.Error()
+		}
+		send(createLine{Progress: ev})
+	}
+	st, err := s.create(r.Context(), req, progress)
+	if err != nil {
+		code := statusCode(err)
+		if code == http.StatusInternalServerError {
+			s.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		}
+		send(createLine{Error: err.Error(), Status: code})
+		return
+	}
+	send(createLine{State: st})
 }

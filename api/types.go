@@ -95,3 +95,25 @@ type BackingStatus struct {
 type errorBody struct {
 	Error string `json:"error"`
 }
+
+// ProgressEvent reports how far a remote fetch got; POST /v1/allocs with
+// ?progress=1 streams them, one JSON object per line, before the result.
+type ProgressEvent struct {
+	Attempt   int     `json:"attempt"`
+	Bytes     int64   `json:"bytes"`
+	Total     int64   `json:"total"`
+	Rate      float64 `json:"rate"`
+	ElapsedMS int64   `json:"elapsed_ms"`
+	Done      bool    `json:"done,omitempty"`
+	Err       string  `json:"error,omitempty"`
+}
+
+// createLine is one line of a streamed create: a progress event, or the
+// final outcome (the new record, or an error with the status code a
+// plain request would have had).
+type createLine struct {
+	Progress *ProgressEvent `json:"progress,omitempty"`
+	State    *fs.State      `json:"state,omitempty"`
+	Error    string         `json:"error,omitempty"`
+	Status   int            `json:"status,omitempty"`
+}

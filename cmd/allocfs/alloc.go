@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path"
@@ -15,8 +17,10 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 var allocCommands = []command{
@@ -159,7 +163,22 @@ previous allocation must be stopped first.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	st, err := c.Create(ctx, api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode, From: *from, Token: token})
+	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode, From: *from, Token: token}
+	var st *fs.State
+	var err error
+	if *from != "" {
+		show := migrate.NewProgressPrinter(e.stderr, isTerminal(e.stderr))
+		st, err = c.CreateWithProgress(ctx, req, func(ev api.ProgressEvent) {
+			p := migrate.Progress{AllocID: *previous, Attempt: ev.Attempt, Bytes: ev.Bytes, Total: ev.Total, Rate: ev.Rate,
+				Elapsed: time.Duration(ev.ElapsedMS) * time.Millisecond, Done: ev.Done}
+			if ev.Err != "" {
+				p.Err = errors.New(ev.Err)
+			}
+			show(p)
+		})
+	} else {
+		st, err = c.Create(ctx, req)
+	}
 	if err != nil {
 		return err
 	}
@@ -421,4 +440,15 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// isTerminal reports whether w is a terminal, where progress is drawn on
+// one updating line.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
