@@ -17,13 +17,13 @@
 //     anything, then streams Nomad's migration tar (alloc/data, then each
 //     task's local/; see allocdir.WriteSnapshot) straight from the store,
 //     hashing it on the way;
-//  4. Fetch pipes the response body through a SHA-256 hasher and a 1 MiB
+//  4. Fetch pipes the response body through a CRC-32C hasher and a 1 MiB
 //     read-ahead into allocdir.ExtractSnapshot, which checks every entry
 //     (no escape by name, symbolic or hard link, no device, size and
 //     count limits) and writes into a private directory inside the
 //     staging directory;
 //  5. once the archive was read to its end-of-archive marker, Fetch reads
-//     the HTTP trailer X-Allocfs-Snapshot-Sha256 and compares it with
+//     the HTTP trailer X-Allocfs-Snapshot-Crc32c and compares it with
 //     what it hashed;
 //  6. the caller turns the extracted directory, [Fetched.Dir], into a
 //     layer of the new allocation (a rename inside the store's data

@@ -5,13 +5,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -63,7 +63,7 @@ const (
 var (
 	// ErrPermissionDenied: the source refused the token (HTTP 403).
 	ErrPermissionDenied = errors.New("permission denied")
-	// ErrIntegrity: the archive arrived complete but its SHA-256 is not
+	// ErrIntegrity: the archive arrived complete but its CRC-32C is not
 	// the one the source sent, or the source's trailer is unusable.
 	ErrIntegrity = errors.New("snapshot integrity check failed")
 	// errStalled is the cause an attempt is cancelled with when no byte
@@ -155,7 +155,7 @@ type Fetched struct {
 	Duration time.Duration
 	// Attempts is how many attempts it took.
 	Attempts int
-	// Verified is true when the source sent the SHA-256 trailer and it
+	// Verified is true when the source sent the CRC-32C trailer and it
 	// matched. A stock Nomad source sends none; the archive's own
 	// end-of-archive check still applied.
 	Verified bool
@@ -165,7 +165,7 @@ type Fetched struct {
 // and extracts it, with allocdir.ExtractSnapshot, into a new directory
 // inside opts.StagingDir, which it returns once the archive was read to
 // its end, every entry was accepted and, when the source sent one, the
-// SHA-256 trailer matched.
+// CRC-32C trailer matched.
 //
 // It is all or nothing: an attempt that fails leaves nothing inside
 // StagingDir. Transient failures are retried with a doubling backoff, up
@@ -349,7 +349,7 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 
 	m := &meter{
 		r:        resp.Body,
-		hash:     sha256.New(),
+		hash:     crc32.New(castagnoli),
 		wd:       wd,
 		progress: f.opts.Progress,
 		base:     Progress{AllocID: f.opts.AllocID, Attempt: attempt, Total: resp.ContentLength},
@@ -414,9 +414,9 @@ func (f *fetcher) stalled(actx context.Context, err error) error {
 }
 
 // verify reads what follows the archive, which makes the HTTP trailers
-// available, and checks the SHA-256 trailer if the source sent one.
+// available, and checks the CRC-32C trailer if the source sent one.
 func (f *fetcher) verify(actx context.Context, br *bufio.Reader, m *meter, resp *http.Response) (bool, error) {
-	_, declared := resp.Trailer[http.CanonicalHeaderKey(TrailerSHA256)]
+	_, declared := resp.Trailer[http.CanonicalHeaderKey(TrailerCRC32C)]
 	n, err := io.Copy(io.Discard, io.LimitReader(br, maxTrailingBytes+1))
 	if err != nil {
 		return false, transientErr(f.stalled(actx, fmt.Errorf("failed to read the end of the snapshot: %w", err)))
@@ -428,7 +428,7 @@ func (f *fetcher) verify(actx context.Context, br *bufio.Reader, m *meter, resp 
 		// Not ours to check: the archive itself was complete.
 		return false, nil
 	}
-	want := resp.Trailer.Get(TrailerSHA256)
+	want := resp.Trailer.Get(TrailerCRC32C)
 	if want == "" {
 		if declared {
 			f.logger.Warn("source declared an integrity trailer but did not send it; snapshot not verified")
@@ -437,11 +437,11 @@ func (f *fetcher) verify(actx context.Context, br *bufio.Reader, m *meter, resp 
 	}
 	got := m.hash.Sum(nil)
 	wantSum, err := hex.DecodeString(want)
-	if err != nil || len(wantSum) != sha256.Size {
-		return false, transientErr(fmt.Errorf("%w: malformed %s trailer %q", ErrIntegrity, TrailerSHA256, want))
+	if err != nil || len(wantSum) != crc32.Size {
+		return false, transientErr(fmt.Errorf("%w: malformed %s trailer %q", ErrIntegrity, TrailerCRC32C, want))
 	}
 	if !bytes.Equal(got, wantSum) {
-		return false, transientErr(fmt.Errorf("%w: received %d bytes with sha256 %x, source sent %s", ErrIntegrity, m.n, got, want))
+		return false, transientErr(fmt.Errorf("%w: received %d bytes with crc32c %x, source sent %s", ErrIntegrity, m.n, got, want))
 	}
 	return true, nil
 }

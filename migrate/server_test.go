@@ -6,9 +6,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -58,8 +58,8 @@ func TestSnapshotHandlerServesNomadTar(t *testing.T) {
 	if !bytes.Equal(body, snapshotBytes(t, src.alloc)) {
 		t.Error("got a body that differs from the allocation's snapshot")
 	}
-	sum := sha256.Sum256(body)
-	if got, want := resp.Trailer.Get(migrate.TrailerSHA256), hex.EncodeToString(sum[:]); got != want {
+	sum := crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli))
+	if got, want := resp.Trailer.Get(migrate.TrailerCRC32C), fmt.Sprintf("%08x", sum); got != want {
 		t.Errorf("got trailer %q, want %q", got, want)
 	}
 	tr := tar.NewReader(bytes.NewReader(body))
@@ -243,7 +243,7 @@ func TestSnapshotHandlerClientGone(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Errorf("got status %d, want 200 (sent before the failure)", w.Code)
 	}
-	if got := w.Header().Get(migrate.TrailerSHA256); got != "" {
+	if got := w.Header().Get(migrate.TrailerCRC32C); got != "" {
 		t.Errorf("got digest %q, want none for a transfer that failed", got)
 	}
 }
