@@ -127,31 +127,14 @@ func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*fs.State,
 // CreateWithProgress is Create for a request that fetches from another
 // node: fn is called with each progress report of the transfer.
 func (c *Client) CreateWithProgress(ctx context.Context, req CreateAllocRequest, fn func(ProgressEvent)) (*fs.State, error) {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("failed to encode request: %w", err)
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://allocfs"+AllocsPath+"?progress=1", bytes.NewReader(b))
+	resp, err := c.send(ctx, http.MethodPost, AllocsPath+"?progress=1", req)
 	if err != nil {
 		return nil, err
 	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.hc.Do(hreq)
-	if err != nil {
-		var ue *UnreachableError
-		if errors.As(err, &ue) {
-			return nil, ue
-		}
-		return nil, fmt.Errorf("request to allocfs at %s failed: %w", c.socket, err)
-	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		apiErr := &Error{StatusCode: resp.StatusCode}
-		var eb errorBody
-		if json.NewDecoder(io.LimitReader(resp.Body, maxAnswerBytes)).Decode(&eb) == nil {
-			apiErr.Message = eb.Error
-		}
-		return nil, apiErr
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+		return nil, answerError(resp.StatusCode, data)
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
@@ -249,6 +232,24 @@ func (c *Client) call(ctx context.Context, method, path string, in any, want int
 // do sends one request with in (if not nil) as its JSON body and returns
 // the answer's body if its status is want, or an *Error.
 func (c *Client) do(ctx context.Context, method, path string, in any, want int) ([]byte, error) {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+	if err != nil {
+		return nil, fmt.Errorf("failed to read answer to %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode != want {
+		return nil, answerError(resp.StatusCode, data)
+	}
+	return data, nil
+}
+
+// send sends one request with in (if not nil) as its JSON body; the
+// caller closes the answer's body.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -273,18 +274,15 @@ func (c *Client) do(ctx context.Context, method, path string, in any, want int) 
 		}
 		return nil, fmt.Errorf("request to allocfs at %s failed: %w", c.socket, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-	if err != nil {
-		return nil, fmt.Errorf("failed to read answer to %s %s: %w", method, path, err)
+	return resp, nil
+}
+
+// answerError is the *Error of an answer with an unexpected status.
+func answerError(code int, body []byte) error {
+	apiErr := &Error{StatusCode: code}
+	var eb errorBody
+	if json.Unmarshal(body, &eb) == nil {
+		apiErr.Message = eb.Error
 	}
-	if resp.StatusCode != want {
-		apiErr := &Error{StatusCode: resp.StatusCode}
-		var eb errorBody
-		if json.Unmarshal(data, &eb) == nil {
-			apiErr.Message = eb.Error
-		}
-		return nil, apiErr
-	}
-	return data, nil
+	return apiErr
 }
