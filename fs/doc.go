@@ -13,7 +13,25 @@
 //
 // A volume is a stack of layers (one writable upper over read-only lowers)
 // attached at a fixed point of an allocation: alloc/data, alloc/logs,
-// alloc/tmp, <task>/local and <task>/tmp each have their own. State files
+// alloc/tmp, <task>, <task>/local and <task>/tmp each have their own.
+// Layers use the kernel overlayfs's on-disk format (whiteouts are
+// character devices 0/0, opaque directories carry trusted.overlay.opaque),
+// so `mount -t overlay` can always recover a volume: a write to a lower
+// entry copies it up first (FICLONE where the filesystem can). A volume
+// can be frozen read-only (EROFS).
+//
+// # Migration and collection
+//
+// Migration between two allocations of one store changes two records and
+// nothing else: Remap (adopt) gives the new allocation the previous one's
+// layers and leaves the previous one a read-only MIGRATED-TO note; Seal
+// (snapshot) freezes the previous volumes and stacks a fresh writable
+// layer over them for the new one. A remote snapshot is extracted into
+// staging/ and becomes layers by rename (ImportLayer). Destroy only removes
+// layers no other allocation references, so layers stacked under a live
+// allocation survive their owner; Pin keeps an allocation whose snapshot
+// is streaming from being destroyed; the Collector destroys terminal
+// allocations, oldest first, under Nomad's GC triggers. State files
 // are replaced atomically (write temp, fsync, rename), so a crash leaves
 // either the old record or the new one, and restarting the daemon reloads
 // every allocation.
