@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -317,8 +318,11 @@ func copyEntry(srcRoot, rel, dst string) error {
 	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-// copyFile copies a regular file's bytes into a temporary file next to
-// dst, then renames it into place.
+// copyFile copies a regular file's bytes into an unnamed file (O_TMPFILE)
+// in dst's directory and links it in under dst only once complete, so a
+// crash never leaves a partial file, or a temporary name, behind. Where
+// the filesystem has no O_TMPFILE it falls back to a temporary name that
+// is renamed into place.
 func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
 	fd, err := openInLayer(srcRoot, rel, unix.O_RDONLY)
 	if err != nil {
@@ -326,6 +330,26 @@ func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
 	}
 	in := os.NewFile(uintptr(fd), filepath.Join(srcRoot, rel))
 	defer in.Close()
+	fill := func(out *os.File) error {
+		if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
+			if _, err := io.Copy(out, in); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tfd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, perm&0o777)
+	if err == nil {
+		out := os.NewFile(uintptr(tfd), dst)
+		defer out.Close()
+		if err := fill(out); err != nil {
+			return err
+		}
+		return unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tfd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EISDIR) {
+		return err
+	}
 	var suffix [6]byte
 	if _, err := rand.Read(suffix[:]); err != nil {
 		return err
@@ -340,11 +364,9 @@ func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
 			os.Remove(tmp)
 		}
 	}()
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
-		if _, err := io.Copy(out, in); err != nil {
-			out.Close()
-			return err
-		}
+	if err := fill(out); err != nil {
+		out.Close()
+		return err
 	}
 	if err := out.Close(); err != nil {
 		return err

@@ -146,6 +146,9 @@ func TestMountOverlay(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(upper, "f")); err != nil || fi.Mode().Perm() != 0o640 {
 		t.Errorf("mode of the copied-up f: got %v, %v; want 0640", fi, err)
 	}
+	if names, _ := filepath.Glob(filepath.Join(upper, ".allocfs-copyup-*")); len(names) != 0 {
+		t.Errorf("temporary copy-up files left in the upper layer: %v", names)
+	}
 
 	// Deleting a lower file leaves a whiteout; the directory then lists
 	// empty and can be removed; made again, it is empty.
