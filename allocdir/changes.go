@@ -71,42 +71,59 @@ func PollChanges(ctx context.Context, stat StatFunc, lastSize int64) (*FileChang
 	}
 	changes := NewFileChanges()
 	go func() {
-		prevSize := lastSize
-		prevMod := first.ModTime()
 		ticker := time.NewTicker(PollInterval)
 		defer ticker.Stop()
-		for {
+		followChanges(stat, first, lastSize, changes, func() bool {
 			select {
 			case <-ctx.Done():
-				return
+				return false
 			case <-ticker.C:
+				return true
 			}
-			fi, err := stat()
-			if err != nil {
-				// Unlike Nomad's watcher, a stat failure that is not
-				// "gone" does not kill the process: the follower sees the
-				// file as deleted and stops.
-				changes.NotifyDeleted()
-				return
-			}
-			if !sameInode(first, fi) {
-				changes.NotifyDeleted()
-				return
-			}
-			size := fi.Size()
-			switch {
-			case size < prevSize:
-				changes.NotifyTruncated()
-			case size > prevSize:
-				changes.NotifyModified()
-			case !fi.ModTime().Equal(prevMod):
-				changes.NotifyModified()
-			}
-			prevSize = size
-			prevMod = fi.ModTime()
-		}
+		})
 	}()
 	return changes, nil
+}
+
+// followChanges compares each new stat of a file with the previous one and
+// reports the difference, until wait says stop or the file is deleted.
+// wait blocks until it is time to look again.
+func followChanges(stat StatFunc, first os.FileInfo, lastSize int64, changes *FileChanges, wait func() bool) {
+	// The file may already differ from what the follower has read; that
+	// is reported at once, not at the first change after it.
+	prevSize := first.Size()
+	prevMod := first.ModTime()
+	switch {
+	case prevSize < lastSize:
+		changes.NotifyTruncated()
+	case prevSize > lastSize:
+		changes.NotifyModified()
+	}
+	for wait() {
+		fi, err := stat()
+		if err != nil {
+			// Unlike Nomad's watcher, a stat failure that is not "gone"
+			// does not kill the process: the follower sees the file as
+			// deleted and stops.
+			changes.NotifyDeleted()
+			return
+		}
+		if !sameInode(first, fi) {
+			changes.NotifyDeleted()
+			return
+		}
+		size := fi.Size()
+		switch {
+		case size < prevSize:
+			changes.NotifyTruncated()
+		case size > prevSize:
+			changes.NotifyModified()
+		case !fi.ModTime().Equal(prevMod):
+			changes.NotifyModified()
+		}
+		prevSize = size
+		prevMod = fi.ModTime()
+	}
 }
 
 // PollExists returns a channel that receives nil once stat reports the

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"syscall"
+	"time"
 )
 
 // ReadFS is what the shared read side needs of an implementation: an
@@ -35,6 +36,21 @@ type ReadSide struct {
 	// called once per operation, so an implementation can hand out fds
 	// that live only as long as the operation.
 	Open func() (ReadFS, func(), error)
+	// Notifier, when set, makes BlockUntilExists and ChangeEvents wait for
+	// kernel events about the host directories that back the paths they
+	// follow (the ReadFS must be a BackedFS) instead of polling. Their
+	// subscriptions are tagged with AllocID.
+	Notifier *Notifier
+}
+
+// BackedFS is a ReadFS that can say which host directory holds a name, so
+// that followers can be woken by inotify.
+type BackedFS interface {
+	ReadFS
+	// Backing returns the host directory root and the path rel under it
+	// that hold name (which need not exist yet). ok is false for names no
+	// host directory holds: synthesised or memory-only ones.
+	Backing(name string) (root, rel string, ok bool)
 }
 
 // fsPath turns a resolved path into an fs.FS name.
@@ -197,18 +213,126 @@ func (r ReadSide) statResolved(p string) (os.FileInfo, error) {
 	return fsys.Lstat(fsPath(resolved))
 }
 
-// BlockUntilExists implements FS.BlockUntilExists by polling.
+// BlockUntilExists implements FS.BlockUntilExists: by inotify when the
+// ReadSide has a Notifier, else by polling.
 func (r ReadSide) BlockUntilExists(ctx context.Context, p string) (chan error, error) {
 	if _, err := SplitRequest(p); err != nil {
 		return nil, err
 	}
-	if _, err := r.statResolved(p); errors.Is(err, ErrEscapes) {
+	stat := func() (os.FileInfo, error) { return r.statResolved(p) }
+	if r.Notifier == nil {
+		if _, err := stat(); errors.Is(err, ErrEscapes) {
+			return nil, err
+		}
+		return PollExists(ctx, stat), nil
+	}
+	sub := r.Notifier.Subscribe(r.AllocID)
+	armed := r.arm(sub, p)
+	if _, err := stat(); errors.Is(err, ErrEscapes) {
+		sub.Close()
 		return nil, err
 	}
-	return PollExists(ctx, func() (os.FileInfo, error) { return r.statResolved(p) }), nil
+	result := make(chan error, 1)
+	go func() {
+		defer close(result)
+		defer sub.Close()
+		wait := r.waiter(ctx, sub, p, armed)
+		for {
+			_, err := stat()
+			switch {
+			case err == nil:
+				result <- nil
+				return
+			case !errors.Is(err, fs.ErrNotExist):
+				result <- err
+				return
+			}
+			if !wait() {
+				result <- ctx.Err()
+				return
+			}
+		}
+	}()
+	return result, nil
 }
 
-// ChangeEvents implements FS.ChangeEvents by polling.
+// ChangeEvents implements FS.ChangeEvents: by inotify when the ReadSide
+// has a Notifier, else by polling.
 func (r ReadSide) ChangeEvents(ctx context.Context, p string, curOffset int64) (*FileChanges, error) {
-	return PollChanges(ctx, func() (os.FileInfo, error) { return r.statResolved(p) }, curOffset)
+	stat := func() (os.FileInfo, error) { return r.statResolved(p) }
+	if r.Notifier == nil {
+		return PollChanges(ctx, stat, curOffset)
+	}
+	sub := r.Notifier.Subscribe(r.AllocID)
+	// Armed before the first stat, so that no change between the two is
+	// missed.
+	armed := r.arm(sub, p)
+	first, err := stat()
+	if err != nil {
+		sub.Close()
+		return nil, err
+	}
+	changes := NewFileChanges()
+	go func() {
+		defer sub.Close()
+		followChanges(stat, first, curOffset, changes, r.waiter(ctx, sub, p, armed))
+	}()
+	return changes, nil
+}
+
+// waiter returns the wait function of a follower of p: it blocks until the
+// subscription is woken, then re-arms it (what p resolves to may have
+// changed). While the subscription cannot be armed (the inotify watch
+// limit, say) the follower polls as well, so it never waits forever.
+func (r ReadSide) waiter(ctx context.Context, sub *Subscription, p string, armed bool) func() bool {
+	return func() bool {
+		var tick <-chan time.Time
+		if !armed {
+			t := time.NewTimer(PollInterval)
+			defer t.Stop()
+			tick = t.C
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-sub.C:
+		case <-tick:
+		}
+		armed = r.arm(sub, p)
+		return true
+	}
+}
+
+// arm points sub at the host directory that holds what p resolves to now,
+// or at the nearest one on its way while it does not exist yet. It
+// reports false when p has no host directory and the caller must poll;
+// names that are memory-only or synthesised count as armed, since only
+// the store's own changes (Wake) can change them.
+func (r ReadSide) arm(sub *Subscription, p string) bool {
+	fsys, release, err := r.Open()
+	if err != nil {
+		// The allocation is gone or not built: the store wakes its
+		// followers when that changes.
+		return true
+	}
+	defer release()
+	b, ok := fsys.(BackedFS)
+	if !ok {
+		return false
+	}
+	resolved, err := r.resolve(fsys, p, true)
+	var pe *PathError
+	switch {
+	case err == nil:
+	case errors.As(err, &pe) && pe.Resolved != "" && errors.Is(err, fs.ErrNotExist):
+		// Wait where the way stops: the first missing component.
+		resolved = pe.Resolved
+	default:
+		return true
+	}
+	root, rel, ok := b.Backing(fsPath(resolved))
+	if !ok {
+		return true
+	}
+	return sub.Arm(root, rel) == nil
 }

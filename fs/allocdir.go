@@ -41,6 +41,10 @@ var _ allocdir.Interface = (*AllocDir)(nil)
 // mount, when not nil, is the live mount of store: its memory-only
 // secrets and private directories are then listed too.
 func NewAllocDir(logger hclog.Logger, store *Store, mount *Mount, mountDir, id string) *AllocDir {
+	// The store's notifier starts with its first AllocDir rather than with
+	// its first follower, so that following never starts a goroutine that
+	// outlives it.
+	store.notifier()
 	return &AllocDir{
 		logger:   logger.Named("alloc_dir").With("alloc_id", id),
 		store:    store,
@@ -141,6 +145,7 @@ func (a *AllocDir) readSide() allocdir.ReadSide {
 			f := &storeFS{a: a, st: st}
 			return f, f.close, nil
 		},
+		Notifier: a.store.notifier(),
 	}
 }
 
@@ -212,9 +217,11 @@ type where struct {
 	skeleton []string // names of a synthesised directory, when it is one
 	layerFS  allocdir.ReadFS
 	rest     string // path inside the volume
-	mem      *memDir
-	memRest  []string
-	base     string // the path's last component
+	// upperRoot is the host path of the volume's upper layer.
+	upperRoot string
+	mem       *memDir
+	memRest   []string
+	base      string // the path's last component
 }
 
 func (f *storeFS) locate(name string) (*where, error) {
@@ -302,7 +309,7 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 	if r == "" {
 		r = "."
 	}
-	return &where{layerFS: vfs, rest: r, base: base}, nil
+	return &where{layerFS: vfs, rest: r, base: base, upperRoot: f.a.store.LayerPath(v.Upper)}, nil
 }
 
 // memRoot returns the live memory directory of a task, or nil when there

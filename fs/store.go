@@ -86,6 +86,9 @@ type Store struct {
 	hooks   map[int]func(id string)
 	hookSeq int
 
+	// events wakes followers of the store's files; see watch.go.
+	events storeEvents
+
 	// fault, when set (by tests), is called before the store's disk steps
 	// ("mkdir" and "remove" of a layer, "write" of a state file) with the
 	// path concerned; an error makes that step fail as the disk would.

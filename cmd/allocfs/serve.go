@@ -254,6 +254,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), err, m.Dir()))
 	}
 	logger.Info("unmounted", "mount", m.Dir())
+	if err := store.Close(); err != nil {
+		failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
+	}
 	if failure != nil {
 		return failure
 	}

@@ -1,0 +1,62 @@
+package fs
+
+import (
+	"path/filepath"
+	"sync"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// storeEvents is the store's one inotify notifier, started by the first
+// follower. Writes through the mount reach the backing files either
+// through the daemon or, with passthrough, straight from the kernel; in
+// both cases the kernel reports them on the backing directories, which is
+// where followers of the read side wait. Changes of the store's own
+// records (a remap, a destroy) produce no such event, so the store wakes
+// an allocation's followers itself.
+type storeEvents struct {
+	once     sync.Once
+	notifier *allocdir.Notifier
+	err      error
+	unhook   func()
+}
+
+// notifier returns the store's notifier, or nil (followers then poll) when
+// inotify is unavailable; the reason is logged once.
+func (s *Store) notifier() *allocdir.Notifier {
+	s.events.once.Do(func() {
+		n, err := allocdir.NewNotifier()
+		if err != nil {
+			s.events.err = err
+			s.logger.Warn("file followers will poll: inotify is unavailable", "error", err)
+			return
+		}
+		s.events.notifier = n
+		s.events.unhook = s.OnChange(n.Wake)
+	})
+	return s.events.notifier
+}
+
+// Close releases what the store holds open: the followers' notifier. The
+// store's records and layers stay as they are.
+func (s *Store) Close() error {
+	s.events.once.Do(func() {})
+	if s.events.notifier == nil {
+		return nil
+	}
+	s.events.unhook()
+	return s.events.notifier.Close()
+}
+
+var _ allocdir.BackedFS = (*storeFS)(nil)
+
+// Backing implements allocdir.BackedFS: a volume path lives in its upper
+// layer, where every write to it lands (a lower layer's file is copied up
+// first, which shows as a creation there).
+func (f *storeFS) Backing(name string) (root, rel string, ok bool) {
+	w, err := f.locate(name)
+	if err != nil || w.upperRoot == "" {
+		return "", "", false
+	}
+	return w.upperRoot, filepath.Clean(w.rest), true
+}
