@@ -1,0 +1,692 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
+)
+
+// maxLowers bounds the lower layers of a volume. Every snapshot migration
+// adds one, and a name missing from the upper layer costs one lstat per
+// lower on lookup, so without a bound a long-lived job's lookups slow down
+// with every deploy. Four keeps a miss within five backing lookups (about
+// what a plain path of that depth costs) while leaving room for the
+// layers a stopped previous allocation still needs on its own: below it,
+// each flatten relinks little more than a generation's changes.
+const maxLowers = 4
+
+// errFlattenRaced reports that the store changed while a merged layer was
+// being built, so that it no longer stands in for the pair it was built
+// from. Nothing was changed; the next pass plans again.
+var errFlattenRaced = errors.New("the layers changed while they were being merged")
+
+// retiredLayers are layers a flatten replaced whose trees could not be
+// removed yet: a reader pinned one of the allocations that used them, and
+// may have resolved their paths before the switch.
+type retiredLayers struct {
+	layers []string
+	allocs []string
+}
+
+// flattenPlan is one merge: upper sits directly on lower in every volume
+// that references either.
+type flattenPlan struct {
+	upper, lower string
+	// key is the volume over the bound that asked for the merge; other
+	// volumes (the stopped previous allocation's frozen view) share it.
+	key string
+	// allocs are the allocations that reference the pair, sorted.
+	allocs []string
+	// through is set when some volume has layers below the pair, so the
+	// merged layer must keep hiding what the pair hid (whiteouts, opaque
+	// directories); with nothing below they are dropped.
+	through bool
+}
+
+// Flatten merges adjacent lower layers until no volume has more than
+// maxLowers of them, or no pair of the deep ones can be merged: a pair
+// can only be merged when every volume that references either layer
+// stacks them the same way, which a stopped previous allocation's frozen
+// view breaks until it is collected. It returns how many merges it made.
+// Merges run one at a time; each costs one link(2) per entry of the pair
+// and copies no bytes (see flatten).
+func (s *Store) Flatten() (int, error) {
+	var errs []error
+	if err := s.reclaimRetired(); err != nil {
+		errs = append(errs, err)
+	}
+	n := 0
+	for {
+		plan, err := s.nextPlan()
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if plan == nil {
+			break
+		}
+		if err := s.flatten(plan); err != nil {
+			// A failed or raced merge changed nothing: trying the same
+			// pair again in this pass would fail the same way.
+			if !errors.Is(err, errFlattenRaced) {
+				errs = append(errs, err)
+			}
+			break
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// nextPlan chooses the next merge: among the mergeable adjacent lower
+// layers of volumes over the bound, the pair with the fewest entries,
+// because each merge relinks everything in both layers and merging the
+// small, recent deltas first keeps the large base layers from being
+// relinked on every generation. It returns nil when there is nothing to do.
+func (s *Store) nextPlan() (*flattenPlan, error) {
+	s.mu.RLock()
+	var cands []*flattenPlan
+	seen := make(map[[2]string]bool)
+	for _, id := range sortedKeys(allocSet(s.allocs)) {
+		st := s.allocs[id]
+		for _, key := range sortedVolumeKeys(st) {
+			v := st.Volumes[key]
+			if v == nil || len(v.Lowers) <= maxLowers {
+				continue
+			}
+			for i := 0; i+1 < len(v.Lowers); i++ {
+				pair := [2]string{v.Lowers[i], v.Lowers[i+1]}
+				if seen[pair] {
+					continue
+				}
+				seen[pair] = true
+				if p := s.mergeableLocked(pair[0], pair[1]); p != nil {
+					p.key = key
+					cands = append(cands, p)
+				}
+			}
+		}
+	}
+	s.mu.RUnlock()
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	// Layers below the writable upper never change, so they can be
+	// counted without holding the store.
+	counts := make(map[string]int)
+	count := func(l string) (int, error) {
+		if n, ok := counts[l]; ok {
+			return n, nil
+		}
+		n, err := countEntries(s.LayerPath(l))
+		if err != nil {
+			return 0, fmt.Errorf("failed to count entries of layer %s: %w", l, err)
+		}
+		counts[l] = n
+		return n, nil
+	}
+	var best *flattenPlan
+	bestCost := 0
+	for _, p := range cands {
+		a, err := count(p.upper)
+		if err != nil {
+			return nil, err
+		}
+		b, err := count(p.lower)
+		if err != nil {
+			return nil, err
+		}
+		if best == nil || a+b < bestCost {
+			best, bestCost = p, a+b
+		}
+	}
+	return best, nil
+}
+
+// mergeableLocked returns the plan for merging upper onto lower, or nil
+// if some volume references one without the other directly below it,
+// writes into one of them, or belongs to a pinned allocation (a snapshot
+// streaming from those paths). The caller holds mu.
+func (s *Store) mergeableLocked(upper, lower string) *flattenPlan {
+	if upper == lower {
+		return nil
+	}
+	for _, l := range []string{upper, lower} {
+		if _, ok := s.dying[l]; ok {
+			return nil
+		}
+	}
+	p := &flattenPlan{upper: upper, lower: lower}
+	for _, id := range sortedKeys(allocSet(s.allocs)) {
+		st := s.allocs[id]
+		uses := false
+		for _, v := range st.Volumes {
+			if v == nil {
+				continue
+			}
+			if !v.ReadOnly && (v.Upper == upper || v.Upper == lower) {
+				return nil
+			}
+			stack := frozenStack(v)
+			i, j := indexOf(stack, upper), indexOf(stack, lower)
+			if i < 0 && j < 0 {
+				continue
+			}
+			if i < 0 || j != i+1 {
+				return nil
+			}
+			uses = true
+			if j+1 < len(stack) {
+				p.through = true
+			}
+		}
+		if !uses {
+			continue
+		}
+		if s.pins[id] > 0 {
+			return nil
+		}
+		p.allocs = append(p.allocs, id)
+	}
+	if len(p.allocs) == 0 {
+		return nil
+	}
+	return p
+}
+
+// frozenStack is the part of a volume's stack that nothing writes: its
+// lowers, and its upper too when the volume is frozen (a stopped previous
+// allocation keeps its sealed layer as a read-only upper).
+func frozenStack(v *Volume) []string {
+	if v.ReadOnly {
+		return v.layers()
+	}
+	return v.Lowers
+}
+
+func indexOf(list []string, s string) int {
+	for i, e := range list {
+		if e == s {
+			return i
+		}
+	}
+	return -1
+}
+
+func allocSet(m map[string]*State) map[string]struct{} {
+	out := make(map[string]struct{}, len(m))
+	for id := range m {
+		out[id] = struct{}{}
+	}
+	return out
+}
+
+func sortedVolumeKeys(st *State) []string {
+	keys := make([]string, 0, len(st.Volumes))
+	for k := range st.Volumes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// flatten carries out one merge. The merged layer is built in staging
+// (emptied at every start, so a crash leaves nothing to undo), made
+// durable, renamed into layers/, and only then named by the records; the
+// pair is removed once no record names it. Every record taken on its own
+// shows the same files before and after the switch, because the merged
+// layer reads the same as the pair, so a crash between two records' writes
+// leaves every allocation consistent, with both the pair and the merged
+// layer kept (they share their files' inodes, not their bytes).
+func (s *Store) flatten(p *flattenPlan) (err error) {
+	start := time.Now()
+	stage, err := os.MkdirTemp(s.StagingDir(), "flatten-*")
+	if err != nil {
+		return fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, err)
+	}
+	merged := ""
+	defer func() {
+		if err == nil {
+			return
+		}
+		if rerr := allocdir.RemoveAll(stage); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("failed to remove staging dir %q: %w", stage, rerr))
+		}
+		if merged != "" {
+			err = errors.Join(err, s.removeFresh([]string{merged}))
+		}
+	}()
+	m := &merger{s: s, dst: stage}
+	if err := m.build(s.LayerPath(p.upper), s.LayerPath(p.lower), p.through); err != nil {
+		return fmt.Errorf("failed to merge layer %s onto %s: %w", p.upper, p.lower, err)
+	}
+	// The links and directories must be on disk before a record names
+	// them; one syncfs is cheaper than an fsync per directory.
+	if err := syncFS(stage); err != nil {
+		return fmt.Errorf("failed to sync merged layer: %w", err)
+	}
+	merged, err = s.ImportLayer(stage)
+	if err != nil {
+		return fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, err)
+	}
+
+	allocs, err := s.switchLayers(p, merged)
+	var rb *rollbackError
+	if errors.As(err, &rb) {
+		// A record still names the merged layer: it must stay.
+		s.logger.Error("flatten failed and could not be undone; the merged layer stays in use",
+			"upper", p.upper, "lower", p.lower, "merged", merged, "error", err)
+		merged = ""
+	}
+	if err != nil {
+		return err
+	}
+	id := merged
+	merged = "" // named by the records now: never removed on failure
+	removed, rerr := s.retire(p, allocs)
+	s.logger.Info("flattened layers",
+		"upper", p.upper, "lower", p.lower, "merged", id, "volume", p.key,
+		"allocs", strings.Join(allocs, ","), "links", m.links, "dirs", m.dirs,
+		"removed", removed, "duration", time.Since(start))
+	if rerr != nil {
+		return fmt.Errorf("flattened layers %s and %s, but: %w", p.upper, p.lower, rerr)
+	}
+	return nil
+}
+
+// switchLayers makes every allocation that stacks the pair name the
+// merged layer instead, one record at a time, each written atomically and
+// published so that the mount forgets what it cached. If the store moved
+// on while the layer was built, or a write fails, the records already
+// switched are switched back. It returns the allocations switched.
+func (s *Store) switchLayers(p *flattenPlan, merged string) ([]string, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.RLock()
+	now := s.mergeableLocked(p.upper, p.lower)
+	s.mu.RUnlock()
+	// A merged layer built without whiteouts cannot stand over layers
+	// that something stacked under the pair since.
+	if now == nil || (now.through && !p.through) {
+		return nil, fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, errFlattenRaced)
+	}
+	var done []*State // the records as they were, for rollback
+	for _, id := range now.allocs {
+		old, err := s.Get(id)
+		if err != nil {
+			return nil, errors.Join(err, s.rollback(done))
+		}
+		st := old.Clone()
+		for _, v := range st.Volumes {
+			if v != nil {
+				replacePair(v, p.upper, p.lower, merged)
+			}
+		}
+		if err := s.commit(st); err != nil {
+			err = fmt.Errorf("failed to switch allocation %s to merged layer %s: %w", id, merged, err)
+			return nil, errors.Join(err, s.rollback(done))
+		}
+		done = append(done, old)
+	}
+	return now.allocs, nil
+}
+
+// rollback writes back records a failed switch had changed, newest first.
+// If one cannot be written back, its allocation keeps the merged layer,
+// which reads the same as the pair: nothing is lost, but the merged layer
+// is then in use and the caller must not remove it.
+func (s *Store) rollback(states []*State) error {
+	var errs []error
+	for i := len(states) - 1; i >= 0; i-- {
+		if err := s.commit(states[i]); err != nil {
+			errs = append(errs, fmt.Errorf("failed to restore allocation %s: %w", states[i].ID, err))
+		}
+	}
+	if len(errs) > 0 {
+		return &rollbackError{errors.Join(errs...)}
+	}
+	return nil
+}
+
+// rollbackError marks a rollback that left a record naming the merged
+// layer.
+type rollbackError struct{ err error }
+
+func (e *rollbackError) Error() string { return e.err.Error() }
+func (e *rollbackError) Unwrap() error { return e.err }
+
+// replacePair puts merged in the place of upper stacked on lower.
+func replacePair(v *Volume, upper, lower, merged string) {
+	if v.ReadOnly && v.Upper == upper && len(v.Lowers) > 0 && v.Lowers[0] == lower {
+		v.Upper = merged
+		v.Lowers = v.Lowers[1:]
+	} else if i := indexOf(v.Lowers, upper); i >= 0 && i+1 < len(v.Lowers) && v.Lowers[i+1] == lower {
+		v.Lowers = append(append(append([]string(nil), v.Lowers[:i]...), merged), v.Lowers[i+2:]...)
+	}
+	if len(v.Lowers) == 0 {
+		v.Lowers = nil
+	}
+}
+
+// retire removes the pair a flatten replaced, unless something still
+// references it or a reader pinned one of the allocations that used it:
+// a snapshot that resolved the old paths before the switch must be able
+// to finish, so the pair then waits for a later pass (reclaimRetired). It
+// returns how many layers it removed.
+func (s *Store) retire(p *flattenPlan, allocs []string) (int, error) {
+	s.mu.Lock()
+	for _, id := range allocs {
+		if s.pins[id] > 0 {
+			s.retired = append(s.retired, retiredLayers{layers: []string{p.upper, p.lower}, allocs: allocs})
+			s.mu.Unlock()
+			s.logger.Debug("flattened layers kept while a reader is pinned", "alloc_id", id, "layers", p.upper+","+p.lower)
+			return 0, nil
+		}
+	}
+	owned := s.claimLocked([]string{p.upper, p.lower})
+	s.mu.Unlock()
+	return s.removeClaimed(owned)
+}
+
+// claimLocked marks as dying the layers that nothing references, so that
+// nothing can stack on them while they are removed, and returns them. The
+// caller holds mu.
+func (s *Store) claimLocked(layers []string) []string {
+	var owned []string
+	for _, l := range layers {
+		if _, ok := s.dying[l]; ok || s.referencedLocked(l) {
+			continue
+		}
+		s.dying[l] = struct{}{}
+		owned = append(owned, l)
+	}
+	return owned
+}
+
+// removeClaimed removes layers claimLocked returned. One that cannot be
+// removed stays dying, and so unusable, as Destroy leaves it.
+func (s *Store) removeClaimed(owned []string) (int, error) {
+	var errs []error
+	n := 0
+	for _, l := range owned {
+		if err := s.removeLayer(l); err != nil {
+			errs = append(errs, fmt.Errorf("failed to remove flattened layer %s: %w", l, err))
+			continue
+		}
+		s.mu.Lock()
+		delete(s.dying, l)
+		s.mu.Unlock()
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// reclaimRetired removes the retired layers whose allocations are no
+// longer pinned: a reader that pins them now reads the current records,
+// which no longer name those layers.
+func (s *Store) reclaimRetired() error {
+	s.mu.Lock()
+	var owned []string
+	keep := s.retired[:0]
+	for _, r := range s.retired {
+		pinned := false
+		for _, id := range r.allocs {
+			pinned = pinned || s.pins[id] > 0
+		}
+		if pinned {
+			keep = append(keep, r)
+			continue
+		}
+		owned = append(owned, s.claimLocked(r.layers)...)
+	}
+	s.retired = keep
+	s.mu.Unlock()
+	_, err := s.removeClaimed(owned)
+	return err
+}
+
+// syncFS flushes the filesystem holding p.
+func syncFS(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return &os.PathError{Op: "syncfs", Path: p, Err: err}
+	}
+	return nil
+}
+
+// countEntries counts the entries of a tree, directories included.
+func countEntries(root string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(root, func(_ string, _ iofs.DirEntry, err error) error {
+		n++
+		return err
+	})
+	return n, err
+}
+
+// merger builds, under dst, one layer that reads like an upper layer
+// stacked on a lower one, in the overlayfs format. Files and every other
+// non-directory are hard links to the pair's own inodes, so no byte is
+// copied and an open file stays the same file; directories are made anew
+// with their source's mode, owner, times and extended attributes.
+type merger struct {
+	s   *Store
+	dst string
+	// links and dirs count what the merge made, for the log.
+	links, dirs int
+}
+
+// build fills m.dst, an empty directory, from the layer roots upper and
+// lower. through says that layers below the pair may show through the
+// merged one, which then keeps the whiteouts and opaque marks needed to
+// hide them.
+func (m *merger) build(upper, lower string, through bool) error {
+	srcs := []string{upper}
+	opaque := isOpaque(upper)
+	if !opaque {
+		srcs = append(srcs, lower)
+		opaque = isOpaque(lower)
+	}
+	return m.dir("", srcs, opaque, through)
+}
+
+// dir fills the directory rel of the merged layer, already created, with
+// the entries of the directories rel in srcs (layer roots, upper first: a
+// name in the first hides the same name in the second), then gives it
+// the attributes of srcs[0]'s, which is the one the pair showed. opaque
+// says that nothing below the merged layer may show through rel; through
+// that something would, were it not opaque, so the mark is needed.
+func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
+	dst := filepath.Join(m.dst, rel)
+	childThrough := through && !opaque
+	seen := make(map[string]bool)
+	for k, src := range srcs {
+		entries, err := os.ReadDir(filepath.Join(src, rel))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			child := filepath.Join(rel, name)
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(src, child), &st); err != nil {
+				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
+			}
+			if !isDir(&st) {
+				if isWhiteout(&st) && !childThrough {
+					continue // hides nothing any more
+				}
+				if err := m.link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
+					return err
+				}
+				continue
+			}
+			csrcs, copaque, err := childSources(srcs, k, child)
+			if err != nil {
+				return err
+			}
+			if err := m.mkdir(filepath.Join(m.dst, child)); err != nil {
+				return err
+			}
+			if err := m.dir(child, csrcs, copaque, childThrough); err != nil {
+				return err
+			}
+		}
+	}
+	return copyDirAttrs(filepath.Join(srcs[0], rel), dst, opaque && through)
+}
+
+// childSources returns, for a directory child found in srcs[k], the
+// layers whose directories merge into it and whether it hides everything
+// below. The upper's directory merges with the lower's only when it is
+// not opaque and the lower holds a directory there too; a whiteout or a
+// non-directory in the lower hides the layers below it, so the merged
+// directory must then be opaque.
+func childSources(srcs []string, k int, child string) ([]string, bool, error) {
+	top := filepath.Join(srcs[k], child)
+	if isOpaque(top) {
+		return []string{srcs[k]}, true, nil
+	}
+	if k+1 >= len(srcs) {
+		return []string{srcs[k]}, false, nil
+	}
+	under := filepath.Join(srcs[k+1], child)
+	var st syscall.Stat_t
+	switch err := syscall.Lstat(under, &st); {
+	case errors.Is(err, syscall.ENOENT):
+		return []string{srcs[k]}, false, nil
+	case err != nil:
+		return nil, false, err
+	case isDir(&st):
+		return []string{srcs[k], srcs[k+1]}, isOpaque(under), nil
+	default:
+		return []string{srcs[k]}, true, nil
+	}
+}
+
+func (m *merger) link(src, dst string) error {
+	if m.s.fault != nil {
+		if err := m.s.fault("flatten-link", dst); err != nil {
+			return &os.LinkError{Op: "link", Old: src, New: dst, Err: err}
+		}
+	}
+	if err := unix.Linkat(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, 0); err != nil {
+		return &os.LinkError{Op: "link", Old: src, New: dst, Err: err}
+	}
+	m.links++
+	return nil
+}
+
+func (m *merger) mkdir(dst string) error {
+	if m.s.fault != nil {
+		if err := m.s.fault("flatten-mkdir", dst); err != nil {
+			return &os.PathError{Op: "mkdir", Path: dst, Err: err}
+		}
+	}
+	if err := unix.Mkdir(dst, 0o700); err != nil {
+		return &os.PathError{Op: "mkdir", Path: dst, Err: err}
+	}
+	m.dirs++
+	return nil
+}
+
+// copyDirAttrs gives the directory dst the extended attributes, owner,
+// mode and times of src, in that order: chown may clear set-id bits, so
+// the mode follows it, and the times come last because setting anything
+// else would move them. The opaque mark is set only when asked, since the
+// merged directory may need it where its source had none, or not need it
+// where its source had one.
+func copyDirAttrs(src, dst string, opaque bool) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: src, Err: err}
+	}
+	names, err := listXattrs(src)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if name == opaqueXattr {
+			continue
+		}
+		val, err := getXattr(src, name)
+		if err != nil {
+			return err
+		}
+		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
+			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
+		}
+	}
+	if opaque {
+		if err := unix.Lsetxattr(dst, opaqueXattr, []byte("y"), 0); err != nil {
+			return &os.PathError{Op: "setxattr " + opaqueXattr, Path: dst, Err: err}
+		}
+	}
+	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+		return &os.PathError{Op: "chown", Path: dst, Err: err}
+	}
+	if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
+		return &os.PathError{Op: "chmod", Path: dst, Err: err}
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimes", Path: dst, Err: err}
+	}
+	return nil
+}
+
+// listXattrs returns the names of p's extended attributes.
+func listXattrs(p string) ([]string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Llistxattr(p, buf)
+		if errors.Is(err, unix.ERANGE) {
+			continue
+		}
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "listxattr", Path: p, Err: err}
+		}
+		var out []string
+		for _, name := range strings.Split(string(buf[:n]), "\x00") {
+			if name != "" {
+				out = append(out, name)
+			}
+		}
+		return out, nil
+	}
+}
+
+// getXattr returns the value of p's extended attribute name.
+func getXattr(p, name string) ([]byte, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Lgetxattr(p, name, buf)
+		if errors.Is(err, unix.ERANGE) {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "getxattr " + name, Path: p, Err: err}
+		}
+		return buf[:n], nil
+	}
+}
