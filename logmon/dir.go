@@ -85,7 +85,7 @@ func openBeneath(dirfd int, name string, flags int, mode uint32) (int, error) {
 // ErrUnsafePath, keeping the errno for errors.Is.
 func unsafeErr(err error) error {
 	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
-		return fmt.Errorf("%w: a symbolic link is in the way: %w", ErrUnsafePath, err)
+		return fmt.Errorf("%w: a symbolic link is in the way (a task may have planted it): %w", ErrUnsafePath, err)
 	}
 	return err
 }

@@ -54,6 +54,7 @@ var commands = []command{
 	{"alloc", "create, list, inspect and destroy allocations", runAlloc},
 	{"status", "show the node: data dir, mount, passthrough, backing store", runStatus},
 	{"gc", "collect terminal allocations", runGC},
+	{"exec", "run a command as a task of an allocation, its output rotated into alloc/logs", runExec},
 	{"version", "print the version", runVersion},
 }
 
