@@ -157,6 +157,10 @@ func execTask(e *env, req execRequest) (int, error) {
 	startErr := cmd.Start()
 	mon.CloseWriters()
 	if startErr != nil {
+		if req.cred != nil && errors.Is(startErr, syscall.EACCES) {
+			// The child reports a failed chdir as its exec failing.
+			startErr = fmt.Errorf("%w (can uid %d reach %s and the command?)", startErr, req.cred.Uid, taskDir)
+		}
 		return 0, errors.Join(fmt.Errorf("failed to start task %s of allocation %s: %w", req.task, req.id, startErr), mon.Stop(execDrainGrace))
 	}
 
