@@ -29,9 +29,8 @@ const maxLowers = 4
 // from. Nothing was changed; the next pass plans again.
 var errFlattenRaced = errors.New("the layers changed while they were being merged")
 
-// retiredLayers are layers a flatten replaced whose trees could not be
-// removed yet: a reader pinned one of the allocations that used them, and
-// may have resolved their paths before the switch.
+// retiredLayers are layers a flatten replaced, kept until every
+// allocation that stacked them is gone (see retire).
 type retiredLayers struct {
 	layers []string
 	allocs []string
@@ -58,10 +57,11 @@ type flattenPlan struct {
 // stacks them the same way, which a stopped previous allocation's frozen
 // view breaks until it is collected. It returns how many merges it made.
 // Merges run one at a time; each costs one link(2) per entry of the pair
-// and copies no bytes (see flatten).
+// and copies no bytes (see flatten). Layers merged away by earlier passes
+// are removed first, once the allocations that stacked them are gone.
 func (s *Store) Flatten() (int, error) {
 	var errs []error
-	if err := s.reclaimRetired(); err != nil {
+	if _, err := s.reclaimRetired(); err != nil {
 		errs = append(errs, err)
 	}
 	n := 0
@@ -242,7 +242,8 @@ func sortedVolumeKeys(st *State) []string {
 // flatten carries out one merge. The merged layer is built in staging
 // (emptied at every start, so a crash leaves nothing to undo), made
 // durable, renamed into layers/, and only then named by the records; the
-// pair is removed once no record names it. Every record taken on its own
+// pair is retired, and removed once no allocation that stacked it is
+// left. Every record taken on its own
 // shows the same files before and after the switch, because the merged
 // layer reads the same as the pair, so a crash between two records' writes
 // leaves every allocation consistent, with both the pair and the merged
@@ -292,14 +293,11 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 	}
 	id := merged
 	merged = "" // named by the records now: never removed on failure
-	removed, rerr := s.retire(p, allocs)
+	s.retire(p, allocs)
 	s.logger.Info("flattened layers",
 		"upper", p.upper, "lower", p.lower, "merged", id, "volume", p.key,
 		"allocs", strings.Join(allocs, ","), "links", m.links, "dirs", m.dirs,
-		"removed", removed, "duration", time.Since(start))
-	if rerr != nil {
-		return fmt.Errorf("flattened layers %s and %s, but: %w", p.upper, p.lower, rerr)
-	}
+		"duration", time.Since(start))
 	return nil
 }
 
@@ -377,24 +375,18 @@ func replacePair(v *Volume, upper, lower, merged string) {
 	}
 }
 
-// retire removes the pair a flatten replaced, unless something still
-// references it or a reader pinned one of the allocations that used it:
-// a snapshot that resolved the old paths before the switch must be able
-// to finish, so the pair then waits for a later pass (reclaimRetired). It
-// returns how many layers it removed.
-func (s *Store) retire(p *flattenPlan, allocs []string) (int, error) {
+// retire hands the pair a flatten replaced to reclaimRetired. It cannot
+// be removed yet: the mount keeps serving a volume it has looked up from
+// the layer paths it resolved then, for as long as the kernel holds the
+// volume's root (any open file or working directory below it), because
+// go-fuse gives a new lookup the live node of equal identity, and a
+// volume's identity is its upper layer, which a flatten leaves alone.
+// Those nodes read the same files through the pair as new ones read
+// through the merged layer; removing the pair is what would break them.
+func (s *Store) retire(p *flattenPlan, allocs []string) {
 	s.mu.Lock()
-	for _, id := range allocs {
-		if s.pins[id] > 0 {
-			s.retired = append(s.retired, retiredLayers{layers: []string{p.upper, p.lower}, allocs: allocs})
-			s.mu.Unlock()
-			s.logger.Debug("flattened layers kept while a reader is pinned", "alloc_id", id, "layers", p.upper+","+p.lower)
-			return 0, nil
-		}
-	}
-	owned := s.claimLocked([]string{p.upper, p.lower})
-	s.mu.Unlock()
-	return s.removeClaimed(owned)
+	defer s.mu.Unlock()
+	s.retired = append(s.retired, retiredLayers{layers: []string{p.upper, p.lower}, allocs: allocs})
 }
 
 // claimLocked marks as dying the layers that nothing references, so that
@@ -430,19 +422,21 @@ func (s *Store) removeClaimed(owned []string) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// reclaimRetired removes the retired layers whose allocations are no
-// longer pinned: a reader that pins them now reads the current records,
-// which no longer name those layers.
-func (s *Store) reclaimRetired() error {
+// reclaimRetired removes the retired layers of which every allocation
+// that stacked them has been destroyed (so no view of them is left in the
+// mount, and no reader can be pinned on them) and that nothing references.
+// It returns how many layers it removed.
+func (s *Store) reclaimRetired() (int, error) {
 	s.mu.Lock()
 	var owned []string
 	keep := s.retired[:0]
 	for _, r := range s.retired {
-		pinned := false
+		live := false
 		for _, id := range r.allocs {
-			pinned = pinned || s.pins[id] > 0
+			_, ok := s.allocs[id]
+			live = live || ok
 		}
-		if pinned {
+		if live {
 			keep = append(keep, r)
 			continue
 		}
@@ -450,8 +444,11 @@ func (s *Store) reclaimRetired() error {
 	}
 	s.retired = keep
 	s.mu.Unlock()
-	_, err := s.removeClaimed(owned)
-	return err
+	n, err := s.removeClaimed(owned)
+	if n > 0 {
+		s.logger.Info("removed flattened layers", "layers", n)
+	}
+	return n, err
 }
 
 // syncFS flushes the filesystem holding p.

@@ -81,8 +81,8 @@ type Store struct {
 	// dying holds the layers Destroy is removing (or failed to remove), so
 	// that no Update can stack on a tree that is half deleted.
 	dying map[string]struct{}
-	// retired holds layers a flatten replaced while a pinned reader may
-	// still use them; a later Flatten removes them (flatten.go).
+	// retired holds layers a flatten replaced, which live views may still
+	// read; a later Flatten removes them (flatten.go).
 	retired []retiredLayers
 
 	hookMu  sync.Mutex

@@ -1,0 +1,584 @@
+package fs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
+)
+
+// chainLen is how many snapshot migrations the chain tests make: two more
+// than the bound, so that the newest allocation is over it.
+const chainLen = maxLowers + 2
+
+// chainID names the allocation of generation i.
+func chainID(i int) string { return fmt.Sprintf("g%d", i) }
+
+// chainOps are what each generation does to its alloc/data and local/
+// through the mount, so that the layers hold every kind of entry the
+// overlay format has: overwritten files (copy-up), deleted lower files
+// (whiteouts), a directory removed and made again (opaque), a directory
+// replaced by a file and a whiteout by a directory, symbolic links, a
+// hard-linked pair, a fifo, and extended attributes.
+var chainOps = []func(t *testing.T, data, local string){
+	func(t *testing.T, data, local string) {
+		for i := range 5 {
+			mustWrite(t, filepath.Join(data, fmt.Sprintf("f%d", i)), fmt.Sprintf("base %d\n", i), 0o640)
+		}
+		mustWrite(t, filepath.Join(data, "big"), strings.Repeat("0123456789abcdef", 64<<10), 0o644)
+		mustWrite(t, filepath.Join(data, "d/a"), "da\n", 0o644)
+		mustWrite(t, filepath.Join(data, "d/b"), "db\n", 0o644)
+		mustWrite(t, filepath.Join(data, "e/sub/y"), "y\n", 0o644)
+		must(t, os.Symlink("f0", filepath.Join(data, "l")))
+		mustWrite(t, filepath.Join(data, "h1"), "hard\n", 0o644)
+		must(t, os.Link(filepath.Join(data, "h1"), filepath.Join(data, "h2")))
+		mustWrite(t, filepath.Join(data, "x"), "xattr\n", 0o644)
+		must(t, unix.Setxattr(filepath.Join(data, "x"), "user.tag", []byte("g0"), 0))
+		must(t, unix.Mkfifo(filepath.Join(data, "p"), 0o620))
+		mustWrite(t, filepath.Join(local, "conf"), "c0\n", 0o600)
+		mustWrite(t, filepath.Join(local, "keep"), "kept\n", 0o644)
+	},
+	func(t *testing.T, data, local string) {
+		mustWrite(t, filepath.Join(data, "f1"), "gen 1\n", 0o640)
+		must(t, os.Remove(filepath.Join(data, "f2")))
+		must(t, os.RemoveAll(filepath.Join(data, "d")))
+		mustWrite(t, filepath.Join(data, "d/new"), "new\n", 0o644)
+		mustWrite(t, filepath.Join(data, "n1"), "n1\n", 0o644)
+		must(t, os.Chmod(filepath.Join(data, "f3"), 0o600))
+	},
+	func(t *testing.T, data, local string) {
+		must(t, os.Remove(filepath.Join(data, "l")))
+		must(t, os.Symlink("d/new", filepath.Join(data, "l2")))
+		must(t, unix.Setxattr(filepath.Join(data, "x"), "user.tag", []byte("g2"), 0))
+		mustWrite(t, filepath.Join(data, "e/sub/z"), "z\n", 0o644)
+		mustWrite(t, filepath.Join(local, "conf"), "c2\n", 0o600)
+	},
+	func(t *testing.T, data, local string) {
+		must(t, os.RemoveAll(filepath.Join(data, "e")))
+		mustWrite(t, filepath.Join(data, "e"), "a file now\n", 0o644)
+		mustWrite(t, filepath.Join(data, "h1"), "hard, then split by a copy-up\n", 0o644)
+	},
+	func(t *testing.T, data, local string) {
+		mustWrite(t, filepath.Join(data, "f2/inner"), "in\n", 0o644)
+		must(t, os.Remove(filepath.Join(data, "n1")))
+		must(t, os.Rename(filepath.Join(data, "f0"), filepath.Join(data, "f0moved")))
+		must(t, os.Remove(filepath.Join(local, "keep")))
+	},
+	func(t *testing.T, data, local string) {
+		mustWrite(t, filepath.Join(data, "f5"), "g5\n", 0o644)
+		must(t, os.Remove(filepath.Join(data, "d/new")))
+		must(t, os.Mkdir(filepath.Join(data, "d/sub2"), 0o750))
+	},
+	func(t *testing.T, data, local string) {
+		mustWrite(t, filepath.Join(data, "mine"), "the running allocation's own\n", 0o644)
+	},
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustWrite(t *testing.T, p, content string, mode os.FileMode) {
+	t.Helper()
+	must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	must(t, os.WriteFile(p, []byte(content), mode))
+}
+
+// buildChain makes allocations g0..g<chainLen>, each a snapshot migration
+// of the one before, each changing its data through the mount as chainOps
+// says, and destroys the oldest ones so that the remaining three, like a
+// node whose collector keeps up, leave the deep layers of the newest one
+// mergeable. It returns the remaining allocations, oldest first.
+func buildChain(t *testing.T, tm *testMount) []string {
+	t.Helper()
+	web := []allocdir.Task{{Name: "web"}}
+	for i := 0; i <= chainLen; i++ {
+		id := chainID(i)
+		if i == 0 {
+			if _, err := tm.store.Create(id, web); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			if _, err := tm.store.Stop(chainID(i - 1)); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := tm.store.CreateMigrated(id, web, chainID(i-1), true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		chainOps[i](t, filepath.Join(tm.dir, id, "alloc/data"), filepath.Join(tm.dir, id, "web/local"))
+	}
+	if n := len(mustState(t, tm.store, chainID(chainLen)).Volumes["alloc/data"].Lowers); n != chainLen {
+		t.Fatalf("newest allocation has %d lowers, want %d", n, chainLen)
+	}
+	keep := chainLen - 2
+	for i := range keep {
+		if err := tm.store.Destroy(chainID(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out []string
+	for i := keep; i <= chainLen; i++ {
+		out = append(out, chainID(i))
+	}
+	return out
+}
+
+// volumeView describes every entry a volume shows, read from its layers
+// with the mount's own overlay logic: type and mode, owner, mtime, and
+// for non-directories the inode, size, content (or target) and extended
+// attributes. Left out are the ctime and link count, which every link(2)
+// changes, and a directory's inode number: a merge makes directories
+// anew. The inode number shows that hard-linked names stay one file.
+func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
+	t.Helper()
+	v := mustState(t, s, id).Volumes[key]
+	o := &overlay{}
+	var all []int
+	for i, l := range v.layers() {
+		o.roots = append(o.roots, s.LayerPath(l))
+		all = append(all, i)
+	}
+	out := make(map[string]string)
+	var walk func(rel string, layers []int)
+	walk = func(rel string, layers []int) {
+		shown, st, errno := o.visible(rel, layers)
+		if errno != 0 {
+			t.Fatalf("%s %s: visible %q: %v", id, key, rel, errno)
+		}
+		out["/"+rel] = describe(t, filepath.Join(o.roots[shown[0]], rel), &st)
+		if !isDir(&st) {
+			return
+		}
+		entries, errno := o.list(rel, shown)
+		if errno != 0 {
+			t.Fatalf("%s %s: list %q: %v", id, key, rel, errno)
+		}
+		for _, e := range entries {
+			walk(filepath.Join(rel, e.Name), shown)
+		}
+	}
+	walk("", all)
+	return out
+}
+
+func describe(t *testing.T, p string, st *syscall.Stat_t) string {
+	t.Helper()
+	d := fmt.Sprintf("mode=%o uid=%d gid=%d mtime=%d", st.Mode, st.Uid, st.Gid, st.Mtim.Nano())
+	if isDir(st) {
+		return d
+	}
+	d += fmt.Sprintf(" ino=%d size=%d", st.Ino, st.Size)
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		d += " sha256=" + hex.EncodeToString(sum[:8])
+	case syscall.S_IFLNK:
+		target, err := os.Readlink(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d += " target=" + target
+	}
+	names, err := listXattrs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if strings.HasPrefix(n, "trusted.overlay.") {
+			continue
+		}
+		val, err := getXattr(p, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d += fmt.Sprintf(" %s=%q", n, val)
+	}
+	return d
+}
+
+// storeViews is every volume view of the allocations ids.
+func storeViews(t *testing.T, s *Store, ids []string) map[string]map[string]string {
+	t.Helper()
+	out := make(map[string]map[string]string)
+	for _, id := range ids {
+		for _, key := range []string{"alloc/data", "web/local"} {
+			out[id+"/"+key] = volumeView(t, s, id, key)
+		}
+	}
+	return out
+}
+
+func diffViews(t *testing.T, got, want map[string]map[string]string) {
+	t.Helper()
+	for vol, w := range want {
+		g := got[vol]
+		for p, wd := range w {
+			if gd, ok := g[p]; !ok {
+				t.Errorf("%s%s: gone after the flatten, want %s", vol, p, wd)
+			} else if gd != wd {
+				t.Errorf("%s%s: got %s, want %s", vol, p, gd, wd)
+			}
+		}
+		for p, gd := range g {
+			if _, ok := w[p]; !ok {
+				t.Errorf("%s%s: appeared after the flatten: %s", vol, p, gd)
+			}
+		}
+	}
+}
+
+// layerInodes is the set of inode numbers of every non-directory in the
+// layers the allocations reference.
+func layerInodes(t *testing.T, s *Store, ids []string) map[uint64]string {
+	t.Helper()
+	out := make(map[uint64]string)
+	for _, id := range ids {
+		for l := range mustState(t, s, id).layerIDs() {
+			root := s.LayerPath(l)
+			err := filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				var st syscall.Stat_t
+				if err := syscall.Lstat(p, &st); err != nil {
+					return err
+				}
+				out[st.Ino] = p
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return out
+}
+
+// maxDepth is the deepest frozen stack (lowers, and a frozen upper) among
+// the volumes of ids.
+func maxDepth(t *testing.T, s *Store, ids []string) int {
+	t.Helper()
+	depth := 0
+	for _, id := range ids {
+		for _, v := range mustState(t, s, id).Volumes {
+			depth = max(depth, len(v.Lowers))
+		}
+	}
+	return depth
+}
+
+// TestFlattenChain checks that flattening a snapshot chain deeper than the
+// bound brings every volume within it, that every remaining allocation
+// shows exactly what it showed before (content, modes, owners, times,
+// extended attributes, inode numbers), that no byte was copied (every
+// file of the new layers is an inode the old ones had), that the layers
+// merged away are gone, staging is empty, and that a restarted store
+// reads the same.
+func TestFlattenChain(t *testing.T) {
+	tm := newTestMount(t)
+	ids := buildChain(t, tm)
+	before := storeViews(t, tm.store, ids)
+	inodes := layerInodes(t, tm.store, ids)
+	oldLayers := make(map[string]bool)
+	for _, id := range ids {
+		for l := range mustState(t, tm.store, id).layerIDs() {
+			oldLayers[l] = true
+		}
+	}
+
+	n, err := tm.store.Flatten()
+	if err != nil {
+		t.Fatalf("Flatten: %v", err)
+	}
+	// alloc/data and web/local, each over the bound by the same count.
+	if want := 2 * (chainLen - maxLowers); n != want {
+		t.Errorf("Flatten merged %d pairs, want %d", n, want)
+	}
+	if d := maxDepth(t, tm.store, ids); d > maxLowers {
+		t.Errorf("deepest stack after the flatten: %d lowers, want at most %d", d, maxLowers)
+	}
+	diffViews(t, storeViews(t, tm.store, ids), before)
+	for ino, p := range layerInodes(t, tm.store, ids) {
+		if _, ok := inodes[ino]; !ok {
+			t.Errorf("%s is a new inode (%d): the flatten copied it", p, ino)
+		}
+	}
+	if got := dirNames(t, tm.store.StagingDir()); len(got) != 0 {
+		t.Errorf("staging after the flatten: %v, want empty", got)
+	}
+	if n, err := tm.store.Flatten(); n != 0 || err != nil {
+		t.Errorf("second Flatten: %d merges, %v; want nothing to do", n, err)
+	}
+
+	reopened := openTestStore(t, tm.store.DataDir())
+	diffViews(t, storeViews(t, reopened, ids), before)
+
+	// The layers merged away stay while the allocations that stacked
+	// them do (the mount may still read them), and go with them.
+	var retired []string
+	for _, r := range tm.store.retired {
+		retired = append(retired, r.layers...)
+	}
+	if want := 2 * 2 * (chainLen - maxLowers); len(retired) != want {
+		t.Errorf("retired layers: %v, want %d", retired, want)
+	}
+	for _, l := range retired {
+		if !oldLayers[l] {
+			t.Errorf("retired layer %s was not in use before the flatten", l)
+		}
+		if err := tm.store.checkLayer(l); err != nil {
+			t.Errorf("retired layer %s while its allocations live: %v", l, err)
+		}
+	}
+	for _, id := range ids {
+		must(t, tm.store.Destroy(id))
+	}
+	if _, err := tm.store.Flatten(); err != nil {
+		t.Fatal(err)
+	}
+	if got := layerDirs(t, tm.store); len(got) != 0 {
+		t.Errorf("layers once every allocation is destroyed: %v, want none", got)
+	}
+}
+
+// TestFlattenNeedsCollection checks that nothing is merged while every
+// stopped allocation of the chain is kept: each frozen view ends at its
+// own sealed layer, so no two layers are stacked alike everywhere.
+func TestFlattenNeedsCollection(t *testing.T) {
+	tm := newTestMount(t)
+	web := []allocdir.Task{{Name: "web"}}
+	must(t, errOnly(tm.store.Create("c0", web)))
+	for i := 1; i <= chainLen; i++ {
+		must(t, errOnly(tm.store.Stop(fmt.Sprintf("c%d", i-1))))
+		if _, _, err := tm.store.CreateMigrated(fmt.Sprintf("c%d", i), web, fmt.Sprintf("c%d", i-1), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := tm.store.Flatten(); n != 0 || err != nil {
+		t.Errorf("Flatten with the whole chain alive: %d merges, %v; want none", n, err)
+	}
+}
+
+func errOnly[T any](_ T, err error) error { return err }
+
+// storeSnapshot is what a failed flatten must leave alone: every record,
+// in memory and on disk, and the set of layers.
+func storeSnapshot(t *testing.T, s *Store) string {
+	t.Helper()
+	var b bytes.Buffer
+	mem, err := json.Marshal(s.List())
+	must(t, err)
+	b.Write(mem)
+	for _, f := range stateFiles(t, s) {
+		data, err := os.ReadFile(filepath.Join(s.DataDir(), "state", f))
+		must(t, err)
+		b.WriteString("\n" + f + "\n")
+		b.Write(data)
+	}
+	b.WriteString("\nlayers: " + strings.Join(layerDirs(t, s), ","))
+	return b.String()
+}
+
+// TestFlattenFailureChangesNothing checks that a flatten that fails while
+// it links the merged layer, or while it switches the records over (the
+// second record's write fails, so the first is switched back), leaves
+// every record and layer as it was and staging empty, and that the next
+// pass succeeds.
+func TestFlattenFailureChangesNothing(t *testing.T) {
+	tm := newTestMount(t)
+	ids := buildChain(t, tm)
+	before := storeSnapshot(t, tm.store)
+	views := storeViews(t, tm.store, ids)
+	injected := errors.New("injected fault")
+
+	for _, tc := range []struct {
+		name  string
+		fault func() func(op, p string) error
+	}{
+		{"link", func() func(op, p string) error {
+			links := 0
+			return func(op, _ string) error {
+				if op == "flatten-link" {
+					if links++; links == 7 {
+						return injected
+					}
+				}
+				return nil
+			}
+		}},
+		{"mkdir", func() func(op, p string) error {
+			return func(op, _ string) error {
+				if op == "flatten-mkdir" {
+					return injected
+				}
+				return nil
+			}
+		}},
+		{"switch", func() func(op, p string) error {
+			writes := 0
+			return func(op, _ string) error {
+				if op == "write" {
+					if writes++; writes == 2 {
+						return injected
+					}
+				}
+				return nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The two oldest layers of alloc/data: every remaining
+			// allocation stacks them, and they hold every kind of entry.
+			lowers := mustState(t, tm.store, ids[len(ids)-1]).Volumes["alloc/data"].Lowers
+			tm.store.mu.RLock()
+			plan := tm.store.mergeableLocked(lowers[len(lowers)-2], lowers[len(lowers)-1])
+			tm.store.mu.RUnlock()
+			if plan == nil || len(plan.allocs) != len(ids) {
+				t.Fatalf("plan for the oldest pair: %+v, want one over %v", plan, ids)
+			}
+			plan.key = "alloc/data"
+			tm.store.fault = tc.fault()
+			err := tm.store.flatten(plan)
+			tm.store.fault = nil
+			if !errors.Is(err, injected) {
+				t.Fatalf("flatten with a fault: %v, want the fault", err)
+			}
+			if after := storeSnapshot(t, tm.store); after != before {
+				t.Errorf("store after a failed flatten:\n%s\nwant:\n%s", after, before)
+			}
+			if got := dirNames(t, tm.store.StagingDir()); len(got) != 0 {
+				t.Errorf("staging after a failed flatten: %v, want empty", got)
+			}
+			diffViews(t, storeViews(t, tm.store, ids), views)
+		})
+	}
+	if n, err := tm.store.Flatten(); err != nil || n == 0 {
+		t.Fatalf("Flatten after the faults: %d merges, %v", n, err)
+	}
+	diffViews(t, storeViews(t, tm.store, ids), views)
+}
+
+// TestFlattenKeepsAwayFromPins checks that no layer a pinned allocation
+// uses is merged (a snapshot streaming from it reads its paths), and that
+// the chain is flattened once the pin is released.
+func TestFlattenKeepsAwayFromPins(t *testing.T) {
+	tm := newTestMount(t)
+	ids := buildChain(t, tm)
+	// The oldest remaining allocation stacks every deep layer.
+	unpin, err := tm.store.Pin(ids[0])
+	must(t, err)
+	before := storeSnapshot(t, tm.store)
+	if n, err := tm.store.Flatten(); n != 0 || err != nil {
+		t.Errorf("Flatten while pinned: %d merges, %v; want none", n, err)
+	}
+	if after := storeSnapshot(t, tm.store); after != before {
+		t.Errorf("store after a flatten while pinned:\n%s\nwant:\n%s", after, before)
+	}
+	unpin()
+	if n, err := tm.store.Flatten(); n == 0 || err != nil {
+		t.Errorf("Flatten after the unpin: %d merges, %v", n, err)
+	}
+	if d := maxDepth(t, tm.store, ids); d > maxLowers {
+		t.Errorf("deepest stack after the unpin: %d lowers, want at most %d", d, maxLowers)
+	}
+}
+
+// TestMountFlattenOpenFile checks a flatten under a live mount: a file
+// of a deep layer held open by the newest allocation reads on to its end,
+// and listings through the mount are the same before and after.
+func TestMountFlattenOpenFile(t *testing.T) {
+	tm := newTestMount(t)
+	ids := buildChain(t, tm)
+	// A fresh mount, and only the newest allocation looked at through it:
+	// the mount numbers a lower file's node by its backing inode, which
+	// every allocation of the chain shares, and go-fuse merges nodes of
+	// equal numbers (see the report on issue 4).
+	must(t, tm.mount.Unmount())
+	m, err := NewMount(tm.store.logger, tm.store, tm.dir, DefaultMountOptions())
+	must(t, err)
+	t.Cleanup(func() { must(t, m.Unmount()) })
+	newest := filepath.Join(tm.dir, ids[len(ids)-1])
+	f, err := os.Open(filepath.Join(newest, "alloc/data/big"))
+	must(t, err)
+	defer f.Close()
+	want := strings.Repeat("0123456789abcdef", 64<<10)
+	head := make([]byte, len(want)/2)
+	_, err = io.ReadFull(f, head)
+	must(t, err)
+	listings := func() string {
+		t.Helper()
+		var lines []string
+		for _, id := range ids[len(ids)-1:] {
+			err := filepath.WalkDir(filepath.Join(tm.dir, id), func(p string, d iofs.DirEntry, err error) error {
+				if err != nil {
+					return err
+				}
+				fi, err := d.Info()
+				if err != nil {
+					return err
+				}
+				line := fmt.Sprintf("%s %v", strings.TrimPrefix(p, tm.dir), fi.Mode())
+				if fi.Mode().IsRegular() {
+					line += fmt.Sprintf(" %d", fi.Size())
+				}
+				lines = append(lines, line)
+				return nil
+			})
+			must(t, err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	before := listings()
+	start := time.Now()
+	if n, err := tm.store.Flatten(); err != nil || n == 0 {
+		t.Fatalf("Flatten: %d merges, %v", n, err)
+	}
+	t.Logf("flatten took %v", time.Since(start))
+	tail, err := io.ReadAll(f)
+	must(t, err)
+	if got := string(head) + string(tail); got != want {
+		t.Errorf("the open file read %d bytes across the flatten, want %d identical ones", len(got), len(want))
+	}
+	if after := listings(); after != before {
+		t.Errorf("listing after the flatten:\n%s\nwant:\n%s", after, before)
+	}
+	// Once the file is closed and the kernel has let go of the volume, a
+	// new lookup builds it on the merged layer.
+	must(t, f.Close())
+	must(t, m.Unmount())
+	m2, err := NewMount(tm.store.logger, tm.store, tm.dir, DefaultMountOptions())
+	must(t, err)
+	t.Cleanup(func() { must(t, m2.Unmount()) })
+	if after := listings(); after != before {
+		t.Errorf("listing through a new mount after the flatten:\n%s\nwant:\n%s", after, before)
+	}
+	if b, err := os.ReadFile(filepath.Join(newest, "alloc/data/d/a")); err == nil {
+		t.Errorf("d/a, removed with its directory in generation 1, reads %q", b)
+	}
+	if got := readMount(t, tm, ids[len(ids)-1]+"/alloc/data/f1"); got != "gen 1\n" {
+		t.Errorf("f1 after the flatten: got %q", got)
+	}
+}
