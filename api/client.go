@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs"
@@ -283,6 +284,9 @@ func answerError(code int, body []byte) error {
 	var eb errorBody
 	if json.Unmarshal(body, &eb) == nil {
 		apiErr.Message = eb.Error
+	} else {
+		// Nomad's client endpoints answer errors as bare text.
+		apiErr.Message = strings.TrimSpace(string(body))
 	}
 	return apiErr
 }

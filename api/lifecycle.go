@@ -129,6 +129,18 @@ func (s *Server) gcAlloc(w http.ResponseWriter, r *http.Request) {
 
 // gcAll collects every terminal allocation, oldest stopped first.
 func (s *Server) gcAll(w http.ResponseWriter, r *http.Request) {
+	collected, err := s.collectTerminal("node gc requested")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, GCResponse{Collected: collected})
+}
+
+// collectTerminal collects every terminal allocation, oldest stopped
+// first, and returns those it collected; it goes on past failures and
+// returns them all.
+func (s *Server) collectTerminal(reason string) ([]string, error) {
 	var terminal []*fs.State
 	for _, st := range s.store.List() {
 		if st.Status == fs.StatusTerminal {
@@ -136,20 +148,16 @@ func (s *Server) gcAll(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.Slice(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
-	out := GCResponse{Collected: []string{}}
+	collected := []string{}
 	var errs []error
 	for _, st := range terminal {
-		if err := s.collect(st, "node gc requested"); err != nil {
+		if err := s.collect(st, reason); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		out.Collected = append(out.Collected, st.ID)
+		collected = append(collected, st.ID)
 	}
-	if err := errors.Join(errs...); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.writeJSON(w, http.StatusOK, out)
+	return collected, errors.Join(errs...)
 }
 
 // collect destroys a terminal allocation and says why in the log. Layers

@@ -101,7 +101,7 @@ func (h *snapshotHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid allocation ID", http.StatusBadRequest)
 		return
 	}
-	token := requestToken(r)
+	token := RequestToken(r)
 	if h.tokens == nil || token == "" || !h.tokens.Check(id, token) {
 		logger.Warn("refused snapshot request", "reason", "missing or invalid token")
 		http.Error(w, "Permission denied", http.StatusForbidden)

@@ -3,9 +3,6 @@ package migrate_test
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -270,14 +267,15 @@ func TestSharedToken(t *testing.T) {
 	}
 }
 
-// TestNodeSecretToken: tokens are base64url(HMAC-SHA256(secret, allocID)),
-// bound to one allocation and one secret, padded or not.
+// TestNodeSecretToken: tokens are Nomad's migrate tokens,
+// base64url(BLAKE2b-512 keyed with the node secret, over the allocation
+// ID), bound to one allocation and one secret, padded or not. The expected
+// value was computed with Python's hashlib.blake2b, an implementation
+// independent of ours.
 func TestNodeSecretToken(t *testing.T) {
 	t.Parallel()
-	n := migrate.NodeSecretToken("node-secret")
-	mac := hmac.New(sha256.New, []byte("node-secret"))
-	mac.Write([]byte(srcID))
-	want := base64.URLEncoding.EncodeToString(mac.Sum(nil))
+	n := migrate.NodeSecretToken("7e4b1f0a-3c2d-4e5f-8a9b-0c1d2e3f4a5b")
+	const want = "HZ5WVSyYazetqtd22qETtz1-bfGbggMWRQK3WOvJkE6QVLGwYzJw4iPvYxAz8LexfA9GbkFHtOZODZyAZa4lOg=="
 	if got := n.Derive(srcID); got != want {
 		t.Errorf("got Derive %q, want %q", got, want)
 	}
@@ -295,6 +293,7 @@ func TestNodeSecretToken(t *testing.T) {
 		{"empty token", n, srcID, "", false},
 		{"empty secret", "", srcID, migrate.NodeSecretToken("").Derive(srcID), false},
 		{"garbage", n, srcID, "!!!", false},
+		{"secret over 64 bytes", migrate.NodeSecretToken(strings.Repeat("k", 65)), srcID, want, false},
 		{"truncated", n, srcID, want[:20], false},
 	} {
 		if got := tc.check.Check(tc.id, tc.token); got != tc.want {

@@ -54,6 +54,8 @@ var commands = []command{
 	{"alloc", "create, list, inspect and destroy allocations", runAlloc},
 	{"status", "show the node: data dir, mount, passthrough, backing store", runStatus},
 	{"gc", "collect terminal allocations", runGC},
+	{"fs", "list, describe and print an allocation's files (ls, stat, cat)", runFS},
+	{"logs", "print or follow a task's logs, across rotation", runLogs},
 	{"exec", "run a command as a task of an allocation, its output rotated into alloc/logs", runExec},
 	{"version", "print the version", runVersion},
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -38,15 +37,15 @@ Mount the allocation directories at --mount and serve the control API on
 back in the mount when serve starts. On a signal the API stops first, then
 the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	var (
-		dataDir   string
-		mountDir  string
-		socket    string
-		logLevel  string
-		logJSON   bool
-		debugFuse bool
-		httpAddr  string
-		tokenFile string
-		gc        = fs.DefaultGCConfig()
+		dataDir                                        string
+		mountDir                                       string
+		socket                                         string
+		logLevel                                       string
+		logJSON                                        bool
+		debugFuse                                      bool
+		node                                           nodeConfig
+		migrateTokenFile, nodeSecretFile, apiTokenFile string
+		gc                                             = fs.DefaultGCConfig()
 	)
 	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
@@ -54,8 +53,13 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	fset.StringVar(&logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fset.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose)")
-	fset.StringVar(&httpAddr, "http-addr", "", "also serve other nodes on this TCP `address` (host:port): the snapshot endpoint of remote migration")
-	fset.StringVar(&tokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token; required with --http-addr")
+	fset.StringVar(&node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
+	fset.StringVar(&migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
+	fset.StringVar(&nodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
+	fset.StringVar(&apiTokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
+	fset.StringVar(&node.tlsCert, "tls-cert", "", "serve --http-addr over TLS with this certificate `file` (PEM)")
+	fset.StringVar(&node.tlsKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
+	fset.StringVar(&node.tlsCA, "tls-ca", "", "require client certificates signed by this CA `file` (PEM): mutual TLS")
 	fset.DurationVar(&gc.Interval, "gc-interval", gc.Interval, "how often the collector checks the node's `duration`")
 	fset.Float64Var(&gc.DiskUsagePercent, "gc-disk-usage-threshold", gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
 	fset.Float64Var(&gc.InodeUsagePercent, "gc-inode-usage-threshold", gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
@@ -70,18 +74,8 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	if dataDir == "" {
 		return usageErrorf(cmd, "--data-dir must not be empty")
 	}
-	var token string
-	if httpAddr != "" {
-		if tokenFile == "" {
-			return usageErrorf(cmd, "--http-addr needs --migrate-token-file: snapshots are never served without a token")
-		}
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			return fmt.Errorf("failed to read the migration token: %w", err)
-		}
-		if token = strings.TrimSpace(string(b)); token == "" {
-			return fmt.Errorf("the migration token file %q is empty", tokenFile)
-		}
+	if err := node.load(migrateTokenFile, nodeSecretFile, apiTokenFile); err != nil {
+		return usageErrorf(cmd, "%v", err)
 	}
 	if mountDir == "" {
 		mountDir = filepath.Join(dataDir, "mnt")
@@ -111,8 +105,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		mountDir: mountDir,
 		socket:   socket,
 		mount:    fs.MountOptions{Debug: debugFuse},
-		httpAddr: httpAddr,
-		token:    token,
+		node:     node,
 		gc:       gc,
 	})
 }
@@ -124,11 +117,9 @@ type serveConfig struct {
 	mountDir string
 	socket   string
 	mount    fs.MountOptions
-	// httpAddr, when set, is where other nodes fetch snapshots, with
-	// token.
-	httpAddr string
-	token    string
-	gc       fs.GCConfig
+	// node is what other machines reach over TCP.
+	node nodeConfig
+	gc   fs.GCConfig
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
@@ -172,6 +163,16 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}
 
 	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough)
+	// Every read of an allocation's files, for the client API and for
+	// snapshots, goes through the store and pins the allocation against
+	// collection while it runs.
+	lookup := func(id string) (allocdir.FS, error) {
+		if _, err := store.Get(id); err != nil {
+			return nil, err
+		}
+		return pinnedFS{FS: fs.NewAllocDir(logger, store, m, m.Dir(), id), store: store, id: id}, nil
+	}
+	clientAPI := apiServer.ServeClientAPI(lookup)
 	srv := &http.Server{
 		Handler:           apiServer,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -180,25 +181,37 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
 	var nodeSrv *http.Server
-	if cfg.httpAddr != "" {
-		tcp, err := net.Listen("tcp", cfg.httpAddr)
+	if cfg.node.addr != "" {
+		tlsCfg, err := cfg.node.tlsConfig()
 		if err != nil {
 			srv.Close()
-			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.httpAddr, err), m.Unmount())
+			return errors.Join(err, m.Unmount())
 		}
-		lookup := func(id string) (allocdir.FS, error) {
-			if _, err := store.Get(id); err != nil {
-				return nil, err
-			}
-			return pinnedFS{FS: fs.NewAllocDir(logger, store, m, m.Dir(), id), store: store, id: id}, nil
+		tcp, err := net.Listen("tcp", cfg.node.addr)
+		if err != nil {
+			srv.Close()
+			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.node.addr, err), m.Unmount())
+		}
+		var snapshots http.Handler
+		if cfg.node.migrateTokens != nil {
+			snapshots = migrate.SnapshotHandler(logger, lookup, cfg.node.migrateTokens)
 		}
 		nodeSrv = &http.Server{
-			Handler:           migrate.SnapshotHandler(logger, lookup, migrate.SharedToken(cfg.token)),
+			Handler:           nodeHandler(logger, cfg.node, snapshots, clientAPI),
 			ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig:         tlsCfg,
 			ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 		}
-		go func() { served <- nodeSrv.Serve(tcp) }()
-		logger.Info("serving snapshots to other nodes", "addr", tcp.Addr().String())
+		go func() {
+			if tlsCfg != nil {
+				served <- nodeSrv.ServeTLS(tcp, "", "")
+				return
+			}
+			served <- nodeSrv.Serve(tcp)
+		}()
+		logger.Info("serving other machines", "addr", tcp.Addr().String(), "tls", tlsCfg != nil,
+			"mutual_tls", tlsCfg != nil && tlsCfg.ClientCAs != nil,
+			"snapshots", cfg.node.migrateTokens != nil, "client_api", cfg.node.apiToken != "")
 	}
 	gcCtx, stopGC := context.WithCancel(context.Background())
 	gcDone := make(chan struct{})

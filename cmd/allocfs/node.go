@@ -1,0 +1,154 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/allocfs/allocfs/migrate"
+	"github.com/hashicorp/go-hclog"
+)
+
+// nodeConfig is what the TCP listener serves and how it is secured.
+type nodeConfig struct {
+	// addr is the TCP address; empty: no TCP listener.
+	addr string
+	// migrateTokens, when not nil, admits snapshot requests
+	// (GET /v1/client/allocation/<id>/snapshot).
+	migrateTokens migrate.TokenChecker
+	// apiToken, when set, admits requests to the client API
+	// (/v1/client/fs/*, the GC endpoints); without it that API is not
+	// served on TCP at all.
+	apiToken string
+	// TLS: cert and key turn TLS on; ca makes client certificates signed
+	// by it mandatory (mutual TLS).
+	tlsCert, tlsKey, tlsCA string
+}
+
+// load reads the token files named on the command line and checks that
+// the TCP settings make sense together.
+func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string) error {
+	if c.addr == "" {
+		for flag, v := range map[string]string{"--migrate-token-file": migrateTokenFile, "--node-secret-file": nodeSecretFile,
+			"--token-file": apiTokenFile, "--tls-cert": c.tlsCert, "--tls-key": c.tlsKey, "--tls-ca": c.tlsCA} {
+			if v != "" {
+				return fmt.Errorf("%s needs --http-addr", flag)
+			}
+		}
+		return nil
+	}
+	if migrateTokenFile == "" && nodeSecretFile == "" && apiTokenFile == "" {
+		return fmt.Errorf("--http-addr needs --migrate-token-file, --node-secret-file or --token-file: nothing is served over TCP without a token")
+	}
+	var checkers migrate.AnyToken
+	if migrateTokenFile != "" {
+		t, err := readSecretFile("migration token", migrateTokenFile)
+		if err != nil {
+			return err
+		}
+		checkers = append(checkers, migrate.SharedToken(t))
+	}
+	if nodeSecretFile != "" {
+		t, err := readSecretFile("node secret", nodeSecretFile)
+		if err != nil {
+			return err
+		}
+		if err := migrate.NodeSecretToken(t).Validate(); err != nil {
+			return err
+		}
+		checkers = append(checkers, migrate.NodeSecretToken(t))
+	}
+	if len(checkers) > 0 {
+		c.migrateTokens = checkers
+	}
+	if apiTokenFile != "" {
+		t, err := readSecretFile("API token", apiTokenFile)
+		if err != nil {
+			return err
+		}
+		c.apiToken = t
+	}
+	_, err := c.tlsConfig()
+	return err
+}
+
+// readSecretFile returns the trimmed content of a file holding a token,
+// refusing an empty one: an empty token would admit nobody, or everybody.
+func readSecretFile(what, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("failed to read the %s: %w", what, err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("the %s file %q is empty", what, path)
+	}
+	return s, nil
+}
+
+// tlsConfig returns the listener's TLS configuration, or nil for plain
+// TCP.
+func (c nodeConfig) tlsConfig() (*tls.Config, error) {
+	if c.tlsCert == "" && c.tlsKey == "" {
+		if c.tlsCA != "" {
+			return nil, fmt.Errorf("--tls-ca needs --tls-cert and --tls-key")
+		}
+		return nil, nil
+	}
+	if c.tlsCert == "" || c.tlsKey == "" {
+		return nil, fmt.Errorf("--tls-cert and --tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("failed to load the TLS key pair: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.tlsCA != "" {
+		pem, err := os.ReadFile(c.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("failed to read the TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.tlsCA)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// nodeHandler is what other machines reach over TCP: snapshots behind the
+// migration token, the client API behind the API token, nothing else (the
+// control API stays on the unix socket).
+func nodeHandler(logger hclog.Logger, cfg nodeConfig, snapshots, client http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	if cfg.migrateTokens != nil {
+		mux.Handle("GET /v1/client/allocation/{id}/snapshot", snapshots)
+	}
+	if cfg.apiToken != "" {
+		mux.Handle("/v1/client/", requireToken(logger, cfg.apiToken, client))
+	}
+	return mux
+}
+
+// requireToken admits requests that present token as X-Nomad-Token or as
+// an "Authorization: Bearer" header, as Nomad's API does, and answers 403
+// to the rest.
+func requireToken(logger hclog.Logger, token string, next http.Handler) http.Handler {
+	check := migrate.SharedToken(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !check.Check("", migrate.RequestToken(r)) {
+			logger.Warn("refused a client API request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, "Permission denied")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
