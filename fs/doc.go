@@ -36,6 +36,23 @@
 // either the old record or the new one, and restarting the daemon reloads
 // every allocation.
 //
+// # Flattening
+//
+// Every snapshot migration stacks one more layer, and a lookup that misses
+// the upper layer costs one lstat per lower, so Flatten (run by the
+// Collector after each pass) merges adjacent lower layers of any volume
+// with more than maxLowers of them. Two layers merge only when every
+// volume that references either stacks them the same way, which a stopped
+// previous allocation's frozen view (its sealed layer as a read-only
+// upper) prevents until it is collected; pinned allocations are left
+// alone. The merged layer is built in staging/ by link(2), so no byte is
+// copied and inodes, and the open files on them, stay as they were;
+// whiteouts and opaque marks are kept only where layers remain below it.
+// It is renamed into layers/, each record that stacked the pair is
+// switched (and published), and the pair is kept until those allocations
+// are gone: a view the mount built before the switch keeps reading the
+// pair's paths for as long as the kernel holds it.
+//
 // # The tree
 //
 //	<mount>/                      rootNode: one directory per allocation

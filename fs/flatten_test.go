@@ -149,11 +149,19 @@ func buildChain(t *testing.T, tm *testMount) []string {
 // anew. The inode number shows that hard-linked names stay one file.
 func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
 	t.Helper()
-	v := mustState(t, s, id).Volumes[key]
-	o := &overlay{}
+	var roots []string
+	for _, l := range mustState(t, s, id).Volumes[key].layers() {
+		roots = append(roots, s.LayerPath(l))
+	}
+	return rootsView(t, roots)
+}
+
+// rootsView is volumeView for a stack of layer roots, top first.
+func rootsView(t *testing.T, roots []string) map[string]string {
+	t.Helper()
+	o := &overlay{roots: roots}
 	var all []int
-	for i, l := range v.layers() {
-		o.roots = append(o.roots, s.LayerPath(l))
+	for i := range roots {
 		all = append(all, i)
 	}
 	out := make(map[string]string)
@@ -161,7 +169,7 @@ func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
 	walk = func(rel string, layers []int) {
 		shown, st, errno := o.visible(rel, layers)
 		if errno != 0 {
-			t.Fatalf("%s %s: visible %q: %v", id, key, rel, errno)
+			t.Fatalf("%v: visible %q: %v", roots, rel, errno)
 		}
 		out["/"+rel] = describe(t, filepath.Join(o.roots[shown[0]], rel), &st)
 		if !isDir(&st) {
@@ -169,7 +177,7 @@ func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
 		}
 		entries, errno := o.list(rel, shown)
 		if errno != 0 {
-			t.Fatalf("%s %s: list %q: %v", id, key, rel, errno)
+			t.Fatalf("%v: list %q: %v", roots, rel, errno)
 		}
 		for _, e := range entries {
 			walk(filepath.Join(rel, e.Name), shown)
@@ -580,5 +588,171 @@ func TestMountFlattenOpenFile(t *testing.T) {
 	}
 	if got := readMount(t, tm, ids[len(ids)-1]+"/alloc/data/f1"); got != "gen 1\n" {
 		t.Errorf("f1 after the flatten: got %q", got)
+	}
+}
+
+// layerSpec builds a layer by hand in the overlay format: "name" is a
+// file with that content, "dir/" a directory, "dir/!" marks it opaque,
+// "name=wh" a whiteout, "name->target" a symbolic link, "a==b" a hard
+// link of b named a.
+func layerSpec(t *testing.T, root string, spec ...string) {
+	t.Helper()
+	must(t, os.MkdirAll(root, 0o755))
+	for _, e := range spec {
+		switch {
+		case strings.HasSuffix(e, "/!"):
+			must(t, os.MkdirAll(filepath.Join(root, strings.TrimSuffix(e, "/!")), 0o750))
+			must(t, unix.Setxattr(filepath.Join(root, strings.TrimSuffix(e, "/!")), opaqueXattr, []byte("y"), 0))
+		case strings.HasSuffix(e, "/"):
+			must(t, os.MkdirAll(filepath.Join(root, e), 0o750))
+			must(t, unix.Setxattr(filepath.Join(root, e), "user.dir", []byte(e), 0))
+		case strings.HasSuffix(e, "=wh"):
+			must(t, unix.Mknod(filepath.Join(root, strings.TrimSuffix(e, "=wh")), unix.S_IFCHR, 0))
+		case strings.Contains(e, "=="):
+			a, b, _ := strings.Cut(e, "==")
+			must(t, os.Link(filepath.Join(root, b), filepath.Join(root, a)))
+		case strings.Contains(e, "->"):
+			a, b, _ := strings.Cut(e, "->")
+			must(t, os.Symlink(b, filepath.Join(root, a)))
+		default:
+			mustWrite(t, filepath.Join(root, e), root+":"+e, 0o640)
+		}
+	}
+}
+
+// TestFlattenMergeMatchesOverlay checks the merge itself against the
+// overlay lookup the mount does, on hand-made layers with every case of
+// two entries meeting: a file over a file, a whiteout over a file and
+// over a directory, a directory over a directory (plain and opaque),
+// over a file, over a whiteout and over nothing, a whiteout over nothing,
+// and what a third layer below shows through each. With layers below the
+// pair, the merged layer must read the same over them; without, it must
+// read the same alone, and then keeps no whiteout or opaque mark.
+func TestFlattenMergeMatchesOverlay(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("whiteouts and trusted.overlay xattrs need root")
+	}
+	dir := t.TempDir()
+	upper, lower, below := filepath.Join(dir, "u"), filepath.Join(dir, "l"), filepath.Join(dir, "b")
+	layerSpec(t, upper,
+		"a", "b=wh", "d/", "d/x=wh", "d/n", "e/!", "e/k", "f/", "f/r", "g/", "g/q2",
+		"h/", "h/h2", "w2=wh", "t", "v=wh", "o/", "o/deep/", "o/deep/p", "sym->a")
+	layerSpec(t, lower,
+		"a", "b", "d/", "d/x", "d/y", "e/", "e/z", "f", "g/!", "g/q", "w=wh",
+		"t/", "t/u", "v/", "v/vv", "o/", "o/deep/", "o/deep/gone=wh", "o/deep/kept",
+		"hl1", "hl2==hl1", "sym2->d/y", "gone/", "gone/x=wh")
+	must(t, unix.Mkfifo(filepath.Join(lower, "fifo"), 0o600))
+	layerSpec(t, below,
+		"a", "b", "c", "d/", "d/x", "d/y2", "e/", "e/z2", "f/", "f/r2", "g/", "g/q3",
+		"h/", "h/h1", "w", "w2", "o/", "o/deep/", "o/deep/gone", "o/deep/under", "gone/", "gone/x")
+
+	for _, through := range []bool{true, false} {
+		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
+			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
+			must(t, os.Mkdir(merged, 0o700))
+			m := &merger{s: &Store{}, dst: merged}
+			must(t, m.build(upper, lower, through))
+			pair, flat := []string{upper, lower}, []string{merged}
+			if through {
+				pair, flat = append(pair, below), append(flat, below)
+			}
+			diffViews(t, map[string]map[string]string{"merged": rootsView(t, flat)},
+				map[string]map[string]string{"merged": rootsView(t, pair)})
+			marks := 0
+			err := filepath.WalkDir(merged, func(p string, d iofs.DirEntry, err error) error {
+				if err != nil {
+					return err
+				}
+				var st syscall.Stat_t
+				must(t, syscall.Lstat(p, &st))
+				if isWhiteout(&st) || (d.IsDir() && isOpaque(p)) {
+					marks++
+				}
+				if !d.IsDir() && st.Nlink < 2 {
+					t.Errorf("%s has %d links: it was not linked from the pair", p, st.Nlink)
+				}
+				return nil
+			})
+			must(t, err)
+			if through && marks == 0 {
+				t.Errorf("merged layer over a third has no whiteout or opaque mark")
+			}
+			if !through && marks != 0 {
+				t.Errorf("merged bottom layer keeps %d whiteouts or opaque marks, want none", marks)
+			}
+		})
+	}
+}
+
+// TestCollectorFlattens checks the trigger: a collection pass that
+// destroys the stopped allocations holding a chain's old layers then
+// flattens the chain within the bound.
+func TestCollectorFlattens(t *testing.T) {
+	s := openTestStore(t, filepath.Join(t.TempDir(), "data"))
+	web := tasks("web")
+	mustCreate(t, s, chainID(0), "web")
+	for i := 1; i <= chainLen; i++ {
+		must(t, errOnly(s.Stop(chainID(i-1))))
+		time.Sleep(2 * time.Millisecond) // distinct stop times: oldest first
+		if _, _, err := s.CreateMigrated(chainID(i), web, chainID(i-1), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := NewCollector(testLogger(t), s, GCConfig{MaxAllocs: 2})
+	c.statfs = func() (unix.Statfs_t, error) {
+		return unix.Statfs_t{Blocks: 100, Bfree: 90, Files: 100, Ffree: 90}, nil
+	}
+	if got := c.Collect(); len(got) != chainLen-1 {
+		t.Fatalf("collected %v, want the %d oldest", got, chainLen-1)
+	}
+	ids := []string{chainID(chainLen - 1), chainID(chainLen)}
+	if d := maxDepth(t, s, ids); d > maxLowers {
+		t.Errorf("deepest stack after a collection: %d lowers, want at most %d", d, maxLowers)
+	}
+}
+
+// BenchmarkFlatten measures one merge of two layers of 5,000 files each
+// (10,000 links) under a third layer, so that whiteouts are kept.
+func BenchmarkFlatten(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("whiteouts need root")
+	}
+	dir := b.TempDir()
+	upper, lower := filepath.Join(dir, "u"), filepath.Join(dir, "l")
+	for _, root := range []string{upper, lower} {
+		for d := range 50 {
+			sub := filepath.Join(root, fmt.Sprintf("d%02d", d))
+			if err := os.MkdirAll(sub, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			for f := range 100 {
+				name := fmt.Sprintf("%s-%03d", filepath.Base(root), f)
+				if err := os.WriteFile(filepath.Join(sub, name), []byte(name), 0o644); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		merged := filepath.Join(dir, fmt.Sprintf("m%d", i))
+		if err := os.Mkdir(merged, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		m := &merger{s: &Store{}, dst: merged}
+		if err := m.build(upper, lower, true); err != nil {
+			b.Fatal(err)
+		}
+		if err := syncFS(merged); err != nil {
+			b.Fatal(err)
+		}
+		if m.links != 10000 {
+			b.Fatalf("%d links, want 10000", m.links)
+		}
+		b.StopTimer()
+		if err := os.RemoveAll(merged); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }
