@@ -216,3 +216,37 @@ func TestMonitorStopGrace(t *testing.T) {
 		t.Errorf("stdout: got %d bytes, want %d", len(got), want.Len())
 	}
 }
+
+// TestMonitorStopWithBusyLeftover: a process the task left behind that
+// keeps writing does not keep Stop from finishing, and the task's own
+// output comes first, whole.
+func TestMonitorStopWithBusyLeftover(t *testing.T) {
+	d, dir := openTestDir(t)
+	m, err := Start(testLogger(t), d, "web", DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "echo first; (while :; do echo leftover; done) & exit 0")
+	cmd.Stdout, cmd.Stderr = m.Stdout(), m.Stderr()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	m.CloseWriters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := m.Stop(200 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("Stop took %v with a grace of 200ms", took)
+	}
+	got := concat(t, dir, "web.stdout")
+	if !strings.HasPrefix(got, "first\nleftover\n") {
+		t.Errorf("stdout starts with %.40q, want the task's line then the leftover's", got)
+	}
+}

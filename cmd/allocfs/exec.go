@@ -49,7 +49,7 @@ code is the task's (128+N when signal N ended it); 1 if the task could not
 be started, 2 for a wrong command line.`)
 	socket := socketFlag(e, fset)
 	userName := fset.String("user", "", "run as `USER` (name or uid), with its groups; needs root")
-	maxFiles := fset.Int("max-files", logmon.DefaultMaxFiles, "log `files` kept per stream")
+	maxFiles := fset.Int("max-files", logmon.DefaultMaxFiles, "keep the newest `N` log files of each stream")
 	maxSizeMB := fset.Int("max-file-size", logmon.DefaultMaxFileSizeMB, "size of a log file, in `MiB`, at which it is rotated")
 	if err := parseFlags(fset, args, 0, -1); err != nil {
 		return err
