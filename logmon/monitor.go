@@ -52,6 +52,7 @@ type stream struct {
 	rot      *Rotator
 	done     chan struct{} // closed when pump returns
 	err      error         // of reading the FIFO, set before done
+	lost     error         // the first write to the files that failed
 }
 
 // Start makes (or reuses, after a crash) the FIFOs of task in dir, opens
@@ -183,7 +184,14 @@ func (m *Monitor) pump(s *stream) {
 	buf := make([]byte, bufferSize)
 	var lastErr string
 	write := func(p []byte) {
-		if _, err := s.rot.Write(p); err != nil && err.Error() != lastErr {
+		_, err := s.rot.Write(p)
+		if err == nil {
+			return
+		}
+		if s.lost == nil {
+			s.lost = fmt.Errorf("task output on %s was lost: %w", s.name, err)
+		}
+		if err.Error() != lastErr {
 			// Reading goes on: a task blocked on a full pipe would be
 			// worse than lost lines, and the disk may recover.
 			lastErr = err.Error()
@@ -275,7 +283,7 @@ func (m *Monitor) stop(grace time.Duration) error {
 	var errs []error
 	for _, s := range m.streams {
 		<-s.done
-		errs = append(errs, s.err, s.rot.Close(), s.r.Close(), m.removeFIFO(s))
+		errs = append(errs, s.err, s.lost, s.rot.Close(), s.r.Close(), m.removeFIFO(s))
 	}
 	return errors.Join(errs...)
 }

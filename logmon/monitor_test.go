@@ -250,3 +250,32 @@ func TestMonitorStopWithBusyLeftover(t *testing.T) {
 		t.Errorf("stdout starts with %.40q, want the task's line then the leftover's", got)
 	}
 }
+
+// TestMonitorReportsLostOutput: when the files cannot take the output (a
+// task planted more links than a rotation steps over), Stop says so
+// rather than reporting a clean run.
+func TestMonitorReportsLostOutput(t *testing.T) {
+	d, dir := openTestDir(t)
+	m, err := Start(hclogOff(), d, "web", byteConfig(10, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Planted while web.stdout.0 is being written, where the rotations
+	// will look.
+	for i := 1; i <= maxSkips+1; i++ {
+		if err := os.Symlink("/etc/passwd", filepath.Join(dir, fmt.Sprintf("web.stdout.%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := os.Stat("/etc/passwd")
+	err = runTask(t, m, "seq 1 1000")
+	if after, _ := os.Stat("/etc/passwd"); before == nil || after == nil || after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("/etc/passwd changed: %v, then %v", before, after)
+	}
+	if !errors.Is(err, ErrUnsafePath) {
+		t.Errorf("Stop after output was lost: got %v, want an error wrapping ErrUnsafePath", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "web.stdout.0")); len(b) < 100 {
+		t.Errorf("web.stdout.0 holds %d bytes, want the first 100 and more", len(b))
+	}
+}

@@ -23,6 +23,9 @@ func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: testWriter{t}, Level: hclog.Debug})
 }
 
+// hclogOff is a logger for tests that make it warn by the hundred.
+func hclogOff() hclog.Logger { return hclog.NewNullLogger() }
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {
