@@ -36,6 +36,7 @@ import (
 	iofs "io/fs"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -202,6 +203,7 @@ func (s *Server) nodeStatus(w http.ResponseWriter, r *http.Request) {
 		Mount:       s.mountDir,
 		Passthrough: s.passthrough(),
 		Allocs:      s.store.Len(),
+		Goroutines:  runtime.NumGoroutine(),
 		Backing: BackingStatus{
 			BytesTotal:     sf.Blocks * bsize,
 			BytesFree:      sf.Bfree * bsize,

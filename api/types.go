@@ -75,6 +75,10 @@ type NodeStatus struct {
 	Mount       string `json:"mount"`
 	Passthrough bool   `json:"passthrough"`
 	Allocs      int    `json:"allocs"`
+	// Goroutines is how many goroutines the daemon runs: steady while
+	// idle, so a number that only grows points at a leak (followers that
+	// outlive their clients, say).
+	Goroutines int `json:"goroutines"`
 	// Backing describes the filesystem that holds the data dir.
 	Backing BackingStatus `json:"backing"`
 }

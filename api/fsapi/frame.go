@@ -64,8 +64,13 @@ type framer struct {
 // newFramer starts a framer writing to w; flush pushes what was written to
 // the client. Close must be called to flush the rest and stop its timers.
 func newFramer(w io.Writer, flush func(), plain bool) *framer {
+	return newFramerEvery(w, flush, plain, flushEvery, heartbeatEvery)
+}
+
+// newFramerEvery is newFramer with other periods, for tests.
+func newFramerEvery(w io.Writer, flush func(), plain bool, flushPeriod, heartbeatPeriod time.Duration) *framer {
 	f := &framer{w: w, flush: flush, plain: plain, stop: make(chan struct{}), done: make(chan struct{})}
-	go f.run(flushEvery, heartbeatEvery)
+	go f.run(flushPeriod, heartbeatPeriod)
 	return f
 }
 

@@ -121,11 +121,13 @@ func (h *Handler) alloc(r *http.Request) (allocdir.FS, string, error) {
 	}
 	fsys, err := h.lookup(id)
 	if err != nil {
-		if errors.Is(err, allocdir.ErrUnknownAlloc) {
-			return nil, id, &codedError{code: http.StatusNotFound, msg: fmt.Sprintf("Unknown allocation %q", id)}
-		}
+		// A collected allocation's error is also ErrUnknownAlloc: the
+		// more precise answer goes first.
 		if errors.Is(err, allocdir.ErrGone) {
 			return nil, id, &codedError{code: http.StatusNotFound, msg: fmt.Sprintf("state for allocation %s not found on client", id)}
+		}
+		if errors.Is(err, allocdir.ErrUnknownAlloc) {
+			return nil, id, &codedError{code: http.StatusNotFound, msg: fmt.Sprintf("Unknown allocation %q", id)}
 		}
 		return nil, id, err
 	}
