@@ -66,12 +66,15 @@
 //
 // The skeleton (everything that is not inside a volume or a memory tree)
 // is synthesised from the allocation's state and cannot be written. The
-// <task>/alloc view shows the same volumes as alloc/ without a bind mount;
-// it carries its own inode numbers (the view number is mixed in at
-// viewShift) because the kernel refuses two names for one directory inode.
-// Inode numbers inside volumes are the backing inode numbers, so they stay
-// stable across lookups and restarts, and watchers that compare device and
-// inode behave.
+// <task>/alloc view shows the same volumes as alloc/ without a bind mount.
+// Inode numbers inside volumes are the backing inode numbers with a slot
+// mixed into their high bits (identity.go): each place a volume is shown
+// (an allocation's own paths, each <task>/alloc view) has its own slot, so
+// that a layer shown by two allocations (snapshot-mode migration) or by
+// two views is two sets of nodes, each knowing its own volume. Numbers stay
+// stable for as long as the allocation lives in the mount, so watchers
+// that compare device and inode behave; after a restart of the daemon the
+// slots, and so the high bits, may differ.
 //
 // # Kernel caching
 //

@@ -56,6 +56,7 @@ type Mount struct {
 	// (nobody when root, the agent otherwise). Both are fixed at mount.
 	agent, shared fuseOwner
 	mem           memRoots
+	slots         slots
 
 	// passthrough is whether the kernel negotiated passthrough; it is
 	// learnt after the mount is up, when requests are already served.
@@ -159,6 +160,7 @@ func (m *Mount) dataThroughDaemon(op string) {
 func (m *Mount) invalidate(id string) {
 	if _, err := m.store.view(id); err != nil {
 		m.dropMem(id)
+		m.slots.release(id)
 		if ch := m.root.GetChild(id); ch != nil {
 			m.root.NotifyDelete(id, ch)
 		}

@@ -208,9 +208,9 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 		return ch, 0
 	}
 	out.Attr.FromStat(&st)
-	ino := st.Ino ^ n.view<<viewShift
+	ino := st.Ino ^ n.slot<<viewShift
 	out.Attr.Ino = ino
-	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, view: n.view, ro: n.ro, ovl: n.ovl, layers: layers}
+	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: layers}
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino}), 0
 }
 

@@ -24,9 +24,9 @@ const (
 	// syntheticBit marks inode numbers of nodes that have no backing file
 	// (the skeleton). Backing inode numbers never reach it.
 	syntheticBit = uint64(1) << 63
-	// viewShift places the view number (0: the allocation's own alloc/,
-	// 1..n: <task>/alloc) in the inode number, because the kernel refuses
-	// two directory entries for one directory inode.
+	// viewShift places the slot of the place a volume is shown (see
+	// identity.go) in the high bits of the inode numbers it shows, so
+	// that one backing inode shown in two places is two nodes.
 	viewShift = 48
 )
 

@@ -19,8 +19,8 @@ import (
 type volNode struct {
 	*gofs.LoopbackNode
 	m *Mount
-	// view is mixed into inode numbers (see viewShift).
-	view uint64
+	// slot is mixed into inode numbers; see identity.go.
+	slot uint64
 	// ro freezes the volume: every change fails with EROFS.
 	ro bool
 	// ovl is set for a volume with lower layers; layers then says where
@@ -50,7 +50,7 @@ var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
 func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
 	if lb, ok := ops.(*gofs.LoopbackNode); ok {
 		// Whatever the loopback creates is new, so in the upper layer.
-		return &volNode{LoopbackNode: lb, m: n.m, view: n.view, ro: n.ro, ovl: n.ovl, layers: []int{0}}
+		return &volNode{LoopbackNode: lb, m: n.m, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: []int{0}}
 	}
 	// A task directory's layout children (volumes, memory trees, the
 	// alloc/ view) are nodes of their own.
@@ -65,6 +65,11 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 	if !ok {
 		return nil, syscall.ENOENT
 	}
+	slot, errno := m.slots.slot(st.ID, view)
+	if errno != 0 {
+		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
+		return nil, errno
+	}
 	dir := m.store.LayerPath(v.Upper)
 	var rst syscall.Stat_t
 	if err := syscall.Lstat(dir, &rst); err != nil {
@@ -74,10 +79,10 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 	root := &gofs.LoopbackRoot{
 		Path: dir,
 		// Dev is mixed into every inode number the loopback derives:
-		// choosing it this way yields backing inode ^ view<<viewShift.
-		Dev: rst.Dev ^ view<<(viewShift-32),
+		// choosing it this way yields backing inode ^ slot<<viewShift.
+		Dev: rst.Dev ^ slot<<(viewShift-32),
 	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, view: view, ro: v.ReadOnly, task: task, layers: []int{0}}
+	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
 	if len(v.Lowers) > 0 {
 		o := &overlay{roots: []string{dir}}
 		for _, l := range v.Lowers {
@@ -91,7 +96,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 	}
 	root.RootNode = node
 	out.Attr.FromStat(&rst)
-	ino := rst.Ino ^ view<<viewShift
+	ino := rst.Ino ^ slot<<viewShift
 	out.Attr.Ino = ino
 	m.stableTimeouts(out)
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
