@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -385,8 +386,71 @@ func replacePair(v *Volume, upper, lower, merged string) {
 // through the merged layer; removing the pair is what would break them.
 func (s *Store) retire(p *flattenPlan, allocs []string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.retired = append(s.retired, retiredLayers{layers: []string{p.upper, p.lower}, allocs: allocs})
+	s.mu.Unlock()
+	s.saveRetired()
+}
+
+// retiredFile (in the data dir) records the retired layers and the
+// allocations that stacked them, so that a restart keeps reclaiming them
+// as those allocations go instead of leaving them as orphans.
+const retiredFile = "retired-layers.json"
+
+// retiredRecord is one entry of retiredFile.
+type retiredRecord struct {
+	Layers []string `json:"layers"`
+	Allocs []string `json:"allocs"`
+}
+
+// saveRetired records the retired layers on disk (temp, fsync, rename).
+// A failure is only logged: what it costs is layers left as orphans
+// after a restart, never data.
+func (s *Store) saveRetired() {
+	s.mu.Lock()
+	records := make([]retiredRecord, 0, len(s.retired))
+	for _, r := range s.retired {
+		records = append(records, retiredRecord{Layers: r.layers, Allocs: r.allocs})
+	}
+	s.mu.Unlock()
+	data, err := json.Marshal(records)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(s.dataDir, retiredFile), append(data, '\n'), nil)
+	}
+	if err != nil {
+		s.logger.Warn("failed to record the retired layers; after a restart they stay as orphans", "error", err)
+	}
+}
+
+// loadRetired reads what a previous run retired and removes the layers
+// whose allocations are all gone. It runs in OpenStore, after the records
+// are loaded.
+func (s *Store) loadRetired() error {
+	p := filepath.Join(s.dataDir, retiredFile)
+	data, err := os.ReadFile(p)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("failed to read %q: %w", p, err)
+	}
+	var records []retiredRecord
+	if err := json.Unmarshal(data, &records); err != nil {
+		s.logger.Warn("ignoring an unreadable list of retired layers; they stay as orphans", "path", p, "error", err)
+		return nil
+	}
+	for _, r := range records {
+		var layers []string
+		for _, l := range r.Layers {
+			// Only names the store could have made: the file lives in the
+			// data dir, but a layer ID is joined to a path.
+			if allocdir.ValidName(l) == nil {
+				layers = append(layers, l)
+			}
+		}
+		s.retired = append(s.retired, retiredLayers{layers: layers, allocs: r.Allocs})
+	}
+	_, err = s.reclaimRetired()
+	return err
 }
 
 // claimLocked marks as dying the layers that nothing references, so that
@@ -445,6 +509,9 @@ func (s *Store) reclaimRetired() (int, error) {
 	s.retired = keep
 	s.mu.Unlock()
 	n, err := s.removeClaimed(owned)
+	if len(owned) > 0 {
+		s.saveRetired()
+	}
 	if n > 0 {
 		s.logger.Info("removed flattened layers", "layers", n)
 	}

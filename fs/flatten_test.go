@@ -361,6 +361,14 @@ func TestFlattenChain(t *testing.T) {
 			t.Errorf("retired layer %s while its allocations live: %v", l, err)
 		}
 	}
+	// A restart remembers them, and removes them as their allocations go.
+	var remembered []string
+	for _, r := range reopened.retired {
+		remembered = append(remembered, r.layers...)
+	}
+	if strings.Join(remembered, ",") != strings.Join(retired, ",") {
+		t.Errorf("retired layers after a reopen: %v, want %v", remembered, retired)
+	}
 	for _, id := range ids {
 		must(t, tm.store.Destroy(id))
 	}
@@ -369,6 +377,41 @@ func TestFlattenChain(t *testing.T) {
 	}
 	if got := layerDirs(t, tm.store); len(got) != 0 {
 		t.Errorf("layers once every allocation is destroyed: %v, want none", got)
+	}
+}
+
+// TestRetiredLayersAfterRestart checks that layers a flatten retired are
+// removed by the next run once the allocations that stacked them are
+// gone, rather than left behind as orphans.
+func TestRetiredLayersAfterRestart(t *testing.T) {
+	tm := newTestMount(t)
+	ids := buildChain(t, tm)
+	for _, id := range ids[:len(ids)-2] {
+		must(t, tm.store.Destroy(id))
+	}
+	if n, err := tm.store.Flatten(); err != nil || n == 0 {
+		t.Fatalf("Flatten: %d merges, %v; want some", n, err)
+	}
+	var retired []string
+	for _, r := range tm.store.retired {
+		retired = append(retired, r.layers...)
+	}
+	// The live allocations go while the daemon is down: a crash after
+	// their records were removed, say.
+	for _, id := range ids[len(ids)-2:] {
+		must(t, os.Remove(tm.store.statePath(id)))
+	}
+	reopened := openTestStore(t, tm.store.DataDir())
+	for _, l := range retired {
+		if _, err := os.Lstat(reopened.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("retired layer %s after a restart with its allocations gone: %v, want it removed", l, err)
+		}
+	}
+	if len(reopened.retired) != 0 {
+		t.Errorf("still retired after the restart: %+v", reopened.retired)
+	}
+	if _, err := os.Lstat(filepath.Join(reopened.DataDir(), retiredFile)); err != nil {
+		t.Errorf("the retired list: %v", err)
 	}
 }
 

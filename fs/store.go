@@ -162,6 +162,9 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 	if err := s.load(); err != nil {
 		return nil, err
 	}
+	if err := s.loadRetired(); err != nil {
+		return nil, err
+	}
 	if err := s.checkLayers(); err != nil {
 		return nil, err
 	}
@@ -219,9 +222,11 @@ func (s *Store) load() error {
 }
 
 // checkLayers checks that every layer an allocation references exists, and
-// reports layers that none references. Those are left alone: they are the
-// leftovers of a crash between creating a layer and recording it, or of a
-// Destroy that did not finish, and garbage collection reclaims them.
+// reports layers that none references. Those are left alone, for an
+// operator to look at: they are the leftovers of a crash between creating
+// a layer and recording it, or of a Destroy that did not finish, and the
+// store cannot tell them from data a crash in the middle of a handover
+// left unrecorded.
 func (s *Store) checkLayers() error {
 	used := make(map[string]struct{})
 	ids := make([]string, 0, len(s.allocs))
