@@ -242,6 +242,14 @@ func TestServeMountPointIsAFile(t *testing.T) {
 // messages say what went wrong. None of these needs a daemon.
 func TestCLIExitCodes(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.sock")
+	empty := filepath.Join(t.TempDir(), "empty")
+	longSecret := filepath.Join(t.TempDir(), "long")
+	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(longSecret, []byte(strings.Repeat("s", 65)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name   string
 		env    []string
@@ -263,6 +271,19 @@ func TestCLIExitCodes(t *testing.T) {
 		{"--user of an unknown task", nil, []string{"alloc", "create", "a1", "--task", "web", "--user", "db=nobody"}, exitUsage, "names a task not given"},
 		{"negative --secrets-mb", nil, []string{"alloc", "create", "a1", "--task", "web", "--secrets-mb", "-1"}, exitUsage, "must not be negative"},
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, exitUsage, `unknown --log-level "loud"`},
+		{"token file without TCP", nil, []string{"serve", "--token-file", empty}, exitUsage, "--token-file needs --http-addr"},
+		{"TLS without TCP", nil, []string{"serve", "--tls-cert", empty}, exitUsage, "--tls-cert needs --http-addr"},
+		{"TCP without any token", nil, []string{"serve", "--http-addr", "127.0.0.1:0"}, exitUsage, "nothing is served over TCP without a token"},
+		{"empty API token", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--token-file", empty}, exitUsage, "is empty"},
+		{"node secret too long", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--node-secret-file", longSecret}, exitUsage, "BLAKE2b takes a key of at most 64"},
+		{"TLS CA alone", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--migrate-token-file", longSecret, "--tls-ca", empty}, exitUsage, "--tls-ca needs --tls-cert and --tls-key"},
+		{"TLS key alone", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--migrate-token-file", longSecret, "--tls-key", empty}, exitUsage, "--tls-cert and --tls-key go together"},
+		{"fs ls bad ID", nil, []string{"fs", "ls", "..", "--socket", missing}, exitFailed, "invalid allocation ID"},
+		{"fs cat needs a path", nil, []string{"fs", "cat", "a1", "--socket", missing}, exitUsage, "expected 2 argument(s)"},
+		{"fs unknown subcommand", nil, []string{"fs", "rm", "a1"}, exitUsage, `unknown command "rm"`},
+		{"logs bad task", nil, []string{"logs", "a1", "a/b", "--socket", missing}, exitFailed, "invalid task name"},
+		{"logs negative -n", nil, []string{"logs", "-tail", "-n", "-1", "a1", "web", "--socket", missing}, exitUsage, "must not be negative"},
+		{"logs daemon not running", nil, []string{"logs", "-stderr", "a1", "web", "--socket", missing}, exitFailed, "cannot reach allocfs at " + missing},
 		{"ID with a slash", nil, []string{"alloc", "create", "a/b", "--task", "web", "--socket", missing}, exitFailed, "invalid allocation ID"},
 		{"ID dot-dot", nil, []string{"alloc", "create", "..", "--task", "web", "--socket", missing}, exitFailed, "invalid allocation ID"},
 		{"status of ID dot-dot", nil, []string{"alloc", "status", "..", "--socket", missing}, exitFailed, "invalid allocation ID"},

@@ -33,10 +33,12 @@ type nodeConfig struct {
 // the TCP settings make sense together.
 func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string) error {
 	if c.addr == "" {
-		for flag, v := range map[string]string{"--migrate-token-file": migrateTokenFile, "--node-secret-file": nodeSecretFile,
-			"--token-file": apiTokenFile, "--tls-cert": c.tlsCert, "--tls-key": c.tlsKey, "--tls-ca": c.tlsCA} {
-			if v != "" {
-				return fmt.Errorf("%s needs --http-addr", flag)
+		for _, f := range []struct{ flag, value string }{
+			{"--migrate-token-file", migrateTokenFile}, {"--node-secret-file", nodeSecretFile}, {"--token-file", apiTokenFile},
+			{"--tls-cert", c.tlsCert}, {"--tls-key", c.tlsKey}, {"--tls-ca", c.tlsCA},
+		} {
+			if f.value != "" {
+				return fmt.Errorf("%s needs --http-addr", f.flag)
 			}
 		}
 		return nil
