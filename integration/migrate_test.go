@@ -13,7 +13,7 @@ import (
 // end through the daemon, the mount and the shell, in both local modes:
 // allocation A writes data and a log and stops; B replaces it with
 // --migrate on the same node and finds the data; A's logs are still
-// there to read; B appends; collecting A removes A and its logs and
+// there to read, through the mount and the API; B appends; collecting A removes A and its logs and
 // leaves B's data alone.
 func TestSeedScenario(t *testing.T) {
 	fstest.RequireFUSE(t)
@@ -43,6 +43,13 @@ func TestSeedScenario(t *testing.T) {
 			if got := n.mustSh(t, n.mnt, "cat A/alloc/logs/web.stderr.0"); got != "A failed: disk full\n" {
 				t.Errorf("A's log after the migration: got %q, want it kept", got)
 			}
+			// And through the API, by A's ID and as B's previous allocation.
+			if got := n.mustCLI(t, "logs", "-stderr", "A", "web"); got != "A failed: disk full\n" {
+				t.Errorf("allocfs logs -stderr A web: got %q, want A's log", got)
+			}
+			if got := n.mustCLI(t, "logs", "--previous", "-stderr", "B", "web"); got != "A failed: disk full\n" {
+				t.Errorf("allocfs logs --previous -stderr B web: got %q, want A's log", got)
+			}
 			n.mustSh(t, n.mnt, `echo "written by B" >> B/alloc/data/test.txt`)
 			if got := n.mustSh(t, n.mnt, "cat B/alloc/data/test.txt"); got != "written by A\nwritten by B\n" {
 				t.Errorf("B's test.txt after its append: got %q", got)
@@ -69,6 +76,9 @@ func TestSeedScenario(t *testing.T) {
 			}
 			if r := n.cli(t, "alloc", "status", "A"); r.code == 0 {
 				t.Errorf("status of a collected allocation: exit 0, want a failure")
+			}
+			if r := n.cli(t, "logs", "--previous", "-stderr", "B", "web"); r.code == 0 || !strings.Contains(r.stderr, "it was collected") {
+				t.Errorf("logs --previous of B after gc A: exit %d, %q; want A's logs reported gone", r.code, r.stderr)
 			}
 			if got := n.mustSh(t, n.mnt, "cat B/alloc/data/test.txt B/web/local/conf"); got != "written by A\nwritten by B\nA local\n" {
 				t.Errorf("B's data after A was collected: got %q", got)
