@@ -274,14 +274,20 @@ func (n *Notifier) dispatch(buf []byte) {
 				s.wake()
 			}
 		}
-		if ev.Mask&unix.IN_IGNORED != 0 {
-			// The directory is gone (or unmounted): the kernel dropped the
-			// watch. Its followers were just woken and will re-arm higher up.
+		if ev.Mask&(unix.IN_IGNORED|unix.IN_MOVE_SELF) != 0 {
+			// The directory is gone (the kernel dropped the watch) or was
+			// renamed: a watch follows its inode, so it no longer watches
+			// the path it was placed for, and whatever is created at that
+			// path next must get a watch of its own. Its followers were
+			// just woken and re-arm.
 			for s := range w.subs {
 				s.wd = -1
 			}
 			delete(n.watches, ev.Wd)
 			delete(n.byDir, w.dir)
+			if ev.Mask&unix.IN_MOVE_SELF != 0 {
+				_, _ = unix.InotifyRmWatch(int(n.file.Fd()), uint32(ev.Wd))
+			}
 		}
 	}
 }

@@ -176,3 +176,41 @@ func TestNotifierSharesWatches(t *testing.T) {
 		t.Errorf("after closing every subscription: %d watches, %d subscriptions; want none", watches, subs)
 	}
 }
+
+// TestNotifierDirectoryRenamed checks that a watched directory renamed
+// away and made again at the same path is watched anew: the watch of the
+// old one (it follows its inode) must not stand in for the new one.
+func TestNotifierDirectoryRenamed(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "logs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := newNotifier(t)
+	s := n.Subscribe("a1")
+	defer s.Close()
+	if err := s.Arm(root, "logs/web.stdout.1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir, filepath.Join(root, "logs.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(s) {
+		t.Fatal("no wake-up when the watched directory was renamed")
+	}
+	for len(s.C) > 0 {
+		<-s.C
+	}
+	if err := s.Arm(root, "logs/web.stdout.1"); err != nil {
+		t.Fatalf("re-Arm: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "web.stdout.1"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(s) {
+		t.Fatal("no wake-up for a file created in the new directory")
+	}
+}

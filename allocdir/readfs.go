@@ -328,7 +328,10 @@ func (r ReadSide) arm(sub *Subscription, p string) bool {
 		// Wait where the way stops: the first missing component.
 		resolved = pe.Resolved
 	default:
-		return true
+		// A way that cannot be followed now (a file where a directory
+		// should be, a link out): no directory to watch, so poll until
+		// that changes.
+		return false
 	}
 	root, rel, ok := b.Backing(fsPath(resolved))
 	if !ok {

@@ -66,6 +66,8 @@ type Server struct {
 	// background is work a request started and did not wait for (the
 	// migration log line); Wait waits for it.
 	background sync.WaitGroup
+	// stopStreams ends the client API's streams; see StopStreams.
+	stopStreams func()
 }
 
 // Wait waits for work that requests left running in the background.

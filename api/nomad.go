@@ -27,11 +27,20 @@ const (
 func (s *Server) ServeClientAPI(lookup fsapi.Lookup) http.Handler {
 	client := http.NewServeMux()
 	fsh := fsapi.NewHandler(s.logger, lookup)
+	s.stopStreams = fsh.StopStreams
 	client.Handle(fsapi.Prefix, fsh)
 	client.HandleFunc("GET "+clientAllocPath+"{id}/gc", s.clientGCAlloc)
 	client.HandleFunc("GET "+ClientGCPath, s.clientGCAll)
 	s.mux.Handle("/v1/client/", client)
 	return client
+}
+
+// StopStreams ends the client API's streams (followers): register it with
+// http.Server.RegisterOnShutdown, or a shutdown waits for them in vain.
+func (s *Server) StopStreams() {
+	if s.stopStreams != nil {
+		s.stopStreams()
+	}
 }
 
 // clientError answers err in Nomad's style: its status and bare message.

@@ -7,6 +7,7 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -504,7 +505,13 @@ func (s *Store) reclaimRetired() (int, error) {
 			keep = append(keep, r)
 			continue
 		}
-		owned = append(owned, s.claimLocked(r.layers)...)
+		claimed := s.claimLocked(r.layers)
+		owned = append(owned, claimed...)
+		// A layer that could not be claimed (referenced again, or being
+		// removed by someone else) stays on the list for the next pass.
+		if rest := without(r.layers, claimed); len(rest) > 0 {
+			keep = append(keep, retiredLayers{layers: rest, allocs: r.allocs})
+		}
 	}
 	s.retired = keep
 	s.mu.Unlock()
@@ -516,6 +523,17 @@ func (s *Store) reclaimRetired() (int, error) {
 		s.logger.Info("removed flattened layers", "layers", n)
 	}
 	return n, err
+}
+
+// without returns the elements of all that are not in some.
+func without(all, some []string) []string {
+	var out []string
+	for _, x := range all {
+		if !slices.Contains(some, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // syncFS flushes the filesystem holding p.

@@ -248,6 +248,7 @@ printf 'not a log' > alloc/logs/web.stdout.old
 		{"ls collected alloc", fsp + "ls/old", 404, []check{bodyIs("state for allocation old not found on client")}},
 		{"ls escape", fsp + "ls/a1?path=../..", 400, []check{bodyHas("escapes the alloc directory")}},
 		{"ls missing dir", fsp + "ls/a1?path=alloc/nothere", 404, nil},
+		{"ls a file", fsp + "ls/a1?path=alloc/data/hello.txt", 400, nil},
 
 		{"stat no path", fsp + "stat/a1", 400, []check{bodyIs("must provide a file name")}},
 		{"stat file", fsp + "stat/a1?path=alloc/data/hello.txt", 200, []check{statOf(12, "text/plain; charset=utf-8")}},
@@ -642,4 +643,32 @@ func BenchmarkFollowLatency(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-ms")
+}
+
+// TestShutdownEndsFollowers: a daemon asked to stop while clients follow
+// files ends their streams and stops at once, rather than waiting out its
+// shutdown timeout for streams that never end by themselves.
+func TestShutdownEndsFollowers(t *testing.T) {
+	n := startFSNode(t)
+	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")
+	if err := os.WriteFile(filepath.Join(n.mnt, "a1/alloc/logs/web.stdout.0"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var followers []*follower
+	for range 3 {
+		fl := n.follow(t, "/v1/client/fs/logs/a1?task=web&type=stdout&follow=true")
+		fl.next(t)
+		followers = append(followers, fl)
+	}
+	n.stop(t)
+	for _, fl := range followers {
+		select {
+		case <-fl.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a follower's stream still open 10s after the daemon stopped")
+		}
+	}
+	if strings.Contains(n.Out.String(), "requests still running after the timeout") {
+		t.Errorf("the daemon waited out its shutdown timeout for the followers:\n%s", n.Out)
+	}
 }

@@ -2,6 +2,7 @@ package fsapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +45,11 @@ type Handler struct {
 	logger hclog.Logger
 	lookup Lookup
 	mux    *http.ServeMux
+	// streams is the parent of every stream's context: StopStreams ends
+	// them all, so that a shutdown need not wait for followers that would
+	// never finish by themselves.
+	streams     context.Context
+	stopStreams context.CancelFunc
 }
 
 // NewHandler returns the API's handler.
@@ -52,6 +58,7 @@ func NewHandler(logger hclog.Logger, lookup Lookup) *Handler {
 		logger = hclog.NewNullLogger()
 	}
 	h := &Handler{logger: logger.Named("fsapi"), lookup: lookup, mux: http.NewServeMux()}
+	h.streams, h.stopStreams = context.WithCancel(context.Background())
 	h.mux.HandleFunc("GET "+Prefix+"ls/{alloc...}", h.ls)
 	h.mux.HandleFunc("GET "+Prefix+"stat/{alloc...}", h.stat)
 	h.mux.HandleFunc("GET "+Prefix+"cat/{alloc...}", h.cat)
@@ -59,6 +66,21 @@ func NewHandler(logger hclog.Logger, lookup Lookup) *Handler {
 	h.mux.HandleFunc("GET "+Prefix+"stream/{alloc...}", h.stream)
 	h.mux.HandleFunc("GET "+Prefix+"logs/{alloc...}", h.logs)
 	return h
+}
+
+// StopStreams ends every stream in progress, and those started later at
+// once: for a server that is shutting down (http.Server.RegisterOnShutdown).
+func (h *Handler) StopStreams() { h.stopStreams() }
+
+// streamContext is the context of one stream: it ends with the request or
+// with StopStreams.
+func (h *Handler) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(h.streams, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // ServeHTTP implements http.Handler.
@@ -88,7 +110,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, allocdir.ErrSecret), errors.Is(err, allocdir.ErrPrivate):
 		return http.StatusForbidden
-	case errors.Is(err, allocdir.ErrEscapes), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, allocdir.ErrEscapes), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR):
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError
@@ -97,12 +119,15 @@ func statusOf(err error) int {
 // writeError answers err as Nomad does: the status and the bare message.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := statusOf(err)
+	msg := err.Error()
 	if code == http.StatusInternalServerError {
+		// The detail (which may name backing paths) goes to the log only.
 		h.logger.Error("request failed", "path", r.URL.Path, "error", err)
+		msg = "internal error: see the allocfs log"
 	}
 	safeHeaders(w, "text/plain; charset=utf-8")
 	w.WriteHeader(code)
-	io.WriteString(w, err.Error())
+	io.WriteString(w, msg)
 }
 
 // safeHeaders sets a content type and forbids browsers from guessing
@@ -353,9 +378,14 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	f := startStream(w, false)
+	// Deferred, so that the framer's timer stops however the stream ends:
+	// a heartbeat written after the handler returned would bring the
+	// process down.
+	defer func() { h.finish(r, id, f, err, start) }()
+	ctx, cancel := h.streamContext(r)
+	defer cancel()
 	s := &streamer{fs: fsys, f: f}
-	_, err = s.streamFile(r.Context(), p, rc, offset, follow, nil)
-	h.finish(r, id, f, err, start)
+	_, _, err = s.streamFile(ctx, p, rc, offset, follow, nil)
 }
 
 func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
@@ -422,9 +452,11 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	f := startStream(w, plain)
+	defer func() { h.finish(r, id, f, err, start) }()
+	ctx, cancel := h.streamContext(r)
+	defer cancel()
 	s := &streamer{fs: fsys, f: f}
-	err = s.logs(r.Context(), task, typ, rc, index, at, files[len(files)-1].index, follow)
-	h.finish(r, id, f, err, start)
+	err = s.logs(ctx, task, typ, rc, index, at, files[len(files)-1].index, follow)
 }
 
 // finish flushes a stream and logs how it ended. The status line is out
@@ -432,7 +464,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) finish(r *http.Request, id string, f *framer, err error, start time.Time) {
 	closeErr := f.Close()
 	switch {
-	case err == nil, errors.Is(err, errClientGone), errors.Is(err, r.Context().Err()):
+	case err == nil, errors.Is(err, errClientGone), errors.Is(err, context.Canceled):
 	default:
 		h.logger.Warn("stream ended by an error", "alloc_id", id, "path", r.URL.Path, "error", err)
 	}

@@ -200,6 +200,9 @@ which stay until that one is collected.`)
 	if *lines < 0 || *byteCount < 0 {
 		return usageErrorf("allocfs logs", "-n and -c must not be negative")
 	}
+	if fset.Changed("lines") && fset.Changed("bytes") {
+		return usageErrorf("allocfs logs", "-n and -c cannot be used together")
+	}
 	ctx, c, done := dial(*socket)
 	defer done()
 	if *previous {
@@ -233,13 +236,25 @@ which stay until that one is collected.`)
 		return nil
 	}
 	if err != nil {
-		if *previous && errors.Is(err, allocdir.ErrUnknownAlloc) {
+		if *previous && collected(err) {
 			return fmt.Errorf("the logs of %s, the allocation replaced, are gone: it was collected (%w)", id, err)
 		}
 		return err
 	}
 	defer frames.Close()
 	return copyLogs(ctx, e.stdout, frames, keep)
+}
+
+// collected reports whether err says the allocation is unknown to the
+// daemon, as opposed to another 404 (no log file of that type). Nomad's
+// client API tells them apart by message only.
+func collected(err error) bool {
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || !errors.Is(err, allocdir.ErrUnknownAlloc) {
+		return false
+	}
+	return strings.HasPrefix(apiErr.Message, "Unknown allocation") ||
+		strings.HasPrefix(apiErr.Message, "state for allocation")
 }
 
 // copyLogs writes the data of a log stream to w. With keep >= 0 the
@@ -268,7 +283,10 @@ func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep in
 	defer out.Flush()
 	var backlog []byte
 	holding := keep >= 0
+	// The quiet timer runs from the first data on: a backlog is over when
+	// data stops coming, not when it is slow to start.
 	quiet := time.NewTimer(caughtUp)
+	quiet.Stop()
 	defer quiet.Stop()
 	release := func() error {
 		holding = false

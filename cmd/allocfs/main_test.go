@@ -282,6 +282,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"fs cat needs a path", nil, []string{"fs", "cat", "a1", "--socket", missing}, exitUsage, "expected 2 argument(s)"},
 		{"fs unknown subcommand", nil, []string{"fs", "rm", "a1"}, exitUsage, `unknown command "rm"`},
 		{"logs bad task", nil, []string{"logs", "a1", "a/b", "--socket", missing}, exitFailed, "invalid task name"},
+		{"logs -n with -c", nil, []string{"logs", "-tail", "-n", "3", "-c", "10", "a1", "web", "--socket", missing}, exitUsage, "cannot be used together"},
 		{"logs negative -n", nil, []string{"logs", "-tail", "-n", "-1", "a1", "web", "--socket", missing}, exitUsage, "must not be negative"},
 		{"logs daemon not running", nil, []string{"logs", "-stderr", "a1", "web", "--socket", missing}, exitFailed, "cannot reach allocfs at " + missing},
 		{"ID with a slash", nil, []string{"alloc", "create", "a/b", "--task", "web", "--socket", missing}, exitFailed, "invalid allocation ID"},

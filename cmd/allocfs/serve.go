@@ -164,8 +164,10 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 
 	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough)
 	// Every read of an allocation's files, for the client API and for
-	// snapshots, goes through the store and pins the allocation against
-	// collection while it runs.
+	// snapshots, goes through the store, never through the mount. A
+	// snapshot pins the allocation against collection while it streams
+	// (pinnedFS); a follower of a collected allocation's file sees it
+	// deleted.
 	lookup := func(id string) (allocdir.FS, error) {
 		if _, err := store.Get(id); err != nil {
 			return nil, err
@@ -178,6 +180,8 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
+	// Followers never finish by themselves: a shutdown ends them.
+	srv.RegisterOnShutdown(apiServer.StopStreams)
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
 	var nodeSrv *http.Server
@@ -202,6 +206,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			TLSConfig:         tlsCfg,
 			ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 		}
+		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
 		go func() {
 			if tlsCfg != nil {
 				served <- nodeSrv.ServeTLS(tcp, "", "")
@@ -246,10 +251,17 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	<-gcDone
 	logger.Info("stopping control API")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	err = srv.Shutdown(ctx)
-	if nodeSrv != nil {
-		err = errors.Join(err, nodeSrv.Shutdown(ctx))
-	}
+	// Both at once, so that the second does not get what the first left
+	// of the timeout.
+	nodeDown := make(chan error, 1)
+	go func() {
+		if nodeSrv == nil {
+			nodeDown <- nil
+			return
+		}
+		nodeDown <- nodeSrv.Shutdown(ctx)
+	}()
+	err = errors.Join(srv.Shutdown(ctx), <-nodeDown)
 	cancel()
 	if err != nil {
 		logger.Warn("requests still running after the timeout; closing their connections", "timeout", shutdownTimeout, "error", err)
