@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/migrate"
 )
 
 // netPair is two network namespaces joined by a veth pair, each end with
@@ -146,4 +147,47 @@ func TestTwoNodes(t *testing.T) {
 	emptyStaging("after a cut and a retry")
 	dst.stop(t)
 	src.stop(t)
+}
+
+// TestNodeSecretMigrateTokens: a node started with its secret admits the
+// migrate token Nomad's servers derive from it for the allocation asked,
+// and nothing else: not the token of another allocation, not the secret.
+func TestNodeSecretMigrateTokens(t *testing.T) {
+	fstest.RequireFUSE(t)
+	dir := t.TempDir()
+	const secret = "2c0c6f55-3f2a-4c4e-9f33-6c1d8c0a9b17"
+	secretFile := filepath.Join(dir, "secret")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(secretFile, []byte(secret+"\n"), 0o600))
+	tokenFor := func(id string) string {
+		p := filepath.Join(dir, "token-"+id)
+		must(os.WriteFile(p, []byte(migrate.NodeSecretToken(secret).Derive(id)), 0o600))
+		return p
+	}
+	addr := freeAddr(t)
+	src := startNodeWith(t, nil, "--http-addr", addr, "--node-secret-file", secretFile)
+	dst := startNode(t)
+	src.mustCLI(t, "alloc", "create", "A", "--task", "web")
+	src.mustCLI(t, "alloc", "create", "Other", "--task", "web")
+	must(os.WriteFile(filepath.Join(src.mnt, "A/alloc/data/f"), []byte("from A"), 0o644))
+	src.mustCLI(t, "alloc", "stop", "A")
+	from := "http://" + addr
+
+	secretAsToken := filepath.Join(dir, "secret-as-token")
+	must(os.WriteFile(secretAsToken, []byte(secret), 0o600))
+	for name, tok := range map[string]string{"another allocation's token": tokenFor("Other"), "the secret itself": secretAsToken} {
+		r := dst.cli(t, "alloc", "create", "B", "--task", "web", "--previous", "A", "--migrate", "--from", from, "--token-file", tok)
+		if r.code == 0 || !strings.Contains(strings.ToLower(r.stderr), "permission denied") {
+			t.Errorf("%s: exit %d, %q; want permission denied", name, r.code, r.stderr)
+		}
+	}
+	dst.mustCLI(t, "alloc", "create", "B", "--task", "web", "--previous", "A", "--migrate", "--from", from, "--token-file", tokenFor("A"))
+	if b, err := os.ReadFile(filepath.Join(dst.mnt, "B/alloc/data/f")); err != nil || string(b) != "from A" {
+		t.Errorf("B's data: %q, %v; want A's", b, err)
+	}
 }
