@@ -29,6 +29,7 @@
 package api
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,7 +69,14 @@ type Server struct {
 	background sync.WaitGroup
 	// stopStreams ends the client API's streams; see StopStreams.
 	stopStreams func()
+	// fetchTLS is the TLS of remote migrations' fetches; see SetFetchTLS.
+	fetchTLS *tls.Config
 }
+
+// SetFetchTLS sets the TLS configuration of the fetches of remote
+// migrations (--from https://...): the roots that authenticate other
+// nodes and this node's client certificate. Call it before serving.
+func (s *Server) SetFetchTLS(cfg *tls.Config) { s.fetchTLS = cfg }
 
 // Wait waits for work that requests left running in the background.
 func (s *Server) Wait() { s.background.Wait() }

@@ -192,6 +192,7 @@ func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progr
 		AllocID:    req.Previous,
 		Token:      req.Token,
 		StagingDir: s.store.StagingDir(),
+		TLS:        s.fetchTLS,
 		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
 		Progress:   progress,

@@ -167,3 +167,50 @@ func TestClientAPIMutualTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrationOverMutualTLS: a node fetches a snapshot from another over
+// mutual TLS, each presenting a certificate of the cluster's CA; a node
+// without the CA's certificate gets nothing, and nothing is left behind.
+func TestMigrationOverMutualTLS(t *testing.T) {
+	fstest.RequireFUSE(t)
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ca := newTestCA(t, "cluster CA")
+	srvCert, srvKey := ca.issue(t, 2, true)
+	cliCert, cliKey := ca.issue(t, 3, false)
+	other := newTestCA(t, "some other CA")
+	strangerCert, strangerKey := other.issue(t, 4, false)
+	token := write("token", []byte("cluster-token"))
+
+	addr := freeAddr(t)
+	src := startNodeWith(t, nil, "--http-addr", addr, "--migrate-token-file", token,
+		"--tls-cert", write("srv.pem", srvCert), "--tls-key", write("srv.key", srvKey), "--tls-ca", write("ca.pem", ca.pem))
+	src.mustCLI(t, "alloc", "create", "A", "--task", "web")
+	if err := os.WriteFile(filepath.Join(src.mnt, "A/alloc/data/f"), []byte("over mutual tls"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.mustCLI(t, "alloc", "stop", "A")
+	from := "https://" + addr
+
+	stranger := startNodeWith(t, nil, "--tls-cert", write("str.pem", strangerCert), "--tls-key", write("str.key", strangerKey),
+		"--tls-ca", write("other.pem", other.pem))
+	r := stranger.cli(t, "alloc", "create", "B", "--task", "web", "--previous", "A", "--migrate", "--from", from, "--token-file", token)
+	if r.code == 0 {
+		t.Errorf("a node of another CA fetched the snapshot")
+	}
+	if entries, err := os.ReadDir(filepath.Join(stranger.dataDir, "staging")); err != nil || len(entries) != 0 {
+		t.Errorf("staging after the refused fetch: %v, %v; want empty", entries, err)
+	}
+
+	dst := startNodeWith(t, nil, "--tls-cert", write("cli.pem", cliCert), "--tls-key", write("cli.key", cliKey), "--tls-ca", write("ca2.pem", ca.pem))
+	dst.mustCLI(t, "alloc", "create", "B", "--task", "web", "--previous", "A", "--migrate", "--from", from, "--token-file", token)
+	if b, err := os.ReadFile(filepath.Join(dst.mnt, "B/alloc/data/f")); err != nil || string(b) != "over mutual tls" {
+		t.Errorf("B's data: %q, %v; want A's", b, err)
+	}
+}

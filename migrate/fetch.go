@@ -118,6 +118,10 @@ type FetchOptions struct {
 	// TLS handshake and response header timeouts but no overall timeout:
 	// a transfer takes as long as it takes while bytes flow.
 	HTTPClient *http.Client
+	// TLS configures the default client's TLS (trusted roots, a client
+	// certificate for mutual TLS) for an https URL; nil means the
+	// system's roots and no client certificate. Ignored with HTTPClient.
+	TLS *tls.Config
 	// Retries is how many attempts are made in all; 0 (or less) means
 	// DefaultRetries. 1 means no retry.
 	Retries int
@@ -230,7 +234,7 @@ func newFetcher(opts FetchOptions) (*fetcher, error) {
 		client: opts.HTTPClient,
 	}
 	if f.client == nil {
-		f.client = defaultClient()
+		f.client = defaultClient(opts.TLS)
 		f.ownClient = true
 	}
 	logger := opts.Logger
@@ -243,8 +247,9 @@ func newFetcher(opts FetchOptions) (*fetcher, error) {
 
 // defaultClient has timeouts for every step that precedes the body, and
 // none for the body itself: the stall watchdog covers it.
-func defaultClient() *http.Client {
+func defaultClient(tlsCfg *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig:       tlsCfg,
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   10 * time.Second,

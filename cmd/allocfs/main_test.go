@@ -272,7 +272,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"negative --secrets-mb", nil, []string{"alloc", "create", "a1", "--task", "web", "--secrets-mb", "-1"}, exitUsage, "must not be negative"},
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, exitUsage, `unknown --log-level "loud"`},
 		{"token file without TCP", nil, []string{"serve", "--token-file", empty}, exitUsage, "--token-file needs --http-addr"},
-		{"TLS without TCP", nil, []string{"serve", "--tls-cert", empty}, exitUsage, "--tls-cert needs --http-addr"},
+		{"TLS cert without key", nil, []string{"serve", "--tls-cert", empty}, exitUsage, "--tls-cert and --tls-key go together"},
 		{"TCP without any token", nil, []string{"serve", "--http-addr", "127.0.0.1:0"}, exitUsage, "nothing is served over TCP without a token"},
 		{"empty API token", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--token-file", empty}, exitUsage, "is empty"},
 		{"node secret too long", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--node-secret-file", longSecret}, exitUsage, "BLAKE2b takes a key of at most 64"},

@@ -32,10 +32,14 @@ type nodeConfig struct {
 // load reads the token files named on the command line and checks that
 // the TCP settings make sense together.
 func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string) error {
+	if _, err := c.tlsConfig(); err != nil {
+		return err
+	}
 	if c.addr == "" {
+		// The TLS flags also serve this node's own fetches; the tokens
+		// only guard the listener.
 		for _, f := range []struct{ flag, value string }{
 			{"--migrate-token-file", migrateTokenFile}, {"--node-secret-file", nodeSecretFile}, {"--token-file", apiTokenFile},
-			{"--tls-cert", c.tlsCert}, {"--tls-key", c.tlsKey}, {"--tls-ca", c.tlsCA},
 		} {
 			if f.value != "" {
 				return fmt.Errorf("%s needs --http-addr", f.flag)
@@ -74,8 +78,7 @@ func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string)
 		}
 		c.apiToken = t
 	}
-	_, err := c.tlsConfig()
-	return err
+	return nil
 }
 
 // readSecretFile returns the trimmed content of a file holding a token,
@@ -93,35 +96,62 @@ func readSecretFile(what, path string) (string, error) {
 }
 
 // tlsConfig returns the listener's TLS configuration, or nil for plain
-// TCP.
+// TCP: this node's certificate, and with a CA, client certificates
+// required and checked against it.
 func (c nodeConfig) tlsConfig() (*tls.Config, error) {
-	if c.tlsCert == "" && c.tlsKey == "" {
-		if c.tlsCA != "" {
-			return nil, fmt.Errorf("--tls-ca needs --tls-cert and --tls-key")
-		}
-		return nil, nil
+	cert, pool, err := c.tlsMaterial()
+	if err != nil || cert == nil {
+		return nil, err
 	}
-	if c.tlsCert == "" || c.tlsKey == "" {
-		return nil, fmt.Errorf("--tls-cert and --tls-key go together")
-	}
-	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-	if err != nil {
-		return nil, fmt.Errorf("failed to load the TLS key pair: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if c.tlsCA != "" {
-		pem, err := os.ReadFile(c.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("failed to read the TLS CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.tlsCA)
-		}
+	cfg := &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS12}
+	if pool != nil {
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return cfg, nil
+}
+
+// fetchTLSConfig returns the TLS configuration of this node's fetches
+// from other nodes, which run the same setup: the CA authenticates them
+// and this node's certificate is its client certificate. nil means
+// Go's defaults (the system's roots, no client certificate).
+func (c nodeConfig) fetchTLSConfig() (*tls.Config, error) {
+	cert, pool, err := c.tlsMaterial()
+	if err != nil || cert == nil {
+		return nil, err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{*cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return cfg, nil
+}
+
+// tlsMaterial loads the key pair and the CA the TLS flags name; no
+// certificate means no TLS.
+func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
+	if c.tlsCert == "" && c.tlsKey == "" {
+		if c.tlsCA != "" {
+			return nil, nil, fmt.Errorf("--tls-ca needs --tls-cert and --tls-key")
+		}
+		return nil, nil, nil
+	}
+	if c.tlsCert == "" || c.tlsKey == "" {
+		return nil, nil, fmt.Errorf("--tls-cert and --tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("failed to load the TLS key pair: %w", err)
+	}
+	if c.tlsCA == "" {
+		return &cert, nil, nil
+	}
+	pem, err := os.ReadFile(c.tlsCA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("failed to read the TLS CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.tlsCA)
+	}
+	return &cert, pool, nil
 }
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the

@@ -57,9 +57,9 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	fset.StringVar(&migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
 	fset.StringVar(&nodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
 	fset.StringVar(&apiTokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
-	fset.StringVar(&node.tlsCert, "tls-cert", "", "serve --http-addr over TLS with this certificate `file` (PEM)")
+	fset.StringVar(&node.tlsCert, "tls-cert", "", "this node's certificate `file` (PEM): --http-addr serves TLS with it, and fetches from other nodes present it")
 	fset.StringVar(&node.tlsKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
-	fset.StringVar(&node.tlsCA, "tls-ca", "", "require client certificates signed by this CA `file` (PEM): mutual TLS")
+	fset.StringVar(&node.tlsCA, "tls-ca", "", "the cluster's CA `file` (PEM): --http-addr requires client certificates it signed (mutual TLS), and fetches trust the nodes it signed")
 	fset.DurationVar(&gc.Interval, "gc-interval", gc.Interval, "how often the collector checks the node's `duration`")
 	fset.Float64Var(&gc.DiskUsagePercent, "gc-disk-usage-threshold", gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
 	fset.Float64Var(&gc.InodeUsagePercent, "gc-inode-usage-threshold", gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
@@ -175,6 +175,12 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return pinnedFS{FS: fs.NewAllocDir(logger, store, m, m.Dir(), id), store: store, id: id}, nil
 	}
 	clientAPI := apiServer.ServeClientAPI(lookup)
+	fetchTLS, err := cfg.node.fetchTLSConfig()
+	if err != nil {
+		ln.Close()
+		return errors.Join(err, m.Unmount())
+	}
+	apiServer.SetFetchTLS(fetchTLS)
 	srv := &http.Server{
 		Handler:           apiServer,
 		ReadHeaderTimeout: 10 * time.Second,
