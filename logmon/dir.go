@@ -90,10 +90,23 @@ func unsafeErr(err error) error {
 	return err
 }
 
-// indices lists the indices of the files of base (base.0, base.1, ...),
-// ascending. Only canonical decimal suffixes count: "base.01" would alias
-// base.1 for retention without being the file logmon writes.
-func (d *Dir) indices(base string) ([]int, error) {
+// maxIndex is the highest index the runner ever uses or believes: a name
+// with a larger one was planted (nothing rotates 2^40 times), and taking
+// it as the newest file would send the next index past what an int holds.
+const maxIndex = 1 << 40
+
+// logEntry is a name of the directory that has a log file's form.
+type logEntry struct {
+	index int
+	// regular is set for a regular file: anything else was planted, and
+	// neither counts as a log file nor may be removed as one.
+	regular bool
+}
+
+// indices lists the entries named base.N, N a plain decimal no larger
+// than maxIndex, lowest index first, telling regular files from the rest
+// without following links.
+func (d *Dir) indices(base string) ([]logEntry, error) {
 	fd, err := openBeneath(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to list log directory %q: %w", d.path, err)
@@ -104,17 +117,23 @@ func (d *Dir) indices(base string) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to list log directory %q: %w", d.path, err)
 	}
-	var out []int
+	var out []logEntry
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, base+".")
 		if !ok {
 			continue
 		}
-		if i, err := strconv.Atoi(rest); err == nil && i >= 0 && strconv.Itoa(i) == rest {
-			out = append(out, i)
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 0 || i > maxIndex || strconv.Itoa(i) != rest {
+			continue
 		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // gone since the listing
+		}
+		out = append(out, logEntry{index: i, regular: st.Mode&unix.S_IFMT == unix.S_IFREG})
 	}
-	sort.Ints(out)
+	sort.Slice(out, func(a, b int) bool { return out[a].index < out[b].index })
 	return out, nil
 }
 

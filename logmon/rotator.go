@@ -77,8 +77,10 @@ func NewRotator(logger hclog.Logger, dir *Dir, base string, cfg Config) (*Rotato
 		return nil, err
 	}
 	start := 0
-	if len(existing) > 0 {
-		start = existing[len(existing)-1]
+	for _, e := range existing {
+		if e.regular {
+			start = e.index
+		}
 	}
 	if err := r.openFrom(start); err != nil {
 		return nil, err
@@ -105,12 +107,22 @@ func (r *Rotator) Index() int {
 // one. A full file is stepped over silently; one that is not a plain
 // file is stepped over with a warning, so that a task cannot stop its own
 // logging (and never redirect it) by planting something in the way.
+//
+// Past something planted it goes on after the highest index in the
+// directory, so that planting a run of names stops nobody: stepping over
+// one name at a time, a task could outlast any bound on the steps.
 func (r *Rotator) openFrom(i int) error {
 	for skips := 0; ; skips, i = skips+1, i+1 {
+		if i > maxIndex {
+			return fmt.Errorf("%w: log index %d is past the highest the runner uses (%d)", ErrUnsafePath, i, maxIndex)
+		}
 		f, size, err := r.dir.openLog(r.name(i))
 		if err != nil {
 			if errors.Is(err, ErrUnsafePath) && skips < maxSkips {
 				r.logger.Warn("skipping a log file that is not a plain file", "index", i, "error", err)
+				if existing, lerr := r.dir.indices(r.base); lerr == nil && len(existing) > 0 {
+					i = max(i, existing[len(existing)-1].index)
+				}
 				continue
 			}
 			return err
@@ -143,10 +155,19 @@ func (r *Rotator) rotate() error {
 // prune deletes the oldest files so that MaxFiles remain. Failures are
 // logged, not returned: too many old files must not stop the logging.
 func (r *Rotator) prune() {
-	existing, err := r.dir.indices(r.base)
+	entries, err := r.dir.indices(r.base)
 	if err != nil {
 		r.logger.Warn("cannot list log files to prune", "error", err)
 		return
+	}
+	// Only this stream's files count: regular files up to the current
+	// one. Entries a task planted, or put ahead of the current file,
+	// must not push the real logs out.
+	var existing []int
+	for _, e := range entries {
+		if e.regular && e.index <= r.idx {
+			existing = append(existing, e.index)
+		}
 	}
 	if len(existing) <= r.maxFiles {
 		return

@@ -364,3 +364,52 @@ func TestRotatorRefusesLinkedDir(t *testing.T) {
 		t.Errorf("OpenDir through a link: got %v, want ErrUnsafePath", err)
 	}
 }
+
+// TestRotatorIgnoresPlantedIndices: names a task planted cannot make the
+// rotator delete the real logs (retention counts only regular files up to
+// the current one) nor push its index past what it can hold.
+func TestRotatorIgnoresPlantedIndices(t *testing.T) {
+	d, dir := openTestDir(t)
+	for i := 0; i < 3; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("web.stdout.%d", i)), []byte("x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"web.stdout.100", "web.stdout.101", "web.stdout.102", "web.stdout.9223372036854775807"} {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := NewRotator(hclogOff(), d, "web.stdout", byteConfig(3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Index() != 2 {
+		t.Errorf("started at index %d, want 2 (the newest regular file)", r.Index())
+	}
+	if _, err := r.Write([]byte("more\nmore\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var regular []string
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			regular = append(regular, e.Name())
+		}
+		if strings.Contains(e.Name(), "-") {
+			t.Errorf("%s: an index that wrapped around", e.Name())
+		}
+	}
+	if len(regular) != 3 {
+		t.Errorf("regular log files after a rotation: %v, want exactly max_files (3)", regular)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "web.stdout.2")); err != nil {
+		t.Errorf("web.stdout.2, the file written before the rotation, was pruned: %v", err)
+	}
+}
