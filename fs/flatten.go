@@ -284,6 +284,12 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 
 	allocs, err := s.switchLayers(p, merged)
 	var rb *rollbackError
+	var partial *partialSwitchError
+	if errors.As(err, &partial) && !errors.As(err, &rb) {
+		// Not removed now, for the same reason as a retired pair.
+		s.retireLayers([]string{merged}, partial.allocs)
+		merged = ""
+	}
 	if errors.As(err, &rb) {
 		// A record still names the merged layer: it must stay.
 		s.logger.Error("flatten failed and could not be undone; the merged layer stays in use",
@@ -333,7 +339,13 @@ func (s *Store) switchLayers(p *flattenPlan, merged string) ([]string, error) {
 		}
 		if err := s.commit(st); err != nil {
 			err = fmt.Errorf("failed to switch allocation %s to merged layer %s: %w", id, merged, err)
-			return nil, errors.Join(err, s.rollback(done))
+			err = errors.Join(err, s.rollback(done))
+			if len(done) > 0 {
+				// Those allocations were published on the merged layer:
+				// the mount may have resolved paths through it.
+				err = &partialSwitchError{err: err, allocs: recordIDs(done)}
+			}
+			return nil, err
 		}
 		done = append(done, old)
 	}
@@ -355,6 +367,25 @@ func (s *Store) rollback(states []*State) error {
 		return &rollbackError{errors.Join(errs...)}
 	}
 	return nil
+}
+
+// partialSwitchError marks a failed switch after which some allocations
+// had been published on the merged layer, even if their records were
+// written back: their views may still read through it.
+type partialSwitchError struct {
+	err    error
+	allocs []string
+}
+
+func (e *partialSwitchError) Error() string { return e.err.Error() }
+func (e *partialSwitchError) Unwrap() error { return e.err }
+
+func recordIDs(states []*State) []string {
+	ids := make([]string, len(states))
+	for i, st := range states {
+		ids[i] = st.ID
+	}
+	return ids
 }
 
 // rollbackError marks a rollback that left a record naming the merged
@@ -386,8 +417,14 @@ func replacePair(v *Volume, upper, lower, merged string) {
 // Those nodes read the same files through the pair as new ones read
 // through the merged layer; removing the pair is what would break them.
 func (s *Store) retire(p *flattenPlan, allocs []string) {
+	s.retireLayers([]string{p.upper, p.lower}, allocs)
+}
+
+// retireLayers hands layers to reclaimRetired, to be removed once allocs
+// are gone and nothing references them.
+func (s *Store) retireLayers(layers, allocs []string) {
 	s.mu.Lock()
-	s.retired = append(s.retired, retiredLayers{layers: []string{p.upper, p.lower}, allocs: allocs})
+	s.retired = append(s.retired, retiredLayers{layers: layers, allocs: allocs})
 	s.mu.Unlock()
 	s.saveRetired()
 }
@@ -487,6 +524,27 @@ func (s *Store) removeClaimed(owned []string) (int, error) {
 	return n, errors.Join(errs...)
 }
 
+// keepFailed puts back on the retired list, for the next pass, the claimed
+// layers that still exist (their removal failed): nothing references
+// them, so they are released from dying to be claimed again.
+func (s *Store) keepFailed(owned []string) {
+	var left []string
+	for _, l := range owned {
+		if _, err := os.Lstat(s.LayerPath(l)); err == nil {
+			left = append(left, l)
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	s.mu.Lock()
+	for _, l := range left {
+		delete(s.dying, l)
+	}
+	s.retired = append(s.retired, retiredLayers{layers: left})
+	s.mu.Unlock()
+}
+
 // reclaimRetired removes the retired layers of which every allocation
 // that stacked them has been destroyed (so no view of them is left in the
 // mount, and no reader can be pinned on them) and that nothing references.
@@ -516,6 +574,9 @@ func (s *Store) reclaimRetired() (int, error) {
 	s.retired = keep
 	s.mu.Unlock()
 	n, err := s.removeClaimed(owned)
+	if err != nil {
+		s.keepFailed(owned)
+	}
 	if len(owned) > 0 {
 		s.saveRetired()
 	}

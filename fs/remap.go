@@ -153,6 +153,12 @@ func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err erro
 	if next, err = s.Get(newID); err != nil {
 		return nil, nil, err
 	}
+	if prev.MigratedTo != "" {
+		// Its volumes are placeholders or frozen layers another
+		// allocation stacks on: handing them over again would make them
+		// writable under both.
+		return nil, nil, fmt.Errorf("failed to migrate %s into %s: its data already went to %s: %w", prevID, newID, prev.MigratedTo, ErrExists)
+	}
 	return prev, next, nil
 }
 

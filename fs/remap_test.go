@@ -1,7 +1,9 @@
 package fs
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,4 +146,44 @@ func TestMountSeal(t *testing.T) {
 	if got := readMount(t, tm, "next/web/local/conf"); got != "conf\n" {
 		t.Errorf("next's local after prev was destroyed: got %q", got)
 	}
+}
+
+// TestMigrateTwiceRefused: an allocation's data goes to one replacement
+// only; a second handover (which would make the placeholders or frozen
+// layers writable elsewhere) is refused and changes nothing.
+func TestMigrateTwiceRefused(t *testing.T) {
+	s := openTestStore(t, t.TempDir())
+	for _, snapshot := range []bool{false, true} {
+		prev := fmt.Sprintf("prev-%v", snapshot)
+		if _, err := s.Create(prev, tasks("web")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Stop(prev); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.CreateMigrated(prev+"-b", tasks("web"), prev, snapshot); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := s.Get(prev)
+		_, _, err := s.CreateMigrated(prev+"-c", tasks("web"), prev, snapshot)
+		if !errors.Is(err, ErrExists) {
+			t.Errorf("snapshot=%v: second migration from %s: %v, want ErrExists", snapshot, prev, err)
+		}
+		if _, err := s.Get(prev + "-c"); err == nil {
+			t.Errorf("snapshot=%v: the refused replacement exists", snapshot)
+		}
+		after, _ := s.Get(prev)
+		if a, b := mustJSON(t, after.Volumes), mustJSON(t, before.Volumes); a != b {
+			t.Errorf("snapshot=%v: %s's volumes changed by a refused migration", snapshot, prev)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
