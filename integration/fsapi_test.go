@@ -416,6 +416,14 @@ func (f *follower) next(t *testing.T) fsapi.Frame {
 	case fr := <-f.frames:
 		return fr
 	case err := <-f.done:
+		// The reader queues every frame before it reports the end, but
+		// select picks among ready cases at random.
+		select {
+		case fr := <-f.frames:
+			f.done <- err
+			return fr
+		default:
+		}
 		t.Fatalf("stream ended: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no frame within 10s")

@@ -119,6 +119,11 @@ func (f *frameStream) until(t *testing.T, what string, cond func(data string, ev
 				f.events = append(f.events, fr.FileEvent)
 			}
 		case err := <-f.done:
+			// Frames queued before the end come first.
+			if len(f.frames) > 0 {
+				f.done <- err
+				continue
+			}
 			t.Fatalf("waiting for %s: the stream ended (%v) with %q, events %v", what, err, f.data.String(), f.events)
 		case <-deadline:
 			t.Fatalf("waiting for %s: got %q, events %v after 10s", what, f.data.String(), f.events)
