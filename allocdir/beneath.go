@@ -31,9 +31,12 @@ func sysStat(st *unix.Stat_t) *syscall.Stat_t {
 // the open fails (ELOOP or EXDEV) instead of following it.
 const beneathFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
-// openBeneath opens the symlink-free path p (relative to dirfd; "" or "."
-// for dirfd itself) with flags. O_CLOEXEC is always added.
-func openBeneath(dirfd int, p string, flags int, mode uint32) (int, error) {
+// OpenBeneath opens the symlink-free path p (relative to dirfd; "" or "."
+// for dirfd itself) with flags, refusing any symbolic link on the way and
+// anything outside dirfd: a link planted since p was resolved makes the
+// open fail instead of being followed. O_CLOEXEC is always added, so no
+// child inherits the fd by accident.
+func OpenBeneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 	if p == "" {
 		p = "."
 	}
@@ -52,7 +55,7 @@ func openBeneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 
 // lstatBeneath stats p without following a final symbolic link.
 func lstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
-	fd, err := openBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +69,7 @@ func lstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
 
 // readlinkBeneath returns the target of p if it is a symbolic link.
 func readlinkBeneath(dirfd int, p string) (string, bool, error) {
-	fd, err := openBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", false, err
 	}
@@ -154,7 +157,7 @@ func fdFile(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name)
 // readDirBeneath lists dir with lstat information, sorted by name. An
 // entry removed between the listing and its lstat is left out.
 func readDirBeneath(rootFd int, dir string) ([]fs.FileInfo, error) {
-	fd, err := openBeneath(rootFd, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	fd, err := OpenBeneath(rootFd, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}

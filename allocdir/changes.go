@@ -136,25 +136,34 @@ func PollExists(ctx context.Context, stat StatFunc) chan error {
 		defer close(result)
 		ticker := time.NewTicker(PollInterval)
 		defer ticker.Stop()
-		for {
-			_, err := stat()
-			switch {
-			case err == nil:
-				result <- nil
-				return
-			case !errors.Is(err, fs.ErrNotExist):
-				result <- err
-				return
-			}
+		result <- waitExists(ctx, stat, func() bool {
 			select {
 			case <-ctx.Done():
-				result <- ctx.Err()
-				return
+				return false
 			case <-ticker.C:
+				return true
 			}
-		}
+		})
 	}()
 	return result
+}
+
+// waitExists stats until the path exists (nil), a stat fails for another
+// reason than not existing (that error), or wait says stop (ctx's error).
+// wait blocks until it is time to look again.
+func waitExists(ctx context.Context, stat StatFunc, wait func() bool) error {
+	for {
+		_, err := stat()
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, fs.ErrNotExist):
+			return err
+		}
+		if !wait() {
+			return ctx.Err()
+		}
+	}
 }
 
 // sameInode reports whether two stat results name the same file by device

@@ -341,7 +341,7 @@ func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
 	}
 	parent, base := path.Split(rel)
 	parent = strings.TrimSuffix(parent, "/")
-	srcParent, err := openBeneath(srcFd, parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	srcParent, err := OpenBeneath(srcFd, parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return false, err
 	}

@@ -426,7 +426,7 @@ func (x *extractor) openDir(entry, p string) (int, error) {
 	if x.cachedFd >= 0 && x.cachedDir == p {
 		return x.cachedFd, nil
 	}
-	fd, err := openBeneath(x.rootfd, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := OpenBeneath(x.rootfd, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return -1, fsError(entry, err)
 	}
@@ -515,7 +515,7 @@ func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.H
 		return err
 	}
 	base := comps[len(comps)-1]
-	fd, err := openBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	fd, err := OpenBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fsError(name, err)
 	}
@@ -626,7 +626,7 @@ func (x *extractor) hardLink(name string, comps []string, hdr *tar.Header) error
 	// The target's parent is opened on its own fd: the cache holds only
 	// one directory and the new name's parent needs it.
 	tcomps := strings.Split(target, "/")
-	ofd, err := openBeneath(x.rootfd, strings.Join(tcomps[:len(tcomps)-1], "/"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	ofd, err := OpenBeneath(x.rootfd, strings.Join(tcomps[:len(tcomps)-1], "/"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return fsError(name, err)
 	}
@@ -683,7 +683,7 @@ func (x *extractor) applyDirMeta() error {
 	})
 	for _, name := range x.dirs {
 		n := x.nodes[name]
-		fd, err := openBeneath(x.rootfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		fd, err := OpenBeneath(x.rootfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
 			return fsError(name, err)
 		}

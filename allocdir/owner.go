@@ -90,7 +90,7 @@ func ensureDir(parentFd int, name string, mode fs.FileMode, o *Owner) (int, erro
 	if err := unix.Mkdirat(parentFd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return -1, &fs.PathError{Op: "mkdir", Path: name, Err: err}
 	}
-	fd, err := openBeneath(parentFd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	fd, err := OpenBeneath(parentFd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -131,7 +131,7 @@ func (b beneathFS) Open(name string) (fs.File, error) {
 	if err := b.check("open", name); err != nil {
 		return nil, err
 	}
-	fd, err := openBeneath(b.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := OpenBeneath(b.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -236,22 +236,7 @@ func (r ReadSide) BlockUntilExists(ctx context.Context, p string) (chan error, e
 	go func() {
 		defer close(result)
 		defer sub.Close()
-		wait := r.waiter(ctx, sub, p, armed)
-		for {
-			_, err := stat()
-			switch {
-			case err == nil:
-				result <- nil
-				return
-			case !errors.Is(err, fs.ErrNotExist):
-				result <- err
-				return
-			}
-			if !wait() {
-				result <- ctx.Err()
-				return
-			}
-		}
+		result <- waitExists(ctx, stat, r.waiter(ctx, sub, p, armed))
 	}()
 	return result, nil
 }

@@ -111,16 +111,7 @@ func (s *Server) gcAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	st, err := s.store.Get(id)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if st.Status != fs.StatusTerminal {
-		s.writeError(w, r, fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, fs.ErrNotTerminal))
-		return
-	}
-	if err := s.collect(st, "requested"); err != nil {
+	if err := s.collectTerminalAlloc(id, "requested"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -158,6 +149,19 @@ func (s *Server) collectTerminal(reason string) ([]string, error) {
 		collected = append(collected, st.ID)
 	}
 	return collected, errors.Join(errs...)
+}
+
+// collectTerminalAlloc collects allocation id if it is terminal and
+// refuses (ErrNotTerminal) if it is not.
+func (s *Server) collectTerminalAlloc(id, reason string) error {
+	st, err := s.store.Get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status != fs.StatusTerminal {
+		return fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, fs.ErrNotTerminal)
+	}
+	return s.collect(st, reason)
 }
 
 // collect destroys a terminal allocation and says why in the log. Layers

@@ -1,14 +1,11 @@
 package api
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api/fsapi"
-	"github.com/allocfs/allocfs/fs"
 )
 
 // Paths of Nomad's client API that allocfs answers besides the fs
@@ -67,20 +64,7 @@ func (s *Server) clientGCAlloc(w http.ResponseWriter, r *http.Request) {
 		s.clientError(w, r, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
-	st, err := s.store.Get(id)
-	if errors.Is(err, allocdir.ErrUnknownAlloc) {
-		s.clientError(w, r, err)
-		return
-	}
-	if err != nil {
-		s.clientError(w, r, err)
-		return
-	}
-	if st.Status != fs.StatusTerminal {
-		s.clientError(w, r, fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, fs.ErrNotTerminal))
-		return
-	}
-	if err := s.collect(st, "requested through the client API"); err != nil {
+	if err := s.collectTerminalAlloc(id, "requested through the client API"); err != nil {
 		s.clientError(w, r, err)
 		return
 	}

@@ -85,19 +85,26 @@ func (ca *testCA) issue(t *testing.T, serial int64, server bool) (certPEM, keyPE
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
-// TestClientAPIMutualTLS serves the client API over mutual TLS and checks
-// that only a client with a certificate from the configured CA and the
-// token gets an answer.
-func TestClientAPIMutualTLS(t *testing.T) {
-	fstest.RequireFUSE(t)
+// secretWriter returns a function that writes a 0600 file into a fresh
+// temporary directory and returns its path.
+func secretWriter(t *testing.T) func(name string, b []byte) string {
 	dir := t.TempDir()
-	write := func(name string, b []byte) string {
+	return func(name string, b []byte) string {
+		t.Helper()
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
+}
+
+// TestClientAPIMutualTLS serves the client API over mutual TLS and checks
+// that only a client with a certificate from the configured CA and the
+// token gets an answer.
+func TestClientAPIMutualTLS(t *testing.T) {
+	fstest.RequireFUSE(t)
+	write := secretWriter(t)
 	ca := newTestCA(t, "cluster CA")
 	srvCert, srvKey := ca.issue(t, 2, true)
 	cliCert, cliKey := ca.issue(t, 3, false)
@@ -173,14 +180,7 @@ func TestClientAPIMutualTLS(t *testing.T) {
 // without the CA's certificate gets nothing, and nothing is left behind.
 func TestMigrationOverMutualTLS(t *testing.T) {
 	fstest.RequireFUSE(t)
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := secretWriter(t)
 	ca := newTestCA(t, "cluster CA")
 	srvCert, srvKey := ca.issue(t, 2, true)
 	cliCert, cliKey := ca.issue(t, 3, false)

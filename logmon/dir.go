@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,10 +20,6 @@ import (
 // plant any of these to aim the agent at a host file (HCSEC-2026-14), so
 // logmon refuses them rather than following or reusing them.
 var ErrUnsafePath = errors.New("unsafe log path")
-
-// beneathFlags make openat2 refuse every symbolic link, and anything that
-// would leave the directory the open starts from.
-const beneathFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
 // Dir is an open log directory (alloc/logs). Every FIFO and log file is
 // opened relative to its fd, so a link planted anywhere on the way cannot
@@ -44,7 +41,7 @@ func OpenDir(root, rel string) (*Dir, error) {
 	full := filepath.Join(root, rel)
 	// No O_NOFOLLOW: with O_DIRECTORY it turns a final link into ENOTDIR,
 	// while RESOLVE_NO_SYMLINKS refuses it with ELOOP, which says why.
-	fd, err := openBeneath(rootFd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := allocdir.OpenBeneath(rootFd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open log directory %q: %w", full, unsafeErr(err))
 	}
@@ -61,23 +58,6 @@ func (d *Dir) Close() error {
 		return fmt.Errorf("failed to close log directory %q: %w", d.path, err)
 	}
 	return nil
-}
-
-// openBeneath opens name relative to dirfd with flags, refusing symbolic
-// links anywhere in name. O_CLOEXEC is always added, so the task never
-// inherits an fd it was not handed on purpose.
-func openBeneath(dirfd int, name string, flags int, mode uint32) (int, error) {
-	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: beneathFlags}
-	for {
-		fd, err := unix.Openat2(dirfd, name, &how)
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return -1, &fs.PathError{Op: "open", Path: name, Err: err}
-		}
-		return fd, nil
-	}
 }
 
 // unsafeErr marks the errors openat2 gives for a refused link (ELOOP for
@@ -107,7 +87,7 @@ type logEntry struct {
 // than maxIndex, lowest index first, telling regular files from the rest
 // without following links.
 func (d *Dir) indices(base string) ([]logEntry, error) {
-	fd, err := openBeneath(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := allocdir.OpenBeneath(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to list log directory %q: %w", d.path, err)
 	}
@@ -147,10 +127,10 @@ func (d *Dir) openLog(name string) (*os.File, int64, error) {
 	// (ENXIO), not hang the agent.
 	const flags = unix.O_WRONLY | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	created := true
-	fd, err := openBeneath(d.fd, name, flags|unix.O_CREAT|unix.O_EXCL, 0o644)
+	fd, err := allocdir.OpenBeneath(d.fd, name, flags|unix.O_CREAT|unix.O_EXCL, 0o644)
 	if errors.Is(err, unix.EEXIST) {
 		created = false
-		fd, err = openBeneath(d.fd, name, flags, 0)
+		fd, err = allocdir.OpenBeneath(d.fd, name, flags, 0)
 	}
 	if err != nil {
 		if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.EISDIR) {

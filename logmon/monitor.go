@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -108,7 +109,7 @@ func (m *Monitor) openFIFO(name string) (_ *stream, err error) {
 			s.closeEnds()
 		}
 	}()
-	rfd, err := openBeneath(m.dir.fd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
+	rfd, err := allocdir.OpenBeneath(m.dir.fd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open FIFO %q: %w", path, unsafeErr(err))
 	}
@@ -131,7 +132,7 @@ func (m *Monitor) openFIFO(name string) (_ *stream, err error) {
 	}
 	// Non-blocking too: if the path now holds another FIFO, nobody
 	// reads it and the open fails instead of hanging.
-	wfd, err := openBeneath(m.dir.fd, name, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
+	wfd, err := allocdir.OpenBeneath(m.dir.fd, name, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open FIFO %q for writing: %w", path, unsafeErr(err))
 	}

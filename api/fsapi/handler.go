@@ -159,6 +159,19 @@ func (h *Handler) alloc(r *http.Request) (allocdir.FS, string, error) {
 	return fsys, id, nil
 }
 
+// allocPath is alloc for the endpoints whose path parameter is required.
+func (h *Handler) allocPath(r *http.Request) (allocdir.FS, string, string, error) {
+	fsys, id, err := h.alloc(r)
+	if err != nil {
+		return nil, id, "", err
+	}
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return nil, id, "", badRequest(msgFileName)
+	}
+	return fsys, id, p, nil
+}
+
 func (h *Handler) writeJSON(w http.ResponseWriter, v any) {
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(v); err != nil {
@@ -192,14 +205,9 @@ func (h *Handler) ls(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) stat(w http.ResponseWriter, r *http.Request) {
-	fsys, _, err := h.alloc(r)
+	fsys, _, p, err := h.allocPath(r)
 	if err != nil {
 		h.writeError(w, r, err)
-		return
-	}
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		h.writeError(w, r, badRequest(msgFileName))
 		return
 	}
 	fi, err := fsys.Stat(p)
@@ -211,14 +219,9 @@ func (h *Handler) stat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) cat(w http.ResponseWriter, r *http.Request) {
-	fsys, _, err := h.alloc(r)
+	fsys, _, p, err := h.allocPath(r)
 	if err != nil {
 		h.writeError(w, r, err)
-		return
-	}
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		h.writeError(w, r, badRequest(msgFileName))
 		return
 	}
 	fi, err := fsys.Stat(p)
@@ -234,17 +237,12 @@ func (h *Handler) cat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) readAt(w http.ResponseWriter, r *http.Request) {
-	fsys, _, err := h.alloc(r)
+	fsys, _, p, err := h.allocPath(r)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
 	q := r.URL.Query()
-	p := q.Get("path")
-	if p == "" {
-		h.writeError(w, r, badRequest(msgFileName))
-		return
-	}
 	offset, err := strconv.ParseInt(q.Get("offset"), 10, 64)
 	if err != nil {
 		h.writeError(w, r, badRequest("error parsing offset: %v", err))
@@ -339,14 +337,9 @@ func startStream(w http.ResponseWriter, plain bool) *framer {
 }
 
 func (h *Handler) stream(w http.ResponseWriter, r *http.Request) {
-	fsys, id, err := h.alloc(r)
+	fsys, id, p, err := h.allocPath(r)
 	if err != nil {
 		h.writeError(w, r, err)
-		return
-	}
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		h.writeError(w, r, badRequest(msgFileName))
 		return
 	}
 	offset, origin, err := offsetOrigin(r)
