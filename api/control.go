@@ -61,6 +61,7 @@ const maxBodyBytes = 1 << 20
 type Server struct {
 	logger      hclog.Logger
 	store       *fs.Store
+	collector   *fs.Collector
 	mountDir    string
 	passthrough func() bool
 	mux         *http.ServeMux
@@ -82,15 +83,18 @@ func (s *Server) SetFetchTLS(cfg *tls.Config) { s.fetchTLS = cfg }
 func (s *Server) Wait() { s.background.Wait() }
 
 // NewServer returns the control API of store, whose mount is at mountDir.
-// passthrough reports whether the mount serves file data by passthrough
-// now (fs.Mount.Passthrough): it can turn off after mount time.
-func NewServer(logger hclog.Logger, store *fs.Store, mountDir string, passthrough func() bool) *Server {
+// Garbage collection asked for over the API goes through collector, the
+// node's one collector. passthrough reports whether the mount serves file
+// data by passthrough now (fs.Mount.Passthrough): it can turn off after
+// mount time.
+func NewServer(logger hclog.Logger, store *fs.Store, collector *fs.Collector, mountDir string, passthrough func() bool) *Server {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
 	s := &Server{
 		logger:      logger.Named("api"),
 		store:       store,
+		collector:   collector,
 		mountDir:    mountDir,
 		passthrough: passthrough,
 		mux:         http.NewServeMux(),

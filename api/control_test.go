@@ -34,7 +34,7 @@ func newTestServer(t *testing.T) (*fs.Store, *Server) {
 	if err != nil {
 		t.Fatalf("OpenStore: %v", err)
 	}
-	s := NewServer(logger, store, testMount, func() bool { return false })
+	s := NewServer(logger, store, fs.NewCollector(logger, store, fs.DefaultGCConfig()), testMount, func() bool { return false })
 	t.Cleanup(s.Wait)
 	return store, s
 }

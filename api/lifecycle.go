@@ -3,12 +3,10 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -111,7 +109,7 @@ func (s *Server) gcAlloc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.collectTerminalAlloc(id, "requested"); err != nil {
+	if err := s.collector.CollectAlloc(id, "requested"); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -120,59 +118,12 @@ func (s *Server) gcAlloc(w http.ResponseWriter, r *http.Request) {
 
 // gcAll collects every terminal allocation, oldest stopped first.
 func (s *Server) gcAll(w http.ResponseWriter, r *http.Request) {
-	collected, err := s.collectTerminal("node gc requested")
+	collected, err := s.collector.CollectAll("node gc requested")
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	s.writeJSON(w, http.StatusOK, GCResponse{Collected: collected})
-}
-
-// collectTerminal collects every terminal allocation, oldest stopped
-// first, and returns those it collected; it goes on past failures and
-// returns them all.
-func (s *Server) collectTerminal(reason string) ([]string, error) {
-	var terminal []*fs.State
-	for _, st := range s.store.List() {
-		if st.Status == fs.StatusTerminal {
-			terminal = append(terminal, st)
-		}
-	}
-	sort.Slice(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
-	collected := []string{}
-	var errs []error
-	for _, st := range terminal {
-		if err := s.collect(st, reason); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		collected = append(collected, st.ID)
-	}
-	return collected, errors.Join(errs...)
-}
-
-// collectTerminalAlloc collects allocation id if it is terminal and
-// refuses (ErrNotTerminal) if it is not.
-func (s *Server) collectTerminalAlloc(id, reason string) error {
-	st, err := s.store.Get(id)
-	if err != nil {
-		return err
-	}
-	if st.Status != fs.StatusTerminal {
-		return fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, fs.ErrNotTerminal)
-	}
-	return s.collect(st, reason)
-}
-
-// collect destroys a terminal allocation and says why in the log. Layers
-// another allocation still stacks on survive (the store only removes
-// layers nothing references).
-func (s *Server) collect(st *fs.State, reason string) error {
-	if err := s.store.Destroy(st.ID); err != nil {
-		return err
-	}
-	s.logger.Info("collected allocation", "alloc_id", st.ID, "reason", reason, "stopped", st.Stopped, "migrated_to", st.MigratedTo)
-	return nil
 }
 
 // createRemote fetches the previous allocation's snapshot from another

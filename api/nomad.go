@@ -64,7 +64,7 @@ func (s *Server) clientGCAlloc(w http.ResponseWriter, r *http.Request) {
 		s.clientError(w, r, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
-	if err := s.collectTerminalAlloc(id, "requested through the client API"); err != nil {
+	if err := s.collector.CollectAlloc(id, "requested through the client API"); err != nil {
 		s.clientError(w, r, err)
 		return
 	}
@@ -74,7 +74,7 @@ func (s *Server) clientGCAlloc(w http.ResponseWriter, r *http.Request) {
 // clientGCAll is Nomad's node GC: every terminal allocation, oldest
 // stopped first.
 func (s *Server) clientGCAll(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.collectTerminal("node gc requested through the client API"); err != nil {
+	if _, err := s.collector.CollectAll("node gc requested through the client API"); err != nil {
 		s.clientError(w, r, err)
 		return
 	}

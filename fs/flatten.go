@@ -31,13 +31,6 @@ const maxLowers = 4
 // from. Nothing was changed; the next pass plans again.
 var errFlattenRaced = errors.New("the layers changed while they were being merged")
 
-// retiredLayers are layers a flatten replaced, kept until every
-// allocation that stacked them is gone (see retire).
-type retiredLayers struct {
-	layers []string
-	allocs []string
-}
-
 // flattenPlan is one merge: upper sits directly on lower in every volume
 // that references either.
 type flattenPlan struct {
@@ -59,13 +52,10 @@ type flattenPlan struct {
 // stacks them the same way, which a stopped previous allocation's frozen
 // view breaks until it is collected. It returns how many merges it made.
 // Merges run one at a time; each costs one link(2) per entry of the pair
-// and copies no bytes (see flatten). Layers merged away by earlier passes
-// are removed first, once the allocations that stacked them are gone.
+// and copies no bytes (see flatten). Layers merged away are retained by
+// the allocations that stacked them, and swept once those are gone.
 func (s *Store) Flatten() (int, error) {
 	var errs []error
-	if _, err := s.reclaimRetired(); err != nil {
-		errs = append(errs, err)
-	}
 	n := 0
 	for {
 		plan, err := s.nextPlan()
@@ -242,79 +232,79 @@ func sortedVolumeKeys(st *State) []string {
 }
 
 // flatten carries out one merge. The merged layer is built in staging
-// (emptied at every start, so a crash leaves nothing to undo), made
-// durable, renamed into layers/, and only then named by the records; the
-// pair is retired, and removed once no allocation that stacked it is
-// left. Every record taken on its own
-// shows the same files before and after the switch, because the merged
-// layer reads the same as the pair, so a crash between two records' writes
-// leaves every allocation consistent, with both the pair and the merged
-// layer kept (they share their files' inodes, not their bytes).
+// (emptied at every start, so a crash while building leaves nothing to
+// undo) and synced; then, under writeMu, it is renamed into layers/ and
+// every record that stacked the pair is switched to it in one journaled
+// intent, each record retaining the pair. The pair cannot be removed yet:
+// the mount keeps serving a volume it has looked up from the layer paths
+// it resolved then, for as long as the kernel holds the volume's root
+// (any open file or working directory below it), because go-fuse gives a
+// new lookup the live node of equal identity, and a volume's identity is
+// its upper layer, which a flatten leaves alone. Those nodes read the same
+// files through the pair as new ones read through the merged layer. Once
+// the allocations that retain the pair are gone, it is an orphan, and the
+// collector's sweep removes it.
 func (s *Store) flatten(p *flattenPlan) (err error) {
 	start := time.Now()
-	stage, err := os.MkdirTemp(s.StagingDir(), "flatten-*")
+	stage, err := s.stagingDir("flatten")
 	if err != nil {
 		return fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, err)
 	}
-	merged := ""
 	defer func() {
 		if err == nil {
 			return
 		}
-		if rerr := allocdir.RemoveAll(stage); rerr != nil {
+		if _, serr := os.Lstat(stage); serr != nil {
+			return
+		}
+		if rerr := s.disk.removeAll(stage); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("failed to remove staging dir %q: %w", stage, rerr))
 		}
-		if merged != "" {
-			err = errors.Join(err, s.removeFresh([]string{merged}))
-		}
 	}()
-	m := &merger{s: s, dst: stage}
+	m := &merger{disk: s.disk, dst: stage}
 	if err := m.build(s.LayerPath(p.upper), s.LayerPath(p.lower), p.through); err != nil {
 		return fmt.Errorf("failed to merge layer %s onto %s: %w", p.upper, p.lower, err)
 	}
 	// The links and directories must be on disk before a record names
 	// them; one syncfs is cheaper than an fsync per directory.
-	if err := syncFS(stage); err != nil {
+	if err := s.disk.syncfs(stage); err != nil {
 		return fmt.Errorf("failed to sync merged layer: %w", err)
 	}
-	merged, err = s.ImportLayer(stage)
-	if err != nil {
-		return fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, err)
-	}
-
-	allocs, err := s.switchLayers(p, merged)
-	var rb *rollbackError
-	var partial *partialSwitchError
-	if errors.As(err, &partial) && !errors.As(err, &rb) {
-		// Not removed now, for the same reason as a retired pair.
-		s.retireLayers([]string{merged}, partial.allocs)
-		merged = ""
-	}
-	if errors.As(err, &rb) {
-		// A record still names the merged layer: it must stay.
-		s.logger.Error("flatten failed and could not be undone; the merged layer stays in use",
-			"upper", p.upper, "lower", p.lower, "merged", merged, "error", err)
-		merged = ""
-	}
+	merged, allocs, err := s.switchLayers(p, stage)
 	if err != nil {
 		return err
 	}
-	id := merged
-	merged = "" // named by the records now: never removed on failure
-	s.retire(p, allocs)
 	s.logger.Info("flattened layers",
-		"upper", p.upper, "lower", p.lower, "merged", id, "volume", p.key,
+		"upper", p.upper, "lower", p.lower, "merged", merged, "volume", p.key,
 		"allocs", strings.Join(allocs, ","), "links", m.links, "dirs", m.dirs,
 		"duration", time.Since(start))
 	return nil
 }
 
-// switchLayers makes every allocation that stacks the pair name the
-// merged layer instead, one record at a time, each written atomically and
-// published so that the mount forgets what it cached. If the store moved
-// on while the layer was built, or a write fails, the records already
-// switched are switched back. It returns the allocations switched.
-func (s *Store) switchLayers(p *flattenPlan, merged string) ([]string, error) {
+// stagingDir creates a fresh directory in staging/ whose name starts with
+// prefix.
+func (s *Store) stagingDir(prefix string) (string, error) {
+	for range 8 {
+		id, err := newLayerID()
+		if err != nil {
+			return "", err
+		}
+		p := filepath.Join(s.StagingDir(), prefix+"-"+id)
+		err = s.disk.mkdir(p, 0o700)
+		if errors.Is(err, iofs.ErrExist) {
+			continue
+		}
+		return p, err
+	}
+	return "", errors.New("failed to find an unused staging name")
+}
+
+// switchLayers renames the merged layer built in stage into layers/ and
+// makes every allocation that stacks the pair name it instead, retaining
+// the pair, in one journaled intent. If the store moved on while the layer
+// was built, nothing changes and the error is errFlattenRaced. It returns
+// the merged layer and the allocations switched.
+func (s *Store) switchLayers(p *flattenPlan, stage string) (string, []string, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.RLock()
@@ -323,77 +313,45 @@ func (s *Store) switchLayers(p *flattenPlan, merged string) ([]string, error) {
 	// A merged layer built without whiteouts cannot stand over layers
 	// that something stacked under the pair since.
 	if now == nil || (now.through && !p.through) {
-		return nil, fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, errFlattenRaced)
+		return "", nil, fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, errFlattenRaced)
 	}
-	var done []*State // the records as they were, for rollback
+	records := make(map[string]*State, len(now.allocs))
 	for _, id := range now.allocs {
-		old, err := s.Get(id)
+		st, err := s.Get(id)
 		if err != nil {
-			return nil, errors.Join(err, s.rollback(done))
+			return "", nil, err
 		}
-		st := old.Clone()
+		records[id] = st
+	}
+	merged, err := s.importLocked(stage)
+	if err != nil {
+		return "", nil, fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, err)
+	}
+	for _, st := range records {
 		for _, v := range st.Volumes {
 			if v != nil {
 				replacePair(v, p.upper, p.lower, merged)
 			}
 		}
-		if err := s.commit(st); err != nil {
-			err = fmt.Errorf("failed to switch allocation %s to merged layer %s: %w", id, merged, err)
-			err = errors.Join(err, s.rollback(done))
-			if len(done) > 0 {
-				// Those allocations were published on the merged layer:
-				// the mount may have resolved paths through it.
-				err = &partialSwitchError{err: err, allocs: recordIDs(done)}
+		for _, l := range []string{p.upper, p.lower} {
+			if !slices.Contains(st.Retained, l) {
+				st.Retained = append(st.Retained, l)
 			}
-			return nil, err
-		}
-		done = append(done, old)
-	}
-	return now.allocs, nil
-}
-
-// rollback writes back records a failed switch had changed, newest first.
-// If one cannot be written back, its allocation keeps the merged layer,
-// which reads the same as the pair: nothing is lost, but the merged layer
-// is then in use and the caller must not remove it.
-func (s *Store) rollback(states []*State) error {
-	var errs []error
-	for i := len(states) - 1; i >= 0; i-- {
-		if err := s.commit(states[i]); err != nil {
-			errs = append(errs, fmt.Errorf("failed to restore allocation %s: %w", states[i].ID, err))
 		}
 	}
-	if len(errs) > 0 {
-		return &rollbackError{errors.Join(errs...)}
+	err = s.disk.fsync(s.layersDir())
+	if err == nil {
+		err = s.change(&intent{Op: "flatten", Records: records})
 	}
-	return nil
-}
-
-// partialSwitchError marks a failed switch after which some allocations
-// had been published on the merged layer, even if their records were
-// written back: their views may still read through it.
-type partialSwitchError struct {
-	err    error
-	allocs []string
-}
-
-func (e *partialSwitchError) Error() string { return e.err.Error() }
-func (e *partialSwitchError) Unwrap() error { return e.err }
-
-func recordIDs(states []*State) []string {
-	ids := make([]string, len(states))
-	for i, st := range states {
-		ids[i] = st.ID
+	if err != nil {
+		err = fmt.Errorf("failed to switch to merged layer %s: %w", merged, err)
+		if rerr := s.disk.removeAll(s.LayerPath(merged)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("merged layer %s left for the collector: %w", merged, rerr))
+		}
+		return "", nil, err
 	}
-	return ids
+	return merged, now.allocs, nil
 }
-
-// rollbackError marks a rollback that left a record naming the merged
-// layer.
-type rollbackError struct{ err error }
-
-func (e *rollbackError) Error() string { return e.err.Error() }
-func (e *rollbackError) Unwrap() error { return e.err }
 
 // replacePair puts merged in the place of upper stacked on lower.
 func replacePair(v *Volume, upper, lower, merged string) {
@@ -408,30 +366,9 @@ func replacePair(v *Volume, upper, lower, merged string) {
 	}
 }
 
-// retire hands the pair a flatten replaced to reclaimRetired. It cannot
-// be removed yet: the mount keeps serving a volume it has looked up from
-// the layer paths it resolved then, for as long as the kernel holds the
-// volume's root (any open file or working directory below it), because
-// go-fuse gives a new lookup the live node of equal identity, and a
-// volume's identity is its upper layer, which a flatten leaves alone.
-// Those nodes read the same files through the pair as new ones read
-// through the merged layer; removing the pair is what would break them.
-func (s *Store) retire(p *flattenPlan, allocs []string) {
-	s.retireLayers([]string{p.upper, p.lower}, allocs)
-}
-
-// retireLayers hands layers to reclaimRetired, to be removed once allocs
-// are gone and nothing references them.
-func (s *Store) retireLayers(layers, allocs []string) {
-	s.mu.Lock()
-	s.retired = append(s.retired, retiredLayers{layers: layers, allocs: allocs})
-	s.mu.Unlock()
-	s.saveRetired()
-}
-
-// retiredFile (in the data dir) records the retired layers and the
-// allocations that stacked them, so that a restart keeps reclaiming them
-// as those allocations go instead of leaving them as orphans.
+// retiredFile is where an earlier version of allocfs recorded the layers a
+// flatten replaced. Its layers are now retained by the allocations that
+// stacked them (State.Retained); adoptRetiredFile moves them there.
 const retiredFile = "retired-layers.json"
 
 // retiredRecord is one entry of retiredFile.
@@ -440,29 +377,11 @@ type retiredRecord struct {
 	Allocs []string `json:"allocs"`
 }
 
-// saveRetired records the retired layers on disk (temp, fsync, rename).
-// A failure is only logged: what it costs is layers left as orphans
-// after a restart, never data.
-func (s *Store) saveRetired() {
-	s.mu.Lock()
-	records := make([]retiredRecord, 0, len(s.retired))
-	for _, r := range s.retired {
-		records = append(records, retiredRecord{Layers: r.layers, Allocs: r.allocs})
-	}
-	s.mu.Unlock()
-	data, err := json.Marshal(records)
-	if err == nil {
-		err = writeFileAtomic(filepath.Join(s.dataDir, retiredFile), append(data, '\n'), nil)
-	}
-	if err != nil {
-		s.logger.Warn("failed to record the retired layers; after a restart they stay as orphans", "error", err)
-	}
-}
-
-// loadRetired reads what a previous run retired and removes the layers
-// whose allocations are all gone. It runs in OpenStore, after the records
-// are loaded.
-func (s *Store) loadRetired() error {
+// adoptRetiredFile moves the layers an earlier version retired into the
+// records of the allocations that stacked them, in one journaled intent,
+// and then removes the file. Layers whose allocations are all gone become
+// orphans for the collector. It runs in OpenStore, with writeMu held.
+func (s *Store) adoptRetiredFile() error {
 	p := filepath.Join(s.dataDir, retiredFile)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, iofs.ErrNotExist) {
@@ -473,139 +392,36 @@ func (s *Store) loadRetired() error {
 	}
 	var records []retiredRecord
 	if err := json.Unmarshal(data, &records); err != nil {
-		s.logger.Warn("ignoring an unreadable list of retired layers; they stay as orphans", "path", p, "error", err)
-		return nil
+		s.logger.Warn("ignoring an unreadable list of retired layers; they are orphans now", "path", p, "error", err)
+		records = nil
 	}
+	changed := make(map[string]*State)
 	for _, r := range records {
-		var layers []string
-		for _, l := range r.Layers {
-			// Only names the store could have made: the file lives in the
-			// data dir, but a layer ID is joined to a path.
-			if allocdir.ValidName(l) == nil {
-				layers = append(layers, l)
+		for _, id := range r.Allocs {
+			st := changed[id]
+			if st == nil {
+				var err error
+				if st, err = s.Get(id); err != nil {
+					continue
+				}
 			}
-		}
-		s.retired = append(s.retired, retiredLayers{layers: layers, allocs: r.Allocs})
-	}
-	_, err = s.reclaimRetired()
-	return err
-}
-
-// claimLocked marks as dying the layers that nothing references, so that
-// nothing can stack on them while they are removed, and returns them. The
-// caller holds mu.
-func (s *Store) claimLocked(layers []string) []string {
-	var owned []string
-	for _, l := range layers {
-		if _, ok := s.dying[l]; ok || s.referencedLocked(l) {
-			continue
-		}
-		s.dying[l] = struct{}{}
-		owned = append(owned, l)
-	}
-	return owned
-}
-
-// removeClaimed removes layers claimLocked returned. One that cannot be
-// removed stays dying, and so unusable, as Destroy leaves it.
-func (s *Store) removeClaimed(owned []string) (int, error) {
-	var errs []error
-	n := 0
-	for _, l := range owned {
-		if err := s.removeLayer(l); err != nil {
-			errs = append(errs, fmt.Errorf("failed to remove flattened layer %s: %w", l, err))
-			continue
-		}
-		s.mu.Lock()
-		delete(s.dying, l)
-		s.mu.Unlock()
-		n++
-	}
-	return n, errors.Join(errs...)
-}
-
-// keepFailed puts back on the retired list, for the next pass, the claimed
-// layers that still exist (their removal failed): nothing references
-// them, so they are released from dying to be claimed again.
-func (s *Store) keepFailed(owned []string) {
-	var left []string
-	for _, l := range owned {
-		if _, err := os.Lstat(s.LayerPath(l)); err == nil {
-			left = append(left, l)
+			for _, l := range r.Layers {
+				// Only names the store could have made: a layer ID is
+				// joined to a path.
+				if allocdir.ValidName(l) == nil && !slices.Contains(st.Retained, l) {
+					st.Retained = append(st.Retained, l)
+				}
+			}
+			changed[id] = st
 		}
 	}
-	if len(left) == 0 {
-		return
-	}
-	s.mu.Lock()
-	for _, l := range left {
-		delete(s.dying, l)
-	}
-	s.retired = append(s.retired, retiredLayers{layers: left})
-	s.mu.Unlock()
-}
-
-// reclaimRetired removes the retired layers of which every allocation
-// that stacked them has been destroyed (so no view of them is left in the
-// mount, and no reader can be pinned on them) and that nothing references.
-// It returns how many layers it removed.
-func (s *Store) reclaimRetired() (int, error) {
-	s.mu.Lock()
-	var owned []string
-	keep := s.retired[:0]
-	for _, r := range s.retired {
-		live := false
-		for _, id := range r.allocs {
-			_, ok := s.allocs[id]
-			live = live || ok
-		}
-		if live {
-			keep = append(keep, r)
-			continue
-		}
-		claimed := s.claimLocked(r.layers)
-		owned = append(owned, claimed...)
-		// A layer that could not be claimed (referenced again, or being
-		// removed by someone else) stays on the list for the next pass.
-		if rest := without(r.layers, claimed); len(rest) > 0 {
-			keep = append(keep, retiredLayers{layers: rest, allocs: r.allocs})
+	if len(changed) > 0 {
+		if err := s.change(&intent{Op: "update", Records: changed}); err != nil {
+			return fmt.Errorf("failed to adopt %q: %w", p, err)
 		}
 	}
-	s.retired = keep
-	s.mu.Unlock()
-	n, err := s.removeClaimed(owned)
-	if err != nil {
-		s.keepFailed(owned)
-	}
-	if len(owned) > 0 {
-		s.saveRetired()
-	}
-	if n > 0 {
-		s.logger.Info("removed flattened layers", "layers", n)
-	}
-	return n, err
-}
-
-// without returns the elements of all that are not in some.
-func without(all, some []string) []string {
-	var out []string
-	for _, x := range all {
-		if !slices.Contains(some, x) {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// syncFS flushes the filesystem holding p.
-func syncFS(p string) error {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: p, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return &os.PathError{Op: "syncfs", Path: p, Err: err}
+	if err := s.disk.remove(p); err != nil {
+		return fmt.Errorf("failed to remove %q: %w", p, err)
 	}
 	return nil
 }
@@ -626,8 +442,8 @@ func countEntries(root string) (int, error) {
 // copied and an open file stays the same file; directories are made anew
 // with their source's mode, owner, times and extended attributes.
 type merger struct {
-	s   *Store
-	dst string
+	disk disk
+	dst  string
 	// links and dirs count what the merge made, for the log.
 	links, dirs int
 }
@@ -725,26 +541,16 @@ func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 }
 
 func (m *merger) link(src, dst string) error {
-	if m.s.fault != nil {
-		if err := m.s.fault("flatten-link", dst); err != nil {
-			return &os.LinkError{Op: "link", Old: src, New: dst, Err: err}
-		}
-	}
-	if err := unix.Linkat(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, 0); err != nil {
-		return &os.LinkError{Op: "link", Old: src, New: dst, Err: err}
+	if err := m.disk.link(src, dst); err != nil {
+		return err
 	}
 	m.links++
 	return nil
 }
 
 func (m *merger) mkdir(dst string) error {
-	if m.s.fault != nil {
-		if err := m.s.fault("flatten-mkdir", dst); err != nil {
-			return &os.PathError{Op: "mkdir", Path: dst, Err: err}
-		}
-	}
-	if err := unix.Mkdir(dst, 0o700); err != nil {
-		return &os.PathError{Op: "mkdir", Path: dst, Err: err}
+	if err := m.disk.mkdir(dst, 0o700); err != nil {
+		return err
 	}
 	m.dirs++
 	return nil

@@ -342,49 +342,54 @@ func TestFlattenChain(t *testing.T) {
 		t.Errorf("second Flatten: %d merges, %v; want nothing to do", n, err)
 	}
 
-	reopened := openTestStore(t, tm.store.DataDir())
-	diffViews(t, storeViews(t, reopened, ids), before)
-
 	// The layers merged away stay while the allocations that stacked
 	// them do (the mount may still read them), and go with them.
-	var retired []string
-	for _, r := range tm.store.retired {
-		retired = append(retired, r.layers...)
+	retained := retainedLayers(tm.store)
+	if want := 2 * 2 * (chainLen - maxLowers); len(retained) != want {
+		t.Errorf("retained layers: %v, want %d", retained, want)
 	}
-	if want := 2 * 2 * (chainLen - maxLowers); len(retired) != want {
-		t.Errorf("retired layers: %v, want %d", retired, want)
-	}
-	for _, l := range retired {
+	for _, l := range retained {
 		if !oldLayers[l] {
-			t.Errorf("retired layer %s was not in use before the flatten", l)
+			t.Errorf("retained layer %s was not in use before the flatten", l)
 		}
 		if err := tm.store.checkLayer(l); err != nil {
-			t.Errorf("retired layer %s while its allocations live: %v", l, err)
+			t.Errorf("retained layer %s while its allocations live: %v", l, err)
 		}
 	}
-	// A restart remembers them, and removes them as their allocations go.
-	var remembered []string
-	for _, r := range reopened.retired {
-		remembered = append(remembered, r.layers...)
+	if n, err := tm.store.Sweep(); n != 0 || err != nil {
+		t.Errorf("Sweep while the allocations live: removed %d, %v; want nothing", n, err)
 	}
-	if strings.Join(remembered, ",") != strings.Join(retired, ",") {
-		t.Errorf("retired layers after a reopen: %v, want %v", remembered, retired)
+
+	// A restart remembers them.
+	reopened := reopenStore(t, tm.store)
+	diffViews(t, storeViews(t, reopened, ids), before)
+	if got := retainedLayers(reopened); strings.Join(got, ",") != strings.Join(retained, ",") {
+		t.Errorf("retained layers after a reopen: %v, want %v", got, retained)
 	}
 	for _, id := range ids {
-		must(t, tm.store.Destroy(id))
+		must(t, reopened.Destroy(id))
 	}
-	if _, err := tm.store.Flatten(); err != nil {
-		t.Fatal(err)
-	}
-	if got := layerDirs(t, tm.store); len(got) != 0 {
+	if got := layerDirs(t, reopened); len(got) != 0 {
 		t.Errorf("layers once every allocation is destroyed: %v, want none", got)
 	}
 }
 
-// TestRetiredLayersAfterRestart checks that layers a flatten retired are
-// removed by the next run once the allocations that stacked them are
-// gone, rather than left behind as orphans.
-func TestRetiredLayersAfterRestart(t *testing.T) {
+// retainedLayers lists, sorted, the layers the store's allocations retain.
+func retainedLayers(s *Store) []string {
+	set := make(map[string]struct{})
+	for _, st := range s.List() {
+		for _, l := range st.Retained {
+			set[l] = struct{}{}
+		}
+	}
+	return sortedKeys(set)
+}
+
+// TestRetainedLayersAfterRestart checks that layers a flatten retained are
+// removed by the sweep once the allocations that retained them are gone,
+// also when they went while the daemon was down, rather than left behind
+// as orphans.
+func TestRetainedLayersAfterRestart(t *testing.T) {
 	tm := newTestMount(t)
 	ids := buildChain(t, tm)
 	for _, id := range ids[:len(ids)-2] {
@@ -393,27 +398,71 @@ func TestRetiredLayersAfterRestart(t *testing.T) {
 	if n, err := tm.store.Flatten(); err != nil || n == 0 {
 		t.Fatalf("Flatten: %d merges, %v; want some", n, err)
 	}
-	var retired []string
-	for _, r := range tm.store.retired {
-		retired = append(retired, r.layers...)
+	retained := retainedLayers(tm.store)
+	if len(retained) == 0 {
+		t.Fatal("no layer retained after a flatten")
 	}
-	// The live allocations go while the daemon is down: a crash after
-	// their records were removed, say.
+	// The live allocations go while the daemon is down: an operator
+	// moves their records away.
+	must(t, tm.store.Close())
 	for _, id := range ids[len(ids)-2:] {
 		must(t, os.Remove(tm.store.statePath(id)))
 	}
 	reopened := openTestStore(t, tm.store.DataDir())
-	for _, l := range retired {
+	if n, err := reopened.Sweep(); err != nil || n == 0 {
+		t.Fatalf("Sweep: removed %d, %v; want the orphans removed", n, err)
+	}
+	for _, l := range retained {
 		if _, err := os.Lstat(reopened.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("retired layer %s after a restart with its allocations gone: %v, want it removed", l, err)
+			t.Errorf("retained layer %s after a restart with its allocations gone: %v, want it removed", l, err)
 		}
 	}
-	if len(reopened.retired) != 0 {
-		t.Errorf("still retired after the restart: %+v", reopened.retired)
+	if got := layerDirs(t, reopened); len(got) != 0 {
+		t.Errorf("layers after the sweep: %v, want none", got)
 	}
-	if _, err := os.Lstat(filepath.Join(reopened.DataDir(), retiredFile)); err != nil {
-		t.Errorf("the retired list: %v", err)
+}
+
+// TestRetiredFileAdopted checks that the list of retired layers an earlier
+// version kept (retired-layers.json) is moved into the records of the
+// allocations it names, and that its layers whose allocations are gone
+// become orphans the sweep removes.
+func TestRetiredFileAdopted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	mustCreate(t, s, "a", "web")
+	old1, old2, gone := mustLayer(t, s), mustLayer(t, s), mustLayer(t, s)
+	must(t, s.Close())
+	list := fmt.Sprintf(`[{"layers":[%q,%q],"allocs":["a"]},{"layers":[%q],"allocs":["z"]},{"layers":["../../etc"],"allocs":["a"]}]`, old1, old2, gone)
+	must(t, os.WriteFile(filepath.Join(dir, retiredFile), []byte(list), 0o600))
+
+	s2 := openTestStore(t, dir)
+	if got, want := mustState(t, s2, "a").Retained, []string{old1, old2}; !slices.Equal(got, want) {
+		t.Errorf("retained by a: %v, want %v", got, want)
 	}
+	if _, err := os.Lstat(filepath.Join(dir, retiredFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old list after the open: %v, want it removed", err)
+	}
+	if n, err := s2.Sweep(); n != 1 || err != nil {
+		t.Errorf("Sweep: removed %d, %v; want the one layer of a gone allocation", n, err)
+	}
+	for _, l := range []string{old1, old2} {
+		if err := s2.checkLayer(l); err != nil {
+			t.Errorf("retained layer %s: %v", l, err)
+		}
+	}
+	must(t, s2.Destroy("a"))
+	if got := layerDirs(t, s2); len(got) != 0 {
+		t.Errorf("layers after a is destroyed: %v, want none", got)
+	}
+}
+
+// mustLayer makes an empty layer no record names.
+func mustLayer(t *testing.T, s *Store) string {
+	t.Helper()
+	f, err := s.newLayer(0o755, "")
+	must(t, err)
+	return f.ID
 }
 
 // TestFlattenNeedsCollection checks that nothing is merged while every
@@ -462,10 +511,8 @@ func storeSnapshot(t *testing.T, s *Store, ignore ...string) string {
 
 // TestFlattenFailureChangesNothing checks that a flatten that fails while
 // it links the merged layer, or while it switches the records over (the
-// second record's write fails, so the first is switched back), leaves
-// every record and layer as it was and staging empty (a merged layer some
-// allocation was published on is kept, retired), and that the next pass
-// succeeds.
+// journal cannot take the intent), leaves every record and layer as it
+// was and staging empty, and that the next pass succeeds.
 func TestFlattenFailureChangesNothing(t *testing.T) {
 	tm := newTestMount(t)
 	ids := buildChain(t, tm)
@@ -480,7 +527,7 @@ func TestFlattenFailureChangesNothing(t *testing.T) {
 		{"link", func() func(op, p string) error {
 			links := 0
 			return func(op, _ string) error {
-				if op == "flatten-link" {
+				if op == "link" {
 					if links++; links == 7 {
 						return injected
 					}
@@ -490,19 +537,16 @@ func TestFlattenFailureChangesNothing(t *testing.T) {
 		}},
 		{"mkdir", func() func(op, p string) error {
 			return func(op, _ string) error {
-				if op == "flatten-mkdir" {
+				if op == "mkdir" {
 					return injected
 				}
 				return nil
 			}
 		}},
 		{"switch", func() func(op, p string) error {
-			writes := 0
 			return func(op, _ string) error {
-				if op == "write" {
-					if writes++; writes == 2 {
-						return injected
-					}
+				if op == "append" {
+					return injected
 				}
 				return nil
 			}
@@ -519,29 +563,15 @@ func TestFlattenFailureChangesNothing(t *testing.T) {
 				t.Fatalf("plan for the oldest pair: %+v, want one over %v", plan, ids)
 			}
 			plan.key = "alloc/data"
-			tm.store.fault = tc.fault()
+			setFault(tm.store, tc.fault())
 			err := tm.store.flatten(plan)
-			tm.store.fault = nil
+			setFault(tm.store, nil)
 			if !errors.Is(err, injected) {
 				t.Fatalf("flatten with a fault: %v, want the fault", err)
 			}
-			// After a switch that had published a record on the merged
-			// layer, that layer is kept, retired, for views that may read
-			// through it; it is not named by any record.
-			var kept []string
-			for _, r := range tm.store.retired {
-				kept = append(kept, r.layers...)
-			}
-			if tc.name == "switch" && len(kept) != 1 {
-				t.Errorf("retired after a partly switched flatten: %v, want the merged layer", kept)
-			}
-			if tc.name != "switch" && len(kept) != 0 {
-				t.Errorf("retired after a failed build: %v, want nothing", kept)
-			}
-			if after := storeSnapshot(t, tm.store, kept...); after != before {
+			if after := storeSnapshot(t, tm.store); after != before {
 				t.Errorf("store after a failed flatten:\n%s\nwant:\n%s", after, before)
 			}
-			tm.store.retired = nil
 			if got := dirNames(t, tm.store.StagingDir()); len(got) != 0 {
 				t.Errorf("staging after a failed flatten: %v, want empty", got)
 			}
@@ -713,7 +743,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
 			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
 			must(t, os.Mkdir(merged, 0o700))
-			m := &merger{s: &Store{}, dst: merged}
+			m := &merger{disk: osDisk{}, dst: merged}
 			must(t, m.build(upper, lower, through))
 			pair, flat := []string{upper, lower}, []string{merged}
 			if through {
@@ -802,11 +832,11 @@ func BenchmarkFlatten(b *testing.B) {
 		if err := os.Mkdir(merged, 0o700); err != nil {
 			b.Fatal(err)
 		}
-		m := &merger{s: &Store{}, dst: merged}
+		m := &merger{disk: osDisk{}, dst: merged}
 		if err := m.build(upper, lower, true); err != nil {
 			b.Fatal(err)
 		}
-		if err := syncFS(merged); err != nil {
+		if err := (osDisk{}).syncfs(merged); err != nil {
 			b.Fatal(err)
 		}
 		if m.links != 10000 {

@@ -2,10 +2,13 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -55,13 +58,19 @@ func DefaultGCConfig() GCConfig {
 
 // Collector destroys terminal allocations, oldest stopped first, while the
 // node is over one of its triggers, and logs why it collected each one.
-// Pinned allocations are skipped; layers another allocation still stacks
-// on survive their owner (the store only removes unreferenced layers).
+// It is the node's one collector: the timer (Run) and explicit requests
+// (CollectAll, CollectAlloc) go through it alike. Pinned allocations are
+// skipped; layers another allocation still stacks on survive their owner
+// (the store only removes unreferenced layers). Every pass ends by
+// sweeping orphan layers and flattening snapshot chains. A failure never
+// stops a pass: it is logged and the pass goes on.
 type Collector struct {
 	logger hclog.Logger
 	store  *Store
 	cfg    GCConfig
 	statfs func() (unix.Statfs_t, error)
+	// mu keeps passes from overlapping: a timer pass and a request.
+	mu sync.Mutex
 }
 
 // NewCollector returns a collector of store with cfg.
@@ -83,37 +92,111 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 }
 
-// Collect runs one pass and returns the IDs it collected. It ends by
-// flattening snapshot chains (Store.Flatten): a chain becomes mergeable
-// only once the stopped allocations that hold its old layers are
-// collected, and doing it here rather than in Seal keeps a migration
-// O(1) and its cost off the new allocation's start.
+// Collect runs one pass under the triggers and returns the IDs it
+// collected. It ends by sweeping orphans and flattening snapshot chains
+// (Store.Flatten): a chain becomes mergeable only once the stopped
+// allocations that hold its old layers are collected, and doing it here
+// rather than in Seal keeps a migration O(1) and its cost off the new
+// allocation's start.
 func (c *Collector) Collect() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	collected := c.collect()
-	if _, err := c.store.Flatten(); err != nil {
-		c.logger.Error("failed to flatten snapshot chains", "error", err)
-	}
+	c.tidy()
 	return collected
 }
 
+// CollectAll collects every terminal, unpinned allocation, oldest stopped
+// first, whatever the triggers (an explicit node GC), then tidies like a
+// pass. It returns those it collected and every failure.
+func (c *Collector) CollectAll(reason string) ([]string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	collected := []string{}
+	var errs []error
+	for _, st := range c.terminal() {
+		if err := c.destroy(st, reason); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		collected = append(collected, st.ID)
+	}
+	c.tidy()
+	return collected, errors.Join(errs...)
+}
+
+// CollectAlloc collects allocation id if it is terminal and unpinned; a
+// running one gets ErrNotTerminal and a pinned one ErrPinned.
+func (c *Collector) CollectAlloc(id, reason string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := c.store.Get(id)
+	if err != nil {
+		return err
+	}
+	if st.Status != StatusTerminal {
+		return fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, ErrNotTerminal)
+	}
+	err = c.destroy(st, reason)
+	c.tidy()
+	return err
+}
+
+// destroy collects one allocation and says why in the log.
+func (c *Collector) destroy(st *State, reason string) error {
+	if err := c.store.Destroy(st.ID); err != nil {
+		if errors.Is(err, allocdir.ErrUnknownAlloc) || errors.Is(err, ErrPinned) {
+			c.logger.Info("allocation not collected", "alloc_id", st.ID, "reason", reason, "error", err)
+			return err
+		}
+		// The record is gone when only the layers failed: the sweep
+		// takes them.
+		c.logger.Error("failed to collect allocation", "alloc_id", st.ID, "reason", reason, "error", err)
+		return err
+	}
+	c.logger.Info("collected allocation", "alloc_id", st.ID, "reason", reason, "stopped", st.Stopped, "migrated_to", st.MigratedTo)
+	return nil
+}
+
+// tidy sweeps orphan layers and flattens snapshot chains, logging what
+// fails.
+func (c *Collector) tidy() {
+	if _, err := c.store.Sweep(); err != nil {
+		c.logger.Error("failed to remove orphan layers", "error", err)
+	}
+	if _, err := c.store.Flatten(); err != nil {
+		c.logger.Error("failed to flatten snapshot chains", "error", err)
+	}
+}
+
 // collect destroys terminal allocations while the node is over a trigger.
+// One that cannot be collected is skipped for the rest of the pass.
 func (c *Collector) collect() []string {
 	var collected []string
+	skip := make(map[string]bool)
 	for {
 		reason := c.pressure()
 		if reason == "" {
 			return collected
 		}
-		victim := c.oldestTerminal()
+		var victim *State
+		for _, st := range c.terminal() {
+			if !skip[st.ID] {
+				victim = st
+				break
+			}
+		}
 		if victim == nil {
 			c.logger.Debug("garbage collection skipped because no terminal allocations", "pressure", reason)
 			return collected
 		}
-		if err := c.store.Destroy(victim.ID); err != nil {
-			c.logger.Error("failed to collect allocation", "alloc_id", victim.ID, "reason", reason, "error", err)
-			return collected
+		if err := c.destroy(victim, reason); err != nil {
+			skip[victim.ID] = true
+			if _, gone := c.store.Get(victim.ID); gone != nil {
+				collected = append(collected, victim.ID)
+			}
+			continue
 		}
-		c.logger.Info("collected allocation", "alloc_id", victim.ID, "reason", reason, "stopped", victim.Stopped)
 		collected = append(collected, victim.ID)
 	}
 }
@@ -143,8 +226,9 @@ func (c *Collector) pressure() string {
 	return ""
 }
 
-// oldestTerminal is the terminal, unpinned allocation stopped first.
-func (c *Collector) oldestTerminal() *State {
+// terminal returns the terminal, unpinned allocations, stopped first
+// first.
+func (c *Collector) terminal() []*State {
 	var terminal []*State
 	for _, st := range c.store.List() {
 		if st.Status != StatusTerminal {
@@ -157,9 +241,6 @@ func (c *Collector) oldestTerminal() *State {
 			terminal = append(terminal, st)
 		}
 	}
-	if len(terminal) == 0 {
-		return nil
-	}
-	sort.Slice(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
-	return terminal[0]
+	sort.SliceStable(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
+	return terminal
 }

@@ -6,11 +6,14 @@ package fs
 // straight into the layer, and only the store's records change.
 //
 // One op is one Remap (or Seal) of the two volumes alloc/data and
-// web/local, with everything it does to make the change durable: the
-// state files are written atomically with an fsync each, and Remap also
-// creates the previous allocation's MIGRATED-TO marker layers and fsyncs
-// layers/; Seal creates the new allocation's empty upper layers and fsyncs
-// layers/. Untimed before every op: stop the current allocation, create
+// web/local, with everything it does to make the change durable: one
+// intent naming both records is appended to the journal and fsynced (the
+// op's only fsync), and the two state files are rewritten without one;
+// Remap also creates the previous allocation's MIGRATED-TO marker layers
+// and removes the new allocation's empty placeholders, Seal creates the
+// new allocation's empty upper layers. The journal's checkpoint, which
+// syncs the state files later, is not in the op: it runs at close, or
+// once the journal passes a megabyte (about 500 migrations). Untimed before every op: stop the current allocation, create
 // the next one, sync(2), the fsync probe below, sync(2) again, and the
 // data dir's disk usage.
 //
@@ -37,8 +40,7 @@ package fs
 //   - fastest-us: the fastest single op (ns/op is the mean).
 //   - probe-fsync-us: the mean time of write(4 KiB)+fsync+close of a new
 //     file in the data dir, taken untimed (after a sync) just before each
-//     op, as a yardstick for the three fsyncs inside the op (two state
-//     files and layers/).
+//     op, as a yardstick for the one fsync inside the op (the journal).
 
 import (
 	"fmt"
@@ -94,6 +96,7 @@ func benchLocalMigration(b *testing.B, populate func(dir string) (string, error)
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { store.Close() })
 	tasks := []allocdir.Task{{Name: "web"}}
 	cur := "prev"
 	st, err := store.Create(cur, tasks)

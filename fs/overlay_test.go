@@ -22,10 +22,11 @@ import (
 // upper layer. It returns the paths of the lower and the new upper layer.
 func stackLayer(t *testing.T, s *Store, id, key string) (lower, upper string) {
 	t.Helper()
-	fresh, err := s.newLayer(allocdir.SharedDirMode)
+	f, err := s.newLayer(allocdir.SharedDirMode, "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	fresh := f.ID
 	var old string
 	if _, err := s.Update(id, func(st *State) error {
 		v := st.Volumes[key]

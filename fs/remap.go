@@ -3,7 +3,6 @@ package fs
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -20,80 +19,53 @@ const MigratedToName = "MIGRATED-TO"
 // <task>/local) that prevID has, newID takes over prevID's layers, and
 // prevID gets in their place a fresh read-only layer holding only a
 // MIGRATED-TO file that says where the data went. No file is copied or
-// moved; only the two records change. It returns how many volumes moved.
-//
-// Crash safety: the new allocation's record is written first, so after a
-// crash between the two writes both records name the migrated layers and
-// nothing is lost (Destroy only removes layers no other allocation
-// references). newID's own empty placeholders are removed last, and only
-// if still empty.
+// moved. Both records change in one journaled intent, so a crash leaves
+// the data with one of them, never with both; newID's own placeholders
+// are removed afterwards. It returns how many volumes moved.
 func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	prev, next, err := s.migrationPair(prevID, newID)
-	if err != nil {
-		return 0, err
-	}
-	var specs []volumeSpec
-	var placeholders []string
-	for _, key := range keys {
-		pv, ok := prev.Volumes[key]
-		if !ok {
-			continue
-		}
-		spec, ok := volumeSpecOf(key)
-		if !ok {
-			return 0, fmt.Errorf("failed to remap %s into %s: %q is not a volume: %w", prevID, newID, key, allocdir.ErrInvalidName)
-		}
-		if nv := next.Volumes[key]; nv != nil {
-			placeholders = append(placeholders, nv.layers()...)
-		}
-		next.Volumes[key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
-		specs = append(specs, spec)
-	}
-	if len(specs) == 0 {
-		return 0, nil
-	}
-	next.Previous = prevID
-	if err := next.validate(); err != nil {
-		return 0, fmt.Errorf("failed to remap %s into %s: %w", prevID, newID, err)
-	}
-	if err := s.commit(next); err != nil {
-		return 0, fmt.Errorf("failed to remap %s into %s: %w", prevID, newID, err)
-	}
-	created, err := s.markerLayers(specs, newID)
-	if err == nil {
-		for i, spec := range specs {
-			prev.Volumes[spec.key] = &Volume{Upper: created[i], ReadOnly: true}
-		}
-		prev.MigratedTo = newID
-		err = s.commit(prev)
-	}
-	if err != nil {
-		// Both records name the layers now; the previous allocation keeps
-		// showing them until it is collected.
-		return len(specs), fmt.Errorf("remapped into %s, but failed to give %s its placeholders: %w", newID, prevID, errors.Join(err, s.removeFresh(created)))
-	}
-	s.removeIfEmpty(newID, placeholders)
-	return len(specs), nil
+	return s.migrate(prevID, newID, keys, false)
 }
 
 // Seal is the snapshot migration: for every volume key that prevID has,
 // newID gets a fresh writable layer over prevID's layers, and prevID's
 // volume is frozen read-only, so the previous allocation keeps a
 // read-only view of its data and the new one copies a file up on its
-// first write. Nothing is copied now. It returns how many volumes were
-// sealed.
-//
-// Crash safety: the previous allocation is frozen first; a crash before
-// the new record is written leaves the data where it was, read-only.
+// first write. Nothing is copied now, and both records change in one
+// journaled intent. It returns how many volumes were sealed.
 func (s *Store) Seal(prevID, newID string, keys []string) (int, error) {
+	return s.migrate(prevID, newID, keys, true)
+}
+
+func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (int, error) {
+	verb, op := "remap", "remap"
+	if snapshot {
+		verb, op = "seal", "seal"
+	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	prev, next, err := s.migrationPair(prevID, newID)
 	if err != nil {
 		return 0, err
 	}
+	before := next.Clone()
+	fresh, n, err := s.handover(prev, next, keys, snapshot)
+	if err != nil || n == 0 {
+		return 0, errors.Join(err, s.removeFresh(fresh))
+	}
+	if err := s.change(&intent{Op: op, Records: map[string]*State{prevID: prev, newID: next}, Fresh: fresh}); err != nil {
+		return 0, fmt.Errorf("failed to %s %s into %s: %w", verb, prevID, newID, errors.Join(err, s.removeFresh(fresh)))
+	}
+	s.removePlaceholders(newID, before)
+	return n, nil
+}
+
+// handover moves, in the copies prev and next, the volumes in keys that
+// prev has: adopted (next takes prev's layers, prev gets a read-only
+// MIGRATED-TO placeholder) or sealed (prev's volume is frozen and next
+// stacks a fresh writable layer over it). It creates the layers this
+// needs and returns them, and how many volumes moved; nothing is
+// journaled yet, and on error the caller removes what was created.
+func (s *Store) handover(prev, next *State, keys []string, snapshot bool) ([]freshLayer, int, error) {
 	var specs []volumeSpec
 	for _, key := range keys {
 		if _, ok := prev.Volumes[key]; !ok {
@@ -101,43 +73,49 @@ func (s *Store) Seal(prevID, newID string, keys []string) (int, error) {
 		}
 		spec, ok := volumeSpecOf(key)
 		if !ok {
-			return 0, fmt.Errorf("failed to seal %s under %s: %q is not a volume: %w", prevID, newID, key, allocdir.ErrInvalidName)
+			return nil, 0, fmt.Errorf("failed to migrate %s into %s: %q is not a volume: %w", prev.ID, next.ID, key, allocdir.ErrInvalidName)
 		}
 		specs = append(specs, spec)
 	}
 	if len(specs) == 0 {
-		return 0, nil
+		return nil, 0, nil
 	}
-	var placeholders []string
+	note := fmt.Sprintf("this directory's data was adopted by allocation %s at %s\n", next.ID, time.Now().UTC().Format(time.RFC3339))
+	var fresh []freshLayer
 	for _, spec := range specs {
-		prev.Volumes[spec.key].ReadOnly = true
-	}
-	prev.MigratedTo = newID
-	if err := s.commit(prev); err != nil {
-		return 0, fmt.Errorf("failed to freeze %s: %w", prevID, err)
-	}
-	created := make([]string, 0, len(specs))
-	for _, spec := range specs {
-		l, err := s.newLayer(spec.mode)
-		if err != nil {
-			return 0, fmt.Errorf("failed to seal %s under %s: %w", prevID, newID, errors.Join(err, s.removeFresh(created)))
-		}
-		created = append(created, l)
 		pv := prev.Volumes[spec.key]
-		if nv := next.Volumes[spec.key]; nv != nil {
-			placeholders = append(placeholders, nv.layers()...)
+		if snapshot {
+			f, err := s.newLayer(spec.mode, "")
+			if err != nil {
+				return fresh, 0, err
+			}
+			fresh = append(fresh, f)
+			next.Volumes[spec.key] = &Volume{Upper: f.ID, Lowers: pv.layers()}
+			pv.ReadOnly = true
+			continue
 		}
-		next.Volumes[spec.key] = &Volume{Upper: l, Lowers: pv.layers()}
+		f, err := s.newLayer(spec.mode, note)
+		if err != nil {
+			return fresh, 0, err
+		}
+		fresh = append(fresh, f)
+		next.Volumes[spec.key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
+		prev.Volumes[spec.key] = &Volume{Upper: f.ID, ReadOnly: true}
 	}
-	next.Previous = prevID
-	if err := syncDir(filepath.Join(s.dataDir, layersDirName)); err != nil {
-		return 0, fmt.Errorf("failed to sync layers: %w", errors.Join(err, s.removeFresh(created)))
-	}
-	if err := s.commit(next); err != nil {
-		return 0, fmt.Errorf("failed to seal %s under %s: %w", prevID, newID, errors.Join(err, s.removeFresh(created)))
-	}
-	s.removeIfEmpty(newID, placeholders)
-	return len(specs), nil
+	prev.MigratedTo = next.ID
+	next.Previous = prev.ID
+	return fresh, len(specs), nil
+}
+
+// removePlaceholders removes the layers the record before a migration
+// stacked and the migration replaced: the new allocation's own empty
+// volumes. The caller holds writeMu; a layer that cannot be removed is
+// left to the collector.
+func (s *Store) removePlaceholders(id string, before *State) {
+	s.mu.Lock()
+	owned := s.claimLocked(sortedKeys(before.layerIDs()))
+	s.mu.Unlock()
+	s.removeClaimed(owned, "alloc_id", id, "reason", "placeholder replaced by a migration")
 }
 
 // migrationPair returns copies of the two records of a migration. Whether
@@ -153,47 +131,24 @@ func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err erro
 	if next, err = s.Get(newID); err != nil {
 		return nil, nil, err
 	}
-	if prev.MigratedTo != "" {
-		// Its volumes are placeholders or frozen layers another
-		// allocation stacks on: handing them over again would make them
-		// writable under both.
-		return nil, nil, fmt.Errorf("failed to migrate %s into %s: its data already went to %s: %w", prevID, newID, prev.MigratedTo, ErrExists)
+	if err := migratable(prev, false); err != nil {
+		return nil, nil, fmt.Errorf("failed to migrate %s into %s: %w", prevID, newID, err)
 	}
 	return prev, next, nil
 }
 
-// markerLayers creates one read-only placeholder layer per spec, holding
-// a MIGRATED-TO file that names the allocation the data went to.
-func (s *Store) markerLayers(specs []volumeSpec, newID string) ([]string, error) {
-	var created []string
-	note := fmt.Sprintf("this directory's data was adopted by allocation %s at %s\n", newID, time.Now().UTC().Format(time.RFC3339))
-	for _, spec := range specs {
-		l, err := s.newLayer(spec.mode)
-		if err != nil {
-			return created, err
-		}
-		created = append(created, l)
-		if err := os.WriteFile(filepath.Join(s.LayerPath(l), MigratedToName), []byte(note), 0o444); err != nil {
-			return created, err
-		}
+// migratable checks that prev can hand its data over: not already handed
+// (its volumes are placeholders, or frozen layers another allocation
+// stacks on: handing them over again would make them writable under
+// both), and terminal when the caller's policy asks.
+func migratable(prev *State, mustBeTerminal bool) error {
+	if prev.MigratedTo != "" {
+		return fmt.Errorf("previous allocation %s already handed its data to %s: %w", prev.ID, prev.MigratedTo, ErrExists)
 	}
-	return created, syncDir(filepath.Join(s.dataDir, layersDirName))
-}
-
-// removeIfEmpty removes placeholder layers that nothing references and
-// nobody wrote into; one with content is kept for GC rather than deleted.
-func (s *Store) removeIfEmpty(owner string, layers []string) {
-	for _, l := range layers {
-		s.mu.RLock()
-		used := s.referencedLocked(l)
-		s.mu.RUnlock()
-		if used {
-			continue
-		}
-		if err := os.Remove(s.LayerPath(l)); err != nil && !os.IsNotExist(err) {
-			s.logger.Warn("placeholder layer kept", "layer", l, "alloc_id", owner, "error", err)
-		}
+	if mustBeTerminal && prev.Status != StatusTerminal {
+		return fmt.Errorf("previous allocation %s is %s: stop it first (allocfs alloc stop %s): %w", prev.ID, prev.Status, prev.ID, ErrNotTerminal)
 	}
+	return nil
 }
 
 // Stop makes an allocation terminal: kept, browsable, its logs readable,
@@ -217,21 +172,15 @@ func (s *Store) Stop(id string) (*State, error) {
 // CreateMigrated creates allocation id and hands it prevID's data
 // (alloc/data and the local/ of each task both have) by Seal when
 // snapshot is set, by Remap otherwise. The previous allocation must be
-// terminal. Either everything happens or nothing does: when the handover
-// fails, the new allocation is destroyed again and the error says why.
-// It returns the new record and how many volumes were handed over.
+// terminal. The new record and the previous one's change are one
+// journaled intent: either both happen or neither does. It returns the
+// new record and how many volumes were handed over.
 func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
-	prev, err := s.Get(prevID)
+	if len(tasks) == 0 {
+		return nil, 0, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+	}
+	next, err := s.newState(id, tasks)
 	if err != nil {
-		return nil, 0, fmt.Errorf("previous allocation: %w", err)
-	}
-	if prev.Status != StatusTerminal {
-		return nil, 0, fmt.Errorf("previous allocation %s is %s: stop it first (allocfs alloc stop %s): %w", prevID, prev.Status, prevID, ErrNotTerminal)
-	}
-	if prev.MigratedTo != "" {
-		return nil, 0, fmt.Errorf("previous allocation %s already handed its data to %s: %w", prevID, prev.MigratedTo, ErrExists)
-	}
-	if _, err := s.Create(id, tasks); err != nil {
 		return nil, 0, err
 	}
 	names := make([]string, 0, len(tasks))
@@ -240,94 +189,199 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 	}
 	keys, err := allocdir.MigratedDirs(names)
 	if err != nil {
-		return nil, 0, errors.Join(err, s.Destroy(id))
-	}
-	var n int
-	if snapshot {
-		n, err = s.Seal(prevID, id, keys)
-	} else {
-		n, err = s.Remap(prevID, id, keys)
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.Destroy(id)))
-	}
-	st, err := s.Get(id)
-	if err != nil {
 		return nil, 0, err
 	}
-	return st, n, nil
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.absent(id); err != nil {
+		return nil, 0, err
+	}
+	prev, err := s.Get(prevID)
+	if err != nil {
+		return nil, 0, fmt.Errorf("previous allocation: %w", err)
+	}
+	if err := migratable(prev, true); err != nil {
+		return nil, 0, err
+	}
+	fresh, n, err := s.handover(prev, next, keys, snapshot)
+	if err == nil {
+		var own []freshLayer
+		own, err = s.freshVolumes(next)
+		fresh = append(fresh, own...)
+	}
+	op := "remap"
+	if snapshot {
+		op = "seal"
+	}
+	if err == nil {
+		err = s.change(&intent{Op: op, Records: map[string]*State{prevID: prev, id: next}, Fresh: fresh})
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.removeFresh(fresh)))
+	}
+	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", op)
+	st, err := s.Get(id)
+	return st, n, err
 }
 
 // CreateImported creates allocation id with the volumes in dirs ("alloc/data"
 // or "<task>/local" to a directory inside the staging dir, fully received
-// and checked) as their upper layers, each moved into layers/ by one
-// rename: the remote migration's final step. Keys for tasks the new
-// allocation does not have are left in staging. Nothing is left half
-// done: on failure the allocation is destroyed and the imported layers
-// removed.
+// and checked) as their upper layers: the remote migration's final step.
+// The received files are synced, each directory becomes a layer by one
+// rename, and the record naming them is one journaled intent. Keys for
+// tasks the new allocation does not have are left in staging. On failure
+// nothing is created and the received layers are removed.
 func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
-	if _, err := s.Create(id, tasks); err != nil {
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+	}
+	st, err := s.newState(id, tasks)
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range dirs {
+		if err := s.checkStaged(dir); err != nil {
+			return nil, err
+		}
+	}
+	// What a record names must be on disk first: the received files'
+	// data and names. One syncfs costs what the `sync` after a
+	// `tar -x` costs, and less than an fsync of every file.
+	if len(dirs) > 0 {
+		if err := s.disk.syncfs(s.StagingDir()); err != nil {
+			return nil, fmt.Errorf("failed to sync the received snapshot: %w", err)
+		}
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.absent(id); err != nil {
 		return nil, err
 	}
 	var imported []string
 	fail := func(err error) (*State, error) {
-		return nil, errors.Join(err, s.Destroy(id), s.removeFresh(imported))
+		var errs []error
+		for _, l := range imported {
+			if rerr := s.disk.removeAll(s.LayerPath(l)); rerr != nil {
+				errs = append(errs, rerr)
+			}
+		}
+		return nil, errors.Join(append([]error{err}, errs...)...)
 	}
-	layers := make(map[string]string, len(dirs))
-	st, err := s.Get(id)
-	if err != nil {
-		return fail(err)
-	}
-	for key, dir := range dirs {
-		if _, ok := st.Volumes[key]; !ok {
+	for _, key := range sortedKeys(keySet(dirs)) {
+		if _, ok := volumeSpecOf(key); !ok || !st.hasVolumeSpec(key) {
 			continue
 		}
-		l, err := s.ImportLayer(dir)
+		l, err := s.importLocked(dirs[key])
 		if err != nil {
 			return fail(err)
 		}
 		imported = append(imported, l)
-		layers[key] = l
+		st.Volumes[key] = &Volume{Upper: l}
 	}
-	var placeholders []string
-	st, err = s.Update(id, func(st *State) error {
-		for key, l := range layers {
-			placeholders = append(placeholders, st.Volumes[key].layers()...)
-			st.Volumes[key] = &Volume{Upper: l}
+	if len(imported) > 0 {
+		if err := s.disk.fsync(s.layersDir()); err != nil {
+			return fail(fmt.Errorf("failed to sync layers: %w", err))
 		}
-		st.Previous = prevID
-		return nil
-	})
-	if err != nil {
-		return fail(err)
 	}
-	s.removeIfEmpty(id, placeholders)
-	return st, nil
+	st.Previous = prevID
+	fresh, err := s.freshVolumes(st)
+	if err == nil {
+		err = s.change(&intent{Op: "import", Records: map[string]*State{id: st}, Fresh: fresh})
+	}
+	if err != nil {
+		return fail(fmt.Errorf("failed to create allocation %s: %w", id, errors.Join(err, s.removeFresh(fresh))))
+	}
+	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", "import", "imported_layers", len(imported))
+	return s.Get(id)
 }
 
-// ImportLayer turns dir, a directory inside the staging dir, into a new
-// layer by renaming it into layers/, and returns the layer's ID.
-func (s *Store) ImportLayer(dir string) (string, error) {
+// newState returns the record of a new running allocation with no volumes
+// yet, after checking its ID and tasks.
+func (s *Store) newState(id string, tasks []allocdir.Task) (*State, error) {
+	if err := validAllocID(id); err != nil {
+		return nil, err
+	}
+	if err := validTasks(tasks); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", id, err)
+	}
+	return &State{
+		ID:      id,
+		Tasks:   append([]allocdir.Task(nil), tasks...),
+		Status:  StatusRunning,
+		Created: time.Now().UTC().Round(0),
+		Volumes: make(map[string]*Volume),
+	}, nil
+}
+
+// absent fails with ErrExists if the store holds id. The caller holds
+// writeMu, so the answer holds until it releases it.
+func (s *Store) absent(id string) error {
+	s.mu.RLock()
+	_, exists := s.allocs[id]
+	s.mu.RUnlock()
+	if exists {
+		return fmt.Errorf("failed to create allocation %s: %w", id, ErrExists)
+	}
+	return nil
+}
+
+// freshVolumes gives every volume st's tasks call for and it lacks a
+// fresh layer, and returns them.
+func (s *Store) freshVolumes(st *State) ([]freshLayer, error) {
+	var fresh []freshLayer
+	for _, spec := range st.volumeSpecs() {
+		if st.Volumes[spec.key] != nil {
+			continue
+		}
+		f, err := s.newLayer(spec.mode, "")
+		if err != nil {
+			return fresh, fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
+		}
+		fresh = append(fresh, f)
+		st.Volumes[spec.key] = &Volume{Upper: f.ID}
+	}
+	return fresh, nil
+}
+
+// checkStaged checks that dir lies inside the staging dir.
+func (s *Store) checkStaged(dir string) error {
 	rel, err := filepath.Rel(s.StagingDir(), dir)
 	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return "", fmt.Errorf("cannot import %q: not inside the staging dir %q: %w", dir, s.StagingDir(), allocdir.ErrInvalidName)
+		return fmt.Errorf("cannot import %q: not inside the staging dir %q: %w", dir, s.StagingDir(), allocdir.ErrInvalidName)
+	}
+	return nil
+}
+
+// importLocked turns dir, a directory inside the staging dir whose content
+// is durable, into a new layer by renaming it into layers/, and returns
+// the layer's ID. The caller holds writeMu and journals a record naming
+// the layer before it releases it; until then the layer is an orphan to
+// anyone else.
+func (s *Store) importLocked(dir string) (string, error) {
+	if err := s.checkStaged(dir); err != nil {
+		return "", err
 	}
 	for range 8 {
 		id, err := newLayerID()
 		if err != nil {
 			return "", err
 		}
-		err = unix.Renameat2(unix.AT_FDCWD, dir, unix.AT_FDCWD, s.LayerPath(id), unix.RENAME_NOREPLACE)
+		err = s.disk.rename(dir, s.LayerPath(id), unix.RENAME_NOREPLACE)
 		if errors.Is(err, unix.EEXIST) {
 			continue
 		}
 		if err != nil {
 			return "", fmt.Errorf("failed to import %q as a layer: %w", dir, err)
 		}
-		if err := syncDir(filepath.Join(s.dataDir, layersDirName)); err != nil {
-			return "", errors.Join(err, s.removeFresh([]string{id}))
-		}
 		return id, nil
 	}
 	return "", errors.New("failed to find an unused layer ID")
+}
+
+func keySet(m map[string]string) map[string]struct{} {
+	out := make(map[string]struct{}, len(m))
+	for k := range m {
+		out[k] = struct{}{}
+	}
+	return out
 }

@@ -63,6 +63,10 @@ type State struct {
 	// MigratedTo the one that took this one's.
 	Previous   string `json:"previous,omitempty"`
 	MigratedTo string `json:"migrated_to,omitempty"`
+	// Retained are layers no volume stacks any more (a flatten merged
+	// them away) that the allocation's views in the mount may still read
+	// through: they live as long as the allocation does.
+	Retained []string `json:"retained,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
@@ -74,6 +78,9 @@ func (s *State) Clone() *State {
 	c := *s
 	if s.Tasks != nil {
 		c.Tasks = append([]allocdir.Task(nil), s.Tasks...)
+	}
+	if s.Retained != nil {
+		c.Retained = append([]string(nil), s.Retained...)
 	}
 	if s.Volumes != nil {
 		c.Volumes = make(map[string]*Volume, len(s.Volumes))
@@ -116,6 +123,16 @@ func (s *State) layerIDs() map[string]struct{} {
 	return out
 }
 
+// allLayerIDs returns the layers the allocation stacks and those it
+// retains: every layer that must live while it does.
+func (s *State) allLayerIDs() map[string]struct{} {
+	out := s.layerIDs()
+	for _, l := range s.Retained {
+		out[l] = struct{}{}
+	}
+	return out
+}
+
 // volumeSpec is one volume the store creates for a new allocation or task:
 // its key in State.Volumes and the mode of its fresh upper layer.
 type volumeSpec struct {
@@ -143,6 +160,26 @@ func taskVolumes(task string) []volumeSpec {
 		{path.Join(task, allocdir.TaskLocal), allocdir.TaskDirMode},
 		{path.Join(task, allocdir.TmpDirName), allocdir.TaskTmpMode},
 	}
+}
+
+// volumeSpecs are the volumes the allocation's layout calls for: the
+// alloc-level ones and those of each task.
+func (s *State) volumeSpecs() []volumeSpec {
+	specs := allocVolumes()
+	for _, t := range s.Tasks {
+		specs = append(specs, taskVolumes(t.Name)...)
+	}
+	return specs
+}
+
+// hasVolumeSpec reports whether key is one of the allocation's volumes.
+func (s *State) hasVolumeSpec(key string) bool {
+	for _, v := range s.volumeSpecs() {
+		if v.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // volumeSpecOf returns the spec of the volume at key, whichever
@@ -214,6 +251,9 @@ func (s *State) normalize() {
 			v.Lowers = nil
 		}
 	}
+	if len(s.Retained) == 0 {
+		s.Retained = nil
+	}
 }
 
 // validate checks what the store relies on in a state, whether it was read
@@ -244,6 +284,11 @@ func (s *State) validate() error {
 			}
 		}
 	}
+	for _, l := range s.Retained {
+		if err := allocdir.ValidName(l); err != nil {
+			return fmt.Errorf("retained layers: invalid layer ID: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -266,53 +311,4 @@ func readState(file string) (*State, error) {
 	}
 	st.normalize()
 	return &st, nil
-}
-
-// writeFileAtomic replaces file with data so that a crash at any point
-// leaves either the old content or the new one, never a mix: the data goes
-// to a temporary file in the same directory, is synced, and is renamed over
-// the target. The caller syncs the directory afterwards to make the rename
-// durable; once the rename is done the new content is what every reader
-// sees, so a failure of that last step is not a failure to write. Leftover
-// temporary files end in ".tmp"; OpenStore removes them. hook, if not nil,
-// is called once the temporary file exists, to inject failures in tests.
-func writeFileAtomic(file string, data []byte, hook func() error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(file), "*.tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if hook != nil {
-		if err := hook(); err != nil {
-			return err
-		}
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), file)
-}
-
-// syncDir makes the entries of dir (creations, renames, removals) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

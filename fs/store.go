@@ -3,12 +3,12 @@ package fs
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,20 +53,44 @@ var StoreDirs = []string{stateDirName, layersDirName, stagingDirName}
 // holds is a plain file under the data dir, so an operator can recover
 // data with ordinary tools if the daemon is gone.
 //
+// Every change of the records is one intent of the journal (journal.go):
+// changes of several records at once (a migration, a flatten) are as
+// crash-atomic as changes of one. A layer that no record names is an
+// orphan once no change is making it, and the collector removes it
+// (Store.Sweep), so nothing a crash or a failed removal leaves behind
+// stays.
+//
 // All methods are safe for concurrent use. Changes (Create, EnsureTask,
-// Update, Destroy) are serialized among themselves and do their disk work
-// without blocking readers: Get and List only wait for the short moment in
-// which an in-memory record is swapped, never for an fsync or a removal.
+// Update, Destroy, the migrations) are serialized among themselves and do
+// their disk work without blocking readers: Get and List only wait for the
+// short moment in which an in-memory record is swapped, never for an fsync
+// or a removal.
 type Store struct {
 	logger  hclog.Logger
 	dataDir string
 	// owner owns fresh layer roots: "nobody" when the daemon runs as root,
 	// so that tasks running as nobody can write; nil leaves ownership alone.
 	owner *allocdir.Owner
+	// disk takes every step that changes the data dir; tests wrap it.
+	disk disk
+	lock *dirLock
 
 	// writeMu serializes changes, so that each one sees the state left by
-	// the previous one while it works on disk with mu released.
+	// the previous one while it works on disk with mu released. It also
+	// guards the journal's bookkeeping below.
 	writeMu sync.Mutex
+	// seq is the number of the last journaled intent.
+	seq uint64
+	// journalSize is how many bytes the journal holds.
+	journalSize int64
+	// dirty holds the allocations changed since the last checkpoint, and
+	// freshSince the layers made empty since then.
+	dirty      map[string]struct{}
+	freshSince []freshLayer
+	// broken is set when the journal could not be put back after a
+	// failed append: a restart would replay what is there, so the store
+	// takes no more changes.
+	broken error
 
 	// mu guards the maps below. It is held for memory operations only.
 	mu     sync.RWMutex
@@ -78,12 +102,14 @@ type Store struct {
 	// pins counts, per allocation, the readers that must finish before it
 	// may be destroyed (a snapshot streaming to another node).
 	pins map[string]int
-	// dying holds the layers Destroy is removing (or failed to remove), so
-	// that no Update can stack on a tree that is half deleted.
-	dying map[string]struct{}
-	// retired holds layers a flatten replaced, which live views may still
-	// read; a later Flatten removes them (flatten.go).
-	retired []retiredLayers
+	// dying holds the layers being removed (true) or whose removal failed
+	// (false), so that no change can stack on a tree that is half
+	// deleted. A sweep claims the failed ones again; none claims a layer
+	// another removal is working on.
+	dying map[string]bool
+	// making holds layers a change is preparing outside writeMu (a
+	// flatten's merged layer) that no record names yet: not orphans.
+	making map[string]struct{}
 
 	hookMu  sync.Mutex
 	hooks   map[int]func(id string)
@@ -91,20 +117,21 @@ type Store struct {
 
 	// events wakes followers of the store's files; see watch.go.
 	events storeEvents
-
-	// fault, when set (by tests), is called before the store's disk steps
-	// ("mkdir" and "remove" of a layer, "write" of a state file) with the
-	// path concerned; an error makes that step fail as the disk would.
-	fault func(op, path string) error
 }
 
 // OpenStore opens the store in dataDir, creating its directories if they
-// are missing. It empties staging/ (a half-received snapshot is never
-// resumed), removes temporary state files left by a crash, and loads every
-// allocation. It refuses to start on a state file it cannot read, or one
-// that references a missing layer: starting without it would silently lose
-// an allocation, so the error says which file to move away instead.
+// are missing. It takes the data dir's lock (a second store on the same
+// data dir fails with ErrLocked), empties staging/ (a half-received
+// snapshot is never resumed), loads every allocation and replays what the
+// journal holds beyond the state files. It refuses to start on a state
+// file it cannot read, or one that references a missing layer: starting
+// without it would silently lose an allocation, so the error says which
+// file to move away instead. Close releases the lock.
 func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
+	return openStore(logger, dataDir, osDisk{})
+}
+
+func openStore(logger hclog.Logger, dataDir string, d disk) (_ *Store, err error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
@@ -115,10 +142,13 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 	s := &Store{
 		logger:    logger.Named("store"),
 		dataDir:   abs,
+		disk:      d,
+		dirty:     make(map[string]struct{}),
 		allocs:    make(map[string]*State),
 		destroyed: make(map[string]struct{}),
 		pins:      make(map[string]int),
-		dying:     make(map[string]struct{}),
+		dying:     make(map[string]bool),
+		making:    make(map[string]struct{}),
 		hooks:     make(map[int]func(id string)),
 	}
 	// Modes are forced on what we create, so the umask does not matter;
@@ -131,6 +161,16 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 			return nil, fmt.Errorf("failed to create data dir: %w", err)
 		}
 	}
+	lock, err := lockDataDir(abs)
+	if err != nil {
+		return nil, err
+	}
+	s.lock = lock
+	defer func() {
+		if err != nil {
+			lock.release()
+		}
+	}()
 	for _, name := range StoreDirs {
 		p := filepath.Join(abs, name)
 		err := os.Mkdir(p, 0o700)
@@ -162,7 +202,13 @@ func OpenStore(logger hclog.Logger, dataDir string) (*Store, error) {
 	if err := s.load(); err != nil {
 		return nil, err
 	}
-	if err := s.loadRetired(); err != nil {
+	s.writeMu.Lock()
+	err = s.replayJournal()
+	if err == nil {
+		err = s.adoptRetiredFile()
+	}
+	s.writeMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	if err := s.checkLayers(); err != nil {
@@ -182,7 +228,7 @@ func (s *Store) cleanStaging() error {
 	var errs []error
 	for _, e := range entries {
 		p := filepath.Join(s.StagingDir(), e.Name())
-		if err := allocdir.RemoveAll(p); err != nil {
+		if err := s.disk.removeAll(p); err != nil {
 			errs = append(errs, fmt.Errorf("failed to remove leftover %q: %w", p, err))
 			continue
 		}
@@ -202,14 +248,21 @@ func (s *Store) load() error {
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		switch {
+		case e.Name() == journalName:
 		case strings.HasSuffix(e.Name(), ".tmp"):
-			if err := os.Remove(p); err != nil {
+			if err := s.disk.remove(p); err != nil {
 				return fmt.Errorf("failed to remove temporary state file %q: %w", p, err)
 			}
 			s.logger.Debug("removed temporary state file", "path", p)
 		case strings.HasSuffix(e.Name(), stateSuffix):
 			st, err := readState(p)
 			if err != nil {
+				// The journal may hold this record whole: a power cut
+				// can leave a state file renamed in but empty.
+				if s.journalHas(strings.TrimSuffix(e.Name(), stateSuffix)) {
+					s.logger.Warn("unreadable state file; the journal has its record", "path", p, "error", err)
+					continue
+				}
 				return fmt.Errorf("failed to load allocation state %q: %w; "+
 					"move the file out of %q to start without that allocation", p, err, dir)
 			}
@@ -221,14 +274,31 @@ func (s *Store) load() error {
 	return nil
 }
 
-// checkLayers checks that every layer an allocation references exists, and
-// reports layers that none references. Those are left alone, for an
-// operator to look at: they are the leftovers of a crash between creating
-// a layer and recording it, or of a Destroy that did not finish, and the
-// store cannot tell them from data a crash in the middle of a handover
-// left unrecorded.
+// journalHas reports whether the journal holds a record of id.
+func (s *Store) journalHas(id string) bool {
+	data, err := os.ReadFile(s.journalPath())
+	if err != nil {
+		return false
+	}
+	intents, _, err := decodeJournal(data)
+	if err != nil {
+		return false
+	}
+	for _, in := range intents {
+		if _, ok := in.Records[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// checkLayers checks that every layer an allocation stacks exists, and
+// reports the layers none references: the leftovers of a crash between
+// creating a layer and journaling the change that names it, or of a
+// removal that did not finish. Every change that hands layers over is one
+// journaled intent, so nothing unreferenced can hold data a record still
+// needs: the collector removes them (Sweep).
 func (s *Store) checkLayers() error {
-	used := make(map[string]struct{})
 	ids := make([]string, 0, len(s.allocs))
 	for id := range s.allocs {
 		ids = append(ids, id)
@@ -236,9 +306,7 @@ func (s *Store) checkLayers() error {
 	sort.Strings(ids)
 	for _, id := range ids {
 		st := s.allocs[id]
-		layers := sortedKeys(st.layerIDs())
-		for _, l := range layers {
-			used[l] = struct{}{}
+		for _, l := range sortedKeys(st.layerIDs()) {
 			if err := s.checkLayer(l); err != nil {
 				return fmt.Errorf("allocation %s references layer %s, which is unusable: %w; "+
 					"restore the layer, or move %q out of the data dir to start without that allocation",
@@ -246,14 +314,12 @@ func (s *Store) checkLayers() error {
 			}
 		}
 	}
-	entries, err := os.ReadDir(filepath.Join(s.dataDir, layersDirName))
+	orphans, err := s.orphansLocked()
 	if err != nil {
-		return fmt.Errorf("failed to list layers dir: %w", err)
+		return err
 	}
-	for _, e := range entries {
-		if _, ok := used[e.Name()]; !ok {
-			s.logger.Warn("orphan layer", "layer", e.Name())
-		}
+	for _, l := range orphans {
+		s.logger.Info("orphan layer: the collector will remove it", "layer", l)
 	}
 	return nil
 }
@@ -298,6 +364,8 @@ func (s *Store) Statfs() (unix.Statfs_t, error) {
 
 func (s *Store) stateDir() string { return filepath.Join(s.dataDir, stateDirName) }
 
+func (s *Store) layersDir() string { return filepath.Join(s.dataDir, layersDirName) }
+
 func (s *Store) statePath(id string) string {
 	return filepath.Join(s.stateDir(), id+stateSuffix)
 }
@@ -325,41 +393,24 @@ func (s *Store) Build(id string) (*State, error) {
 }
 
 func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
-	if err := validAllocID(id); err != nil {
+	st, err := s.newState(id, tasks)
+	if err != nil {
 		return nil, err
 	}
-	if err := validTasks(tasks); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, err)
-	}
-
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	s.mu.RLock()
-	_, exists := s.allocs[id]
-	s.mu.RUnlock()
-	if exists {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, ErrExists)
+	if err := s.absent(id); err != nil {
+		return nil, err
 	}
-
-	st := &State{
-		ID:      id,
-		Tasks:   append([]allocdir.Task(nil), tasks...),
-		Status:  StatusRunning,
-		Created: time.Now().UTC().Round(0),
-		Volumes: make(map[string]*Volume),
+	fresh, err := s.freshVolumes(st)
+	if err == nil {
+		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})
 	}
-	specs := allocVolumes()
-	for _, t := range tasks {
-		specs = append(specs, taskVolumes(t.Name)...)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", id, errors.Join(err, s.removeFresh(fresh)))
 	}
-	if err := s.commitWithLayers(st, specs); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, err)
-	}
-	s.mu.Lock()
-	delete(s.destroyed, id)
-	s.mu.Unlock()
 	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks))
-	return st.Clone(), nil
+	return s.Get(id)
 }
 
 // EnsureTask adds task to an existing allocation, with fresh layers for
@@ -397,79 +448,50 @@ func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 	if !changed && len(specs) == 0 {
 		return st, nil
 	}
-	if err := s.commitWithLayers(st, specs); err != nil {
+	if err := s.commitWithLayers("update", st, specs); err != nil {
 		return nil, fmt.Errorf("failed to add task %q to allocation %s: %w", task.Name, id, err)
 	}
 	s.logger.Debug("ensured task", "alloc_id", id, "task", task.Name)
-	return st.Clone(), nil
+	return s.Get(id)
 }
 
 // commitWithLayers creates a fresh upper layer for each spec, records them
-// in st, writes st and makes it the current record. On failure it removes
-// the layers it created and leaves the store as it was. The caller holds
-// writeMu.
-func (s *Store) commitWithLayers(st *State, specs []volumeSpec) (err error) {
-	var created []string
+// in st, and journals st as one change. On failure it removes the layers
+// it created and leaves the store as it was. The caller holds writeMu.
+func (s *Store) commitWithLayers(op string, st *State, specs []volumeSpec) (err error) {
+	var fresh []freshLayer
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, s.removeFresh(created))
+			err = errors.Join(err, s.removeFresh(fresh))
 		}
 	}()
 	for _, spec := range specs {
-		l, err := s.newLayer(spec.mode)
+		f, err := s.newLayer(spec.mode, "")
 		if err != nil {
 			return fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
 		}
-		created = append(created, l)
-		st.Volumes[spec.key] = &Volume{Upper: l}
+		fresh = append(fresh, f)
+		st.Volumes[spec.key] = &Volume{Upper: f.ID}
 	}
-	if len(created) > 0 {
-		// The layers must be on disk before any record that names them,
-		// or a crash could leave a state that OpenStore refuses.
-		dir := filepath.Join(s.dataDir, layersDirName)
-		if err := syncDir(dir); err != nil {
-			return fmt.Errorf("failed to sync %q: %w", dir, err)
-		}
-	}
-	return s.commit(st)
+	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}, Fresh: fresh})
 }
 
-// commit writes st to its state file and, once that succeeded, makes it the
-// in-memory record and calls the OnChange hooks. The caller holds writeMu and no
-// longer touches st.
-func (s *Store) commit(st *State) error {
-	data, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return fmt.Errorf("failed to encode state: %w", err)
-	}
-	data = append(data, '\n')
-	file := s.statePath(st.ID)
-	var hook func() error
-	if s.fault != nil {
-		hook = func() error { return s.fault("write", file) }
-	}
-	if err := writeFileAtomic(file, data, hook); err != nil {
-		return fmt.Errorf("failed to write state %q: %w", file, err)
-	}
-	// The rename is done and visible: failing here would leave memory
-	// and disk disagreeing, so a failed directory sync is only logged.
-	if err := syncDir(s.stateDir()); err != nil {
-		s.logger.Warn("state written but not synced; a power loss may undo it", "alloc_id", st.ID, "error", err)
-	}
-	s.mu.Lock()
-	s.allocs[st.ID] = st
-	s.mu.Unlock()
-	s.publish(st.ID)
-	return nil
+// commit journals st as the new record of its allocation. The caller holds
+// writeMu and no longer touches st.
+func (s *Store) commit(op string, st *State) error {
+	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}})
 }
 
 // newLayer creates an empty layer whose root has mode (forced, so the
-// umask does not matter) and the store's owner.
-func (s *Store) newLayer(mode os.FileMode) (string, error) {
+// umask does not matter) and the store's owner, holding a MIGRATED-TO
+// file with note if note is not empty. Nothing is synced: the intent that
+// names the layer describes it, and a replay makes it again if a power
+// cut lost it.
+func (s *Store) newLayer(mode os.FileMode, note string) (freshLayer, error) {
 	for range 8 {
 		id, err := newLayerID()
 		if err != nil {
-			return "", err
+			return freshLayer{}, err
 		}
 		s.mu.RLock()
 		_, dying := s.dying[id]
@@ -477,44 +499,71 @@ func (s *Store) newLayer(mode os.FileMode) (string, error) {
 		if dying {
 			continue
 		}
-		p := s.LayerPath(id)
-		if s.fault != nil {
-			if err := s.fault("mkdir", p); err != nil {
-				return "", &os.PathError{Op: "mkdir", Path: p, Err: err}
-			}
+		f := freshLayer{ID: id, Mode: mode, UID: -1, GID: -1, Note: note}
+		if s.owner != nil {
+			f.UID, f.GID = s.owner.UID, s.owner.GID
 		}
-		if err := os.Mkdir(p, 0o700); err != nil {
-			if errors.Is(err, iofs.ErrExist) {
-				continue
-			}
-			return "", err
+		err = s.makeLayer(s.LayerPath(id), f)
+		if errors.Is(err, iofs.ErrExist) {
+			continue
 		}
-		if err := s.setupRoot(p, mode); err != nil {
-			return "", errors.Join(err, os.Remove(p))
+		if err != nil {
+			return freshLayer{}, err
 		}
-		return id, nil
+		return f, nil
 	}
-	return "", errors.New("failed to find an unused layer ID")
+	return freshLayer{}, errors.New("failed to find an unused layer ID")
 }
 
-// setupRoot gives a fresh layer root its owner, then its mode: chown
-// after chmod could clear mode bits on some systems.
-func (s *Store) setupRoot(p string, mode os.FileMode) error {
-	if s.owner != nil {
-		if err := os.Lchown(p, s.owner.UID, s.owner.GID); err != nil {
+// makeLayer creates the layer f describes at p: the root, its owner, then
+// its mode (chown after chmod could clear mode bits), then the note.
+func (s *Store) makeLayer(p string, f freshLayer) error {
+	if err := s.disk.mkdir(p, 0o700); err != nil {
+		return err
+	}
+	err := func() error {
+		if f.UID >= 0 {
+			if err := s.disk.lchown(p, f.UID, f.GID); err != nil {
+				return err
+			}
+		}
+		if err := s.disk.chmod(p, uint32(f.Mode.Perm())|unixModeBits(f.Mode)); err != nil {
 			return err
 		}
+		if f.Note != "" {
+			return s.disk.writeFile(filepath.Join(p, MigratedToName), []byte(f.Note), 0o444)
+		}
+		return nil
+	}()
+	if err != nil {
+		return errors.Join(err, s.disk.removeAll(p))
 	}
-	return os.Chmod(p, mode)
+	return nil
+}
+
+// unixModeBits returns the set-id and sticky bits of m in chmod(2)'s form.
+func unixModeBits(m os.FileMode) uint32 {
+	var out uint32
+	if m&os.ModeSetuid != 0 {
+		out |= unix.S_ISUID
+	}
+	if m&os.ModeSetgid != 0 {
+		out |= unix.S_ISGID
+	}
+	if m&os.ModeSticky != 0 {
+		out |= unix.S_ISVTX
+	}
+	return out
 }
 
 // removeFresh removes layers created by a change that failed. They are
-// new and referenced by nothing, so removing them cannot lose data.
-func (s *Store) removeFresh(layers []string) error {
+// new and referenced by nothing, so removing them cannot lose data; one
+// that cannot be removed is an orphan the collector removes later.
+func (s *Store) removeFresh(layers []freshLayer) error {
 	var errs []error
 	for _, l := range layers {
-		if err := allocdir.RemoveAll(s.LayerPath(l)); err != nil {
-			errs = append(errs, fmt.Errorf("failed to remove new layer %s: %w", l, err))
+		if err := s.disk.removeAll(s.LayerPath(l.ID)); err != nil {
+			errs = append(errs, fmt.Errorf("failed to remove new layer %s: %w", l.ID, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -643,113 +692,189 @@ func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
 			return nil, fmt.Errorf("failed to update allocation %s: layer %s: %w", id, l, err)
 		}
 	}
-	if err := s.commit(st); err != nil {
+	// The record journaled is not handed out again: return a copy.
+	out := st.Clone()
+	if err := s.commit("update", st); err != nil {
 		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
 	}
-	return st.Clone(), nil
+	return out, nil
 }
 
 // Destroy removes an allocation and every layer it references that no
-// other allocation does. The steps are ordered so that a crash between any
-// two leaves a store that opens: the record goes first (so nothing new
-// finds it), then its state file, and only then the layers, which are
-// orphans by that time. If the state file cannot be removed, the
-// allocation is kept whole and the error returned. Once it is gone, every
-// layer removal is attempted and all failures are returned together; a
-// layer that could not be removed stays as an orphan for GC.
+// other allocation does. Its record goes in one journaled intent; from
+// then on the layers only it named are orphans, which Destroy removes at
+// once. Every removal is attempted and all failures are returned
+// together; a layer that could not be removed, or that a crash stopped
+// Destroy from removing, is removed by the next sweep of the collector.
 func (s *Store) Destroy(id string) error {
 	s.writeMu.Lock()
-	s.mu.Lock()
+	s.mu.RLock()
 	st, err := s.lookup(id)
+	pins := s.pins[id]
+	s.mu.RUnlock()
 	if err != nil {
-		s.mu.Unlock()
 		s.writeMu.Unlock()
 		return err
 	}
-	if n := s.pins[id]; n > 0 {
-		s.mu.Unlock()
+	if pins > 0 {
 		s.writeMu.Unlock()
-		return fmt.Errorf("failed to destroy allocation %s (%d readers): %w", id, n, ErrPinned)
+		return fmt.Errorf("failed to destroy allocation %s (%d readers): %w", id, pins, ErrPinned)
 	}
-	delete(s.allocs, id)
-	s.mu.Unlock()
-
-	var errs []error
-	file := s.statePath(id)
-	if err := os.Remove(file); err != nil && !errors.Is(err, iofs.ErrNotExist) {
-		s.mu.Lock()
-		s.allocs[id] = st
-		s.mu.Unlock()
+	if err := s.change(&intent{Op: "destroy", Records: map[string]*State{id: nil}}); err != nil {
 		s.writeMu.Unlock()
 		return fmt.Errorf("failed to destroy allocation %s: %w", id, err)
 	}
-	if err := syncDir(s.stateDir()); err != nil {
-		errs = append(errs, fmt.Errorf("failed to sync state dir: %w", err))
-	}
-
 	s.mu.Lock()
-	s.destroyed[id] = struct{}{}
-	var owned []string
-	for _, l := range sortedKeys(st.layerIDs()) {
-		if _, ok := s.dying[l]; ok || s.referencedLocked(l) {
-			continue
-		}
-		s.dying[l] = struct{}{}
-		owned = append(owned, l)
-	}
+	owned := s.claimLocked(sortedKeys(st.allLayerIDs()))
 	s.mu.Unlock()
 	// Others may change the store while the trees are deleted: the layers
 	// are no longer referenced and dying keeps them from being reused.
 	s.writeMu.Unlock()
-	s.publish(id)
 
-	for _, l := range owned {
-		if err := s.removeLayer(l); err != nil {
-			errs = append(errs, fmt.Errorf("failed to remove layer %s of allocation %s: %w", l, id, err))
-			s.logger.Warn("failed to remove layer; left for GC", "alloc_id", id, "layer", l, "error", err)
-			continue
-		}
-		s.mu.Lock()
-		delete(s.dying, l)
-		s.mu.Unlock()
-	}
-	s.logger.Info("destroyed allocation", "alloc_id", id, "layers_removed", len(owned))
-	if len(errs) > 0 {
-		return fmt.Errorf("allocation %s destroyed with errors: %w", id, errors.Join(errs...))
+	removed, err := s.removeClaimed(owned, "alloc_id", id)
+	s.logger.Info("destroyed allocation", "alloc_id", id, "layers_removed", removed)
+	if err != nil {
+		return fmt.Errorf("allocation %s destroyed; its layers are left for the collector: %w", id, err)
 	}
 	return nil
 }
 
-// removeLayer deletes a layer's tree.
-func (s *Store) removeLayer(l string) error {
-	p := s.LayerPath(l)
-	if s.fault != nil {
-		if err := s.fault("remove", p); err != nil {
-			return &os.PathError{Op: "remove", Path: p, Err: err}
+// claimLocked marks as dying the layers that nothing references, so that
+// nothing can stack on them while they are removed, and returns them. The
+// caller holds mu.
+func (s *Store) claimLocked(layers []string) []string {
+	var owned []string
+	for _, l := range layers {
+		if s.dying[l] || s.referencedLocked(l) {
+			continue
 		}
+		if _, ok := s.making[l]; ok {
+			continue
+		}
+		s.dying[l] = true
+		owned = append(owned, l)
 	}
-	return allocdir.RemoveAll(p)
+	return owned
 }
 
-// referencedLocked reports whether any allocation references layer l. The
-// caller holds mu.
+// removeClaimed removes layers claimLocked returned, and logs each with
+// the key/value pairs in kv. A layer that cannot be removed is released
+// as failed: an orphan still out of reach, which the next sweep tries
+// again.
+func (s *Store) removeClaimed(owned []string, kv ...any) (int, error) {
+	var errs []error
+	n := 0
+	for _, l := range owned {
+		err := s.disk.removeAll(s.LayerPath(l))
+		s.mu.Lock()
+		if err != nil {
+			s.dying[l] = false
+		} else {
+			delete(s.dying, l)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("failed to remove layer %s: %w", l, err))
+			s.logger.Warn("failed to remove layer; the collector will try again", append([]any{"layer", l, "error", err}, kv...)...)
+			continue
+		}
+		s.logger.Debug("removed layer", append([]any{"layer", l}, kv...)...)
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// referencedLocked reports whether any allocation stacks or retains layer
+// l. The caller holds mu.
 func (s *Store) referencedLocked(l string) bool {
 	for _, st := range s.allocs {
+		if slices.Contains(st.Retained, l) {
+			return true
+		}
 		for _, v := range st.Volumes {
 			if v == nil {
 				continue
 			}
-			if v.Upper == l {
+			if v.Upper == l || slices.Contains(v.Lowers, l) {
 				return true
-			}
-			for _, low := range v.Lowers {
-				if low == l {
-					return true
-				}
 			}
 		}
 	}
 	return false
+}
+
+// referencedAll returns every layer some allocation stacks or retains.
+// The caller holds writeMu (or is opening the store).
+func (s *Store) referencedAll() map[string]struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[string]struct{})
+	for _, st := range s.allocs {
+		for l := range st.allLayerIDs() {
+			out[l] = struct{}{}
+		}
+	}
+	return out
+}
+
+// orphansLocked lists the layers in layers/ that no allocation references,
+// no change is making and nothing is removing. Changes hold writeMu from
+// the moment they create a layer until the intent naming it is applied,
+// so the caller holds writeMu (or is opening the store) for the answer to
+// hold.
+func (s *Store) orphansLocked() ([]string, error) {
+	entries, err := os.ReadDir(s.layersDir())
+	if err != nil {
+		return nil, fmt.Errorf("failed to list layers dir: %w", err)
+	}
+	used := s.referencedAll()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []string
+	for _, e := range entries {
+		l := e.Name()
+		if _, ok := used[l]; ok {
+			continue
+		}
+		if s.dying[l] {
+			continue
+		}
+		if _, ok := s.making[l]; ok {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// Sweep removes the orphan layers: those no allocation references, left
+// by a crash, a failed removal or a flatten whose allocations are gone.
+// Each removal is logged; a failure does not stop the sweep, and the
+// layer stays an orphan for the next one. It returns how many it removed.
+func (s *Store) Sweep() (int, error) {
+	s.writeMu.Lock()
+	orphans, err := s.orphansLocked()
+	if err != nil {
+		s.writeMu.Unlock()
+		return 0, err
+	}
+	s.mu.Lock()
+	owned := s.claimLocked(orphans)
+	s.mu.Unlock()
+	s.writeMu.Unlock()
+	var n int
+	for _, l := range owned {
+		start := time.Now()
+		if _, err := s.removeClaimed([]string{l}); err != nil {
+			continue
+		}
+		n++
+		s.logger.Info("removed orphan layer", "layer", l, "duration", time.Since(start))
+	}
+	if n < len(owned) {
+		return n, fmt.Errorf("%d of %d orphan layers could not be removed; the next sweep tries again", len(owned)-n, len(owned))
+	}
+	return n, nil
 }
 
 // OnChange registers fn to be called with the ID of every allocation

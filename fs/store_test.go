@@ -6,9 +6,11 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,14 +37,42 @@ func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: testWriter{t}, Level: hclog.Debug})
 }
 
-// openTestStore opens a store in dir, failing the test on error.
+// openTestStore opens a store in dir, failing the test on error, and
+// closes it when the test ends.
 func openTestStore(t *testing.T, dir string) *Store {
 	t.Helper()
 	s, err := OpenStore(testLogger(t), dir)
 	if err != nil {
 		t.Fatalf("OpenStore(%q): %v", dir, err)
 	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
 	return s
+}
+
+// restartView opens a copy of s's data dir as it is now: what a daemon
+// killed at this instant (kill -9: the page cache survives) would find on
+// its next start. s goes on untouched.
+func restartView(t *testing.T, s *Store) *Store {
+	t.Helper()
+	cp := filepath.Join(t.TempDir(), "data")
+	if out, err := exec.Command("cp", "-a", s.DataDir(), cp).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a %s: %v: %s", s.DataDir(), err, out)
+	}
+	return openTestStore(t, cp)
+}
+
+// reopenStore closes s, as a daemon that stops does, and opens its data
+// dir again.
+func reopenStore(t *testing.T, s *Store) *Store {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatalf("close store: %v", err)
+	}
+	return openTestStore(t, s.DataDir())
 }
 
 func tasks(names ...string) []allocdir.Task {
@@ -72,8 +102,18 @@ func layerDirs(t *testing.T, s *Store) []string {
 	return dirNames(t, filepath.Join(s.DataDir(), "layers"))
 }
 
+// stateFiles lists the state files, without the journal.
 func stateFiles(t *testing.T, s *Store) []string {
-	return dirNames(t, filepath.Join(s.DataDir(), "state"))
+	var out []string
+	for _, n := range dirNames(t, filepath.Join(s.DataDir(), "state")) {
+		if n != journalName {
+			out = append(out, n)
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out
 }
 
 func mustCreate(t *testing.T, s *Store, id string, names ...string) *State {
@@ -214,7 +254,7 @@ func TestStoreReopen(t *testing.T) {
 		t.Errorf("List order: got %v, want [a b]", got)
 	}
 
-	s2 := openTestStore(t, dir)
+	s2 := restartView(t, s)
 	if got := s2.List(); !reflect.DeepEqual(got, want) {
 		t.Errorf("after reopen: got %+v, want %+v", got, want)
 	}
@@ -305,11 +345,11 @@ func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 	for _, step := range []struct {
 		op string
 		n  int // fail the n-th call of op
-	}{{"mkdir", 1}, {"mkdir", 4}, {"mkdir", 7}, {"write", 1}} {
+	}{{"mkdir", 1}, {"mkdir", 4}, {"mkdir", 7}, {"append", 1}} {
 		t.Run(fmt.Sprintf("%s#%d", step.op, step.n), func(t *testing.T) {
 			s := openTestStore(t, t.TempDir())
 			calls := 0
-			s.fault = func(op, _ string) error {
+			setFault(s, func(op, _ string) error {
 				if op != step.op {
 					return nil
 				}
@@ -318,7 +358,7 @@ func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 					return syscall.ENOSPC
 				}
 				return nil
-			}
+			})
 			_, err := s.Create("x", tasks("web", "db"))
 			if !errors.Is(err, syscall.ENOSPC) {
 				t.Fatalf("Create: got %v, want %v", err, syscall.ENOSPC)
@@ -333,7 +373,7 @@ func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 				t.Errorf("Get: got %v, want %v", err, allocdir.ErrUnknownAlloc)
 			}
 
-			s.fault = nil
+			setFault(s, nil)
 			mustCreate(t, s, "x", "web", "db")
 		})
 	}
@@ -411,6 +451,7 @@ func TestStoreOpenMissingLayer(t *testing.T) {
 	if err := os.RemoveAll(s.LayerPath(layer)); err != nil {
 		t.Fatal(err)
 	}
+	must(t, s.Close())
 	_, err := OpenStore(testLogger(t), dir)
 	if !errors.Is(err, iofs.ErrNotExist) {
 		t.Fatalf("OpenStore: got %v, want %v", err, iofs.ErrNotExist)
@@ -449,10 +490,7 @@ func TestStoreUpdate(t *testing.T) {
 		t.Errorf("Create's result changed by Update: got status %q, want %q", orig.Status, StatusRunning)
 	}
 	want := got
-	reopened, err := OpenStore(testLogger(t), dir)
-	if err != nil {
-		t.Fatalf("reopen: %v", err)
-	}
+	reopened := restartView(t, s)
 	if got, _ := reopened.Get("x"); !reflect.DeepEqual(got, want) {
 		t.Errorf("after reopen: got %+v, want %+v", got, want)
 	}
@@ -465,7 +503,7 @@ func TestStoreUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Update: %v", err)
 	}
-	if got, _ := openTestStore(t, dir).Get("x"); !reflect.DeepEqual(got, emptied) {
+	if got, _ := restartView(t, s).Get("x"); !reflect.DeepEqual(got, emptied) {
 		t.Errorf("after reopen: got %+v, want %+v", got, emptied)
 	}
 	if _, err := s.Update("x", func(st *State) error {
@@ -520,12 +558,12 @@ func TestStoreUpdate(t *testing.T) {
 	}
 
 	// A full disk while writing.
-	s.fault = func(op, _ string) error {
-		if op == "write" {
+	setFault(s, func(op, _ string) error {
+		if op == "append" {
 			return syscall.ENOSPC
 		}
 		return nil
-	}
+	})
 	_, err = s.Update("x", func(st *State) error {
 		st.Status = StatusRunning
 		return nil
@@ -533,7 +571,7 @@ func TestStoreUpdate(t *testing.T) {
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("full disk: got %v, want %v", err, syscall.ENOSPC)
 	}
-	s.fault = nil
+	setFault(s, nil)
 
 	if got, _ := s.Get("x"); !reflect.DeepEqual(got, want) {
 		t.Errorf("after failed updates: got %+v, want %+v", got, want)
@@ -653,7 +691,7 @@ func TestStoreDestroy(t *testing.T) {
 	if got := layerDirs(t, s); len(got) != 0 {
 		t.Errorf("layers after destroying both: got %v, want none", got)
 	}
-	s2 := openTestStore(t, dir)
+	s2 := reopenStore(t, s)
 	if got := s2.List(); len(got) != 0 {
 		t.Errorf("after reopen: got %d allocations, want 0", len(got))
 	}
@@ -672,17 +710,17 @@ func TestStoreDestroyKeepsGoing(t *testing.T) {
 	st := mustCreate(t, s, "x", "web")
 	other := mustCreate(t, s, "y", "web")
 	stuck := st.Volumes["web/local"].Upper
-	s.fault = func(op, p string) error {
-		if op == "remove" && p == s.LayerPath(stuck) {
+	setFault(s, func(op, p string) error {
+		if op == "removeAll" && p == s.LayerPath(stuck) {
 			return syscall.EBUSY
 		}
 		return nil
-	}
+	})
 	err := s.Destroy("x")
 	if !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("Destroy: got %v, want %v", err, syscall.EBUSY)
 	}
-	s.fault = nil
+	setFault(s, nil)
 	for key, v := range st.Volumes {
 		_, err := os.Lstat(s.LayerPath(v.Upper))
 		if v.Upper == stuck {
@@ -737,16 +775,19 @@ func TestStoreOpenCleansUp(t *testing.T) {
 
 	var logs bytes.Buffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
-	if _, err := OpenStore(logger, dir); err != nil {
+	must(t, s.Close())
+	s2, err := OpenStore(logger, dir)
+	if err != nil {
 		t.Fatalf("OpenStore: %v", err)
 	}
+	defer s2.Close()
 	if got := dirNames(t, staging); len(got) != 0 {
 		t.Errorf("staging: got %v, want empty", got)
 	}
 	if got, want := stateFiles(t, s), []string{"x.json"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("state dir: got %v, want %v", got, want)
 	}
-	wantLayers := append(layers, orphan)
+	wantLayers := append(slices.Clone(layers), orphan)
 	sort.Strings(wantLayers)
 	if got := layerDirs(t, s); !reflect.DeepEqual(got, wantLayers) {
 		t.Errorf("layers: got %v, want %v", got, wantLayers)
@@ -757,6 +798,18 @@ func TestStoreOpenCleansUp(t *testing.T) {
 	out := logs.String()
 	if !strings.Contains(out, "orphan layer") || !strings.Contains(out, "layer="+orphan) {
 		t.Errorf("log: got %q, want an orphan layer warning for %s", out, orphan)
+	}
+	// Nothing names it, so nothing can need it: the collector's sweep
+	// removes it, and says so.
+	logs.Reset()
+	if n, err := s2.Sweep(); n != 1 || err != nil {
+		t.Errorf("Sweep: removed %d, %v; want the orphan", n, err)
+	}
+	if got := layerDirs(t, s2); !reflect.DeepEqual(got, layers) {
+		t.Errorf("layers after the sweep: got %v, want %v", got, layers)
+	}
+	if out := logs.String(); !strings.Contains(out, "removed orphan layer") || !strings.Contains(out, "layer="+orphan) {
+		t.Errorf("log: got %q, want the orphan's removal", out)
 	}
 }
 
@@ -797,7 +850,7 @@ func TestStoreOnChange(t *testing.T) {
 	if _, err := s.Remap("a", "b", []string{"alloc/data"}); err != nil {
 		t.Fatal(err)
 	}
-	heard("b", "a")
+	heard("a", "b") // one change of both records
 	if err := s.Destroy("a"); err != nil {
 		t.Fatal(err)
 	}
@@ -876,21 +929,21 @@ func TestStoreEnsureTask(t *testing.T) {
 			t.Errorf("EnsureTask(%q, %q): got %v, want %v", c.id, c.task, err, c.err)
 		}
 	}
-	s.fault = func(op, _ string) error {
-		if op == "write" {
+	setFault(s, func(op, _ string) error {
+		if op == "append" {
 			return syscall.ENOSPC
 		}
 		return nil
-	}
+	})
 	if _, err := s.EnsureTask("x", allocdir.Task{Name: "cache"}); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("EnsureTask on a full disk: got %v, want %v", err, syscall.ENOSPC)
 	}
-	s.fault = nil
+	setFault(s, nil)
 	if got := layerDirs(t, s); !reflect.DeepEqual(got, layers) {
 		t.Errorf("layers after failures: got %v, want %v", got, layers)
 	}
 
-	s2 := openTestStore(t, dir)
+	s2 := restartView(t, s)
 	if got, _ := s2.Get("x"); !reflect.DeepEqual(got, want) {
 		t.Errorf("after reopen: got %+v, want %+v", got, want)
 	}

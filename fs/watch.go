@@ -1,6 +1,8 @@
 package fs
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 
@@ -37,15 +39,28 @@ func (s *Store) notifier() *allocdir.Notifier {
 	return s.events.notifier
 }
 
-// Close releases what the store holds open: the followers' notifier. The
-// store's records and layers stay as they are.
+// Close checkpoints the journal (so the next start replays nothing) and
+// releases what the store holds: the followers' notifier and the data
+// dir's lock. The store's records and layers stay as they are. Changes
+// after Close fail.
 func (s *Store) Close() error {
+	var errs []error
 	s.events.once.Do(func() {})
-	if s.events.notifier == nil {
-		return nil
+	if s.events.notifier != nil {
+		s.events.unhook()
+		errs = append(errs, s.events.notifier.Close())
 	}
-	s.events.unhook()
-	return s.events.notifier.Close()
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.lock == nil || s.lock.f == nil {
+		return errors.Join(errs...)
+	}
+	if err := s.checkpoint(); err != nil {
+		errs = append(errs, fmt.Errorf("failed to checkpoint the journal; the next start replays it: %w", err))
+	}
+	errs = append(errs, s.lock.release())
+	s.broken = errClosed
+	return errors.Join(errs...)
 }
 
 var _ allocdir.BackedFS = (*storeFS)(nil)

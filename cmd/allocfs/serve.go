@@ -138,13 +138,28 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := checkFUSE(); err != nil {
 		return err
 	}
-	if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
-		return err
-	}
-
 	store, err := fs.OpenStore(logger, cfg.dataDir)
 	if err != nil {
 		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
+	}
+	// Every return before the end closes the store, which releases the
+	// data dir's lock.
+	storeOpen := true
+	defer func() {
+		if storeOpen {
+			if err := store.Close(); err != nil {
+				logger.Error("failed to close the store", "error", err)
+			}
+		}
+	}()
+	if err := store.Announce(cfg.mountDir); err != nil {
+		return err
+	}
+	// Only the holder of the data dir's lock may touch the mount point:
+	// a second serve on the same data dir must fail before it detaches
+	// or mounts anything.
+	if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
+		return err
 	}
 	// The socket is bound before the mount comes up (clients that connect
 	// meanwhile wait in the backlog) because binding it later would race
@@ -162,7 +177,8 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return err
 	}
 
-	apiServer := api.NewServer(logger, store, m.Dir(), m.Passthrough)
+	collector := fs.NewCollector(logger, store, cfg.gc)
+	apiServer := api.NewServer(logger, store, collector, m.Dir(), m.Passthrough)
 	// Every read of an allocation's files, for the client API and for
 	// snapshots, goes through the store, never through the mount. A
 	// snapshot pins the allocation against collection while it streams
@@ -229,7 +245,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	go func() {
 		defer close(gcDone)
 		if cfg.gc.Interval > 0 {
-			fs.NewCollector(logger, store, cfg.gc).Run(gcCtx)
+			collector.Run(gcCtx)
 		}
 	}()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
@@ -285,6 +301,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), err, m.Dir()))
 	}
 	logger.Info("unmounted", "mount", m.Dir())
+	storeOpen = false
 	if err := store.Close(); err != nil {
 		failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
 	}

@@ -1,0 +1,662 @@
+package fs
+
+// Crash injection. Every change of the store is run once to count its
+// durable steps (the calls it makes to its disk), then again from the
+// same starting data dir once per step N, with the disk dying at step N:
+// that step and every later one fail, as they would for a process killed
+// there. The data dir is then opened by a fresh store, as the next daemon
+// would open it, in two ways:
+//
+//   - kill: as the dead process left it. kill -9 loses nothing the
+//     process wrote, since the page cache survives it.
+//   - power: as a power cut would leave it. The simulation follows the
+//     ordered journalling of ext4 (data=ordered) and xfs, the backing
+//     filesystems allocfs supports: a sync (fsync of any file, or
+//     syncfs) makes every earlier change of names, modes and owners
+//     durable, together with the data of the file synced (of every file,
+//     for syncfs); the data of a file the store wrote and did not sync
+//     since is lost (the file keeps its last synced content, or is empty).
+//     Layer content written by the test itself counts as synced.
+//
+// Whatever the step and the mode, the reopened store must show the
+// records as they were before the change or as they are after it (layer
+// IDs the change made compare equal by position, times are ignored),
+// every layer a record stacks must exist, no writable layer may be stacked
+// writable by two volumes, and one sweep must leave no layer that no
+// record names.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/hashicorp/go-hclog"
+)
+
+// errDead is the failure of every step from the one a crash falls on.
+var errDead = errors.New("crashed here")
+
+// crashDisk takes steps on the real disk until step limit (1-based; 0
+// never dies), which fails with every later one. With power set it keeps,
+// in image, what a power cut at the current instant would leave.
+type crashDisk struct {
+	osDisk
+	t       *testing.T
+	dataDir string
+	limit   int
+	steps   int
+	power   bool
+	// image is a copy of the data dir as a power cut would leave it, taken
+	// at the last sync before the crash.
+	image string
+	// dirty holds, by inode, the files the store wrote and has not synced
+	// since; durable their content at their last sync.
+	dirty   map[uint64]bool
+	durable map[uint64][]byte
+}
+
+func newCrashDisk(t *testing.T, dataDir, image string, limit int, power bool) *crashDisk {
+	return &crashDisk{t: t, dataDir: dataDir, image: image, limit: limit, power: power,
+		dirty: make(map[uint64]bool), durable: make(map[uint64][]byte)}
+}
+
+// step counts one step and says whether the process is dead by now.
+func (d *crashDisk) step() error {
+	d.steps++
+	if d.limit > 0 && d.steps >= d.limit {
+		return errDead
+	}
+	return nil
+}
+
+func inode(p string) (uint64, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return 0, false
+	}
+	return st.Ino, true
+}
+
+func (d *crashDisk) wrote(p string) {
+	if ino, ok := inode(p); ok {
+		d.dirty[ino] = true
+	}
+}
+
+// capture takes the image a power cut right now would leave.
+func (d *crashDisk) capture() {
+	if !d.power {
+		return
+	}
+	img := filepath.Join(d.t.TempDir(), "image")
+	if out, err := exec.Command("cp", "-a", d.dataDir, img).CombinedOutput(); err != nil {
+		d.t.Fatalf("image of %s: %v: %s", d.dataDir, err, out)
+	}
+	err := filepath.WalkDir(d.dataDir, func(p string, e iofs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return err
+		}
+		ino, _ := inode(p)
+		if !d.dirty[ino] {
+			return nil
+		}
+		rel, _ := filepath.Rel(d.dataDir, p)
+		return os.WriteFile(filepath.Join(img, rel), d.durable[ino], 0o600)
+	})
+	if err != nil {
+		d.t.Fatalf("image of %s: %v", d.dataDir, err)
+	}
+	d.image = img
+}
+
+func (d *crashDisk) mkdir(p string, mode uint32) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.mkdir(p, mode)
+}
+
+func (d *crashDisk) lchown(p string, uid, gid int) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.lchown(p, uid, gid)
+}
+
+func (d *crashDisk) chmod(p string, mode uint32) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.chmod(p, mode)
+}
+
+func (d *crashDisk) writeFile(p string, data []byte, mode uint32) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	err := d.osDisk.writeFile(p, data, mode)
+	d.wrote(p)
+	return err
+}
+
+func (d *crashDisk) appendFile(p string, data []byte) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	if ino, ok := inode(p); ok && !d.dirty[ino] {
+		cur, _ := os.ReadFile(p)
+		d.durable[ino] = cur
+	}
+	err := d.osDisk.appendFile(p, data)
+	d.wrote(p)
+	return err
+}
+
+func (d *crashDisk) truncate(p string, size int64) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	if ino, ok := inode(p); ok && d.dirty[ino] && int64(len(d.durable[ino])) > size {
+		d.durable[ino] = d.durable[ino][:size]
+	}
+	return d.osDisk.truncate(p, size)
+}
+
+func (d *crashDisk) fsync(p string) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	if err := d.osDisk.fsync(p); err != nil {
+		return err
+	}
+	if ino, ok := inode(p); ok {
+		delete(d.dirty, ino)
+		delete(d.durable, ino)
+	}
+	d.capture()
+	return nil
+}
+
+func (d *crashDisk) syncfs(p string) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	if err := d.osDisk.syncfs(p); err != nil {
+		return err
+	}
+	d.dirty = make(map[uint64]bool)
+	d.durable = make(map[uint64][]byte)
+	d.capture()
+	return nil
+}
+
+func (d *crashDisk) rename(oldpath, newpath string, flags uint) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.rename(oldpath, newpath, flags)
+}
+
+func (d *crashDisk) link(oldpath, newpath string) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.link(oldpath, newpath)
+}
+
+func (d *crashDisk) remove(p string) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.remove(p)
+}
+
+func (d *crashDisk) removeAll(p string) error {
+	if err := d.step(); err != nil {
+		return err
+	}
+	return d.osDisk.removeAll(p)
+}
+
+// crashOp is one change of the store under test: setup builds the data
+// dir it starts from (and is closed afterwards, so that it is durable);
+// run makes the change on a store opened on a copy of it.
+type crashOp struct {
+	name  string
+	setup func(t *testing.T, s *Store)
+	run   func(s *Store) error
+	// check, if set, looks at the reopened store beyond the records:
+	// after says which of the two states it showed.
+	check func(t *testing.T, s *Store, after bool)
+}
+
+// TestCrashAtEveryStep runs every multi-step change of the store with a
+// crash at each of its steps, killed and powered off, and checks that a
+// restart shows the state before or after the change.
+func TestCrashAtEveryStep(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("cp"); err != nil {
+		t.Skip("cp is needed to copy data dirs")
+	}
+	for _, op := range crashOps() {
+		t.Run(op.name, func(t *testing.T) {
+			t.Parallel()
+			tpl := filepath.Join(t.TempDir(), "template")
+			s, err := OpenStore(hclog.NewNullLogger(), tpl)
+			must(t, err)
+			op.setup(t, s)
+			must(t, s.Close())
+			tplLayers := layerSet(t, tpl)
+
+			// The change without a crash: how many steps, and the
+			// state it leaves.
+			before := canonicalRecords(t, tpl, tplLayers)
+			dir := copyDataDir(t, tpl)
+			counter := newCrashDisk(t, dir, tpl, 0, false)
+			s, err = openStore(hclog.NewNullLogger(), dir, counter)
+			must(t, err)
+			counter.steps = 0 // opening the closed template takes none
+			if err := op.run(s); err != nil {
+				t.Fatalf("%s without a crash: %v", op.name, err)
+			}
+			total := counter.steps
+			after := canonicalRecords(t, dir, tplLayers)
+			must(t, s.Close())
+			if after == before {
+				t.Fatalf("%s changed no record", op.name)
+			}
+			if total < 2 {
+				t.Fatalf("%s took %d steps, want a multi-step change", op.name, total)
+			}
+			t.Logf("%s: %d steps", op.name, total)
+
+			seen := map[string]int{}
+			for n := 1; n <= total; n++ {
+				for _, power := range []bool{false, true} {
+					dir := copyDataDir(t, tpl)
+					d := newCrashDisk(t, dir, tpl, 0, power)
+					s, err := openStore(hclog.NewNullLogger(), dir, d)
+					must(t, err)
+					d.steps, d.limit = 0, n
+					runErr := op.run(s)
+					// The process dies here: nothing it holds runs again.
+					must(t, s.lock.release())
+					if power {
+						must(t, os.RemoveAll(dir))
+						if out, err := exec.Command("cp", "-a", d.image, dir).CombinedOutput(); err != nil {
+							t.Fatalf("restore image: %v: %s", err, out)
+						}
+					}
+					mode := map[bool]string{false: "kill", true: "power"}[power]
+					where := fmt.Sprintf("crash at step %d of %d (%s; run: %v)", n, total, mode, runErr)
+					got := restartAndCheck(t, dir, tplLayers, where)
+					switch got.records {
+					case before:
+						seen["before"]++
+					case after:
+						seen["after"]++
+					default:
+						t.Errorf("%s: records are neither before nor after:\n%s\nbefore:\n%s\nafter:\n%s", where, got.records, before, after)
+						continue
+					}
+					if op.check != nil {
+						op.check(t, got.store, got.records == after)
+					}
+				}
+			}
+			if seen["before"] == 0 || seen["after"] == 0 {
+				t.Errorf("states seen after crashes: %v, want both before and after", seen)
+			}
+		})
+	}
+}
+
+// restarted is a store opened after a crash and the canonical form of
+// its records.
+type restarted struct {
+	store   *Store
+	records string
+}
+
+// restartAndCheck opens dir as the next daemon would and checks what
+// must hold whatever the crash: the store opens, every layer a record
+// names exists, no writable layer is stacked writable twice, and one sweep
+// leaves only layers some record names.
+func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where string) restarted {
+	t.Helper()
+	s, err := OpenStore(hclog.NewNullLogger(), dir)
+	// A child another test forks inherits the dead store's lock until it
+	// execs; the lock is gone a moment later.
+	for i := 0; i < 100 && errors.Is(err, ErrLocked); i++ {
+		time.Sleep(10 * time.Millisecond)
+		s, err = OpenStore(hclog.NewNullLogger(), dir)
+	}
+	if err != nil {
+		t.Fatalf("%s: the next start fails: %v", where, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	writable := map[string]string{}
+	for _, st := range s.List() {
+		for key, v := range st.Volumes {
+			for _, l := range v.layers() {
+				if err := s.checkLayer(l); err != nil {
+					t.Errorf("%s: %s's %s stacks layer %s: %v", where, st.ID, key, l, err)
+				}
+			}
+			if v.ReadOnly {
+				continue
+			}
+			if other, ok := writable[v.Upper]; ok {
+				t.Errorf("%s: layer %s is writable under both %s and %s/%s", where, v.Upper, other, st.ID, key)
+			}
+			writable[v.Upper] = st.ID + "/" + key
+		}
+	}
+	if _, err := s.Sweep(); err != nil {
+		t.Errorf("%s: sweep: %v", where, err)
+	}
+	used := s.referencedAll()
+	for l := range layerSet(t, dir) {
+		if _, ok := used[l]; !ok {
+			t.Errorf("%s: layer %s is left after the sweep, named by no record", where, l)
+		}
+	}
+	if got := dirNames(t, s.StagingDir()); len(got) != 0 {
+		t.Errorf("%s: staging holds %v after the start", where, got)
+	}
+	return restarted{store: s, records: canonicalRecords(t, dir, tplLayers)}
+}
+
+// canonicalRecords renders the records of a data dir, read as a restart
+// would (state files and journal), with the layer IDs the template did not
+// have numbered by first appearance and the times dropped, so that two
+// runs of one change compare equal.
+func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) string {
+	t.Helper()
+	cp := copyDataDir(t, dir)
+	s, err := OpenStore(hclog.NewNullLogger(), cp)
+	if err != nil {
+		t.Fatalf("read records of %s: %v", dir, err)
+	}
+	defer s.Close()
+	fresh := map[string]string{}
+	name := func(l string) string {
+		if tplLayers[l] {
+			return l
+		}
+		if n, ok := fresh[l]; ok {
+			return n
+		}
+		fresh[l] = fmt.Sprintf("new%d", len(fresh))
+		return fresh[l]
+	}
+	var b strings.Builder
+	for _, st := range s.List() {
+		st.Created, st.Stopped = time.Time{}, time.Time{}
+		for _, key := range sortedVolumeKeys(st) {
+			v := st.Volumes[key]
+			v.Upper = name(v.Upper)
+			for i, l := range v.Lowers {
+				v.Lowers[i] = name(l)
+			}
+		}
+		for i, l := range st.Retained {
+			st.Retained[i] = name(l)
+		}
+		sort.Strings(st.Retained)
+		data, err := json.Marshal(st)
+		must(t, err)
+		b.Write(data)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func copyDataDir(t *testing.T, dir string) string {
+	t.Helper()
+	cp := filepath.Join(t.TempDir(), "data")
+	if out, err := exec.Command("cp", "-a", dir, cp).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a %s: %v: %s", dir, err, out)
+	}
+	return cp
+}
+
+func layerSet(t *testing.T, dir string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, l := range dirNames(t, filepath.Join(dir, layersDirName)) {
+		out[l] = true
+	}
+	return out
+}
+
+// volumeHas reports whether the volume key of allocation id shows name
+// (a file in any of its layers; the tests' files are never whited out).
+func volumeHas(s *Store, id, key, name string) bool {
+	st, err := s.Get(id)
+	if err != nil || st.Volumes[key] == nil {
+		return false
+	}
+	for _, l := range st.Volumes[key].layers() {
+		if _, err := os.Lstat(filepath.Join(s.LayerPath(l), name)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// putFile writes a file into the upper layer of a volume, as a task
+// would through the mount.
+func putFile(t *testing.T, s *Store, id, key, name, content string) {
+	t.Helper()
+	st := mustState(t, s, id)
+	must(t, os.WriteFile(filepath.Join(s.LayerPath(st.Volumes[key].Upper), name), []byte(content), 0o644))
+}
+
+// stoppedWithData is the start of the migrations: allocation a, stopped,
+// with a file in alloc/data, and b created beside it.
+func stoppedWithData(withB bool) func(t *testing.T, s *Store) {
+	return func(t *testing.T, s *Store) {
+		mustCreate(t, s, "a", "web")
+		putFile(t, s, "a", "alloc/data", "data.txt", "precious")
+		putFile(t, s, "a", "web/local", "local.txt", "local")
+		if _, err := s.Stop("a"); err != nil {
+			t.Fatal(err)
+		}
+		if withB {
+			mustCreate(t, s, "b", "web")
+		}
+	}
+}
+
+// dataWith checks that exactly one of a and b shows the migrated data as
+// its own writable volume, as the state says.
+func dataWith(snapshot bool) func(t *testing.T, s *Store, after bool) {
+	return func(t *testing.T, s *Store, after bool) {
+		t.Helper()
+		if !volumeHas(s, "a", "alloc/data", "data.txt") && !(after && !snapshot) {
+			t.Errorf("a lost its data before handing it over")
+		}
+		if after {
+			if !volumeHas(s, "b", "alloc/data", "data.txt") || !volumeHas(s, "b", "web/local", "local.txt") {
+				t.Errorf("b does not show the data it took over")
+			}
+			if !snapshot && !volumeHas(s, "a", "alloc/data", MigratedToName) {
+				t.Errorf("a shows no %s note after the adopt", MigratedToName)
+			}
+			if a, err := s.Get("a"); err == nil && !snapshot {
+				note := filepath.Join(s.LayerPath(a.Volumes["alloc/data"].Upper), MigratedToName)
+				if b, err := os.ReadFile(note); err != nil || !strings.Contains(string(b), "allocation b") {
+					t.Errorf("a's %s note: %q, %v", MigratedToName, b, err)
+				}
+			}
+		}
+	}
+}
+
+// crashOps are the changes under test.
+func crashOps() []crashOp {
+	web := []allocdir.Task{{Name: "web"}}
+	return []crashOp{
+		{
+			name:  "create",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.Create("n", []allocdir.Task{{Name: "web"}, {Name: "db"}})
+				return err
+			},
+		},
+		{
+			name:  "stop",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run:   func(s *Store) error { _, err := s.Stop("a"); return err },
+		},
+		{
+			name:  "add-task",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.EnsureTask("a", allocdir.Task{Name: "db"})
+				return err
+			},
+		},
+		{
+			name:  "create-adopt",
+			setup: stoppedWithData(false),
+			run: func(s *Store) error {
+				_, _, err := s.CreateMigrated("b", web, "a", false)
+				return err
+			},
+			check: dataWith(false),
+		},
+		{
+			name:  "create-seal",
+			setup: stoppedWithData(false),
+			run: func(s *Store) error {
+				_, _, err := s.CreateMigrated("b", web, "a", true)
+				return err
+			},
+			check: dataWith(true),
+		},
+		{
+			name:  "remap",
+			setup: stoppedWithData(true),
+			run: func(s *Store) error {
+				_, err := s.Remap("a", "b", []string{"alloc/data", "web/local"})
+				return err
+			},
+			check: dataWith(false),
+		},
+		{
+			name:  "seal",
+			setup: stoppedWithData(true),
+			run: func(s *Store) error {
+				_, err := s.Seal("a", "b", []string{"alloc/data", "web/local"})
+				return err
+			},
+			check: dataWith(true),
+		},
+		{
+			name: "import",
+			setup: func(t *testing.T, s *Store) {
+				mustCreate(t, s, "a", "web")
+			},
+			run: func(s *Store) error {
+				// What a fetch leaves in staging: checked and complete.
+				dir := filepath.Join(s.StagingDir(), "fetch-1")
+				for _, key := range []string{"alloc/data", "web/local"} {
+					if err := os.MkdirAll(filepath.Join(dir, key), 0o755); err != nil {
+						return err
+					}
+					if err := os.WriteFile(filepath.Join(dir, key, "got.txt"), []byte("received"), 0o644); err != nil {
+						return err
+					}
+				}
+				_, err := s.CreateImported("b", web, "remote", map[string]string{
+					"alloc/data": filepath.Join(dir, "alloc/data"),
+					"web/local":  filepath.Join(dir, "web/local"),
+				})
+				return err
+			},
+			check: func(t *testing.T, s *Store, after bool) {
+				if after && (!volumeHas(s, "b", "alloc/data", "got.txt") || !volumeHas(s, "b", "web/local", "got.txt")) {
+					t.Errorf("b does not show what it received")
+				}
+			},
+		},
+		{
+			name: "destroy",
+			setup: func(t *testing.T, s *Store) {
+				stoppedWithData(false)(t, s)
+				if _, _, err := s.CreateMigrated("b", web, "a", true); err != nil {
+					t.Fatal(err)
+				}
+			},
+			run: func(s *Store) error { return s.Destroy("a") },
+			check: func(t *testing.T, s *Store, after bool) {
+				if !volumeHas(s, "b", "alloc/data", "data.txt") {
+					t.Errorf("b lost the data it stacks on when a was destroyed")
+				}
+			},
+		},
+		{
+			// One terminal allocation beside a running one: a pass of
+			// several is several changes, each as atomic as this one.
+			name: "gc",
+			setup: func(t *testing.T, s *Store) {
+				stoppedWithData(false)(t, s)
+				mustCreate(t, s, "c", "web")
+			},
+			run: func(s *Store) error {
+				_, err := NewCollector(hclog.NewNullLogger(), s, DefaultGCConfig()).CollectAll("test")
+				return err
+			},
+		},
+		{
+			name: "flatten",
+			setup: func(t *testing.T, s *Store) {
+				prev := "c0"
+				mustCreate(t, s, prev, "web")
+				// One lower over the bound: one merge.
+				for i := 1; i <= maxLowers+1; i++ {
+					putFile(t, s, prev, "alloc/data", fmt.Sprintf("f%d", i), "gen")
+					if _, err := s.Stop(prev); err != nil {
+						t.Fatal(err)
+					}
+					// alloc/data only, so that one volume is over the
+					// bound.
+					id := fmt.Sprintf("c%d", i)
+					mustCreate(t, s, id, "web")
+					if _, err := s.Seal(prev, id, []string{"alloc/data"}); err != nil {
+						t.Fatal(err)
+					}
+					must(t, s.Destroy(prev))
+					prev = id
+				}
+			},
+			run: func(s *Store) error {
+				n, err := s.Flatten()
+				if err == nil && n == 0 {
+					return errors.New("nothing flattened")
+				}
+				return err
+			},
+			check: func(t *testing.T, s *Store, after bool) {
+				for i := 1; i <= maxLowers+1; i++ {
+					if !volumeHas(s, fmt.Sprintf("c%d", maxLowers+1), "alloc/data", fmt.Sprintf("f%d", i)) {
+						t.Errorf("f%d is gone from the chain's view", i)
+					}
+				}
+			},
+		},
+	}
+}

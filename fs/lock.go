@@ -1,0 +1,97 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// lockName is the file in the data dir whose flock(2) says a store has it
+// open. Two daemons on one data dir would each create allocations the
+// other does not know of and collect layers the other still uses, so
+// OpenStore takes the lock and a second one fails at once. The kernel
+// drops the lock with the last descriptor, so a crashed daemon never
+// leaves the data dir locked.
+const lockName = "lock"
+
+// ErrLocked is returned by OpenStore when another store, in this process
+// or another, has the data dir open.
+var ErrLocked = errors.New("data dir is in use by another allocfs")
+
+// dirLock is a held lock on a data dir.
+type dirLock struct {
+	f *os.File
+}
+
+// lockDataDir takes the data dir's lock, or fails with ErrLocked and what
+// the holder wrote about itself. The holder writes its PID (and later,
+// through Announce, its mount point) into the file, for the message.
+func lockDataDir(dataDir string) (*dirLock, error) {
+	p := filepath.Join(dataDir, lockName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open the data dir's lock %q: %w", p, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := readHolder(f)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (%s); stop it first, or give this one another --data-dir", ErrLocked, holder)
+		}
+		return nil, fmt.Errorf("failed to lock %q: %w", p, err)
+	}
+	l := &dirLock{f: f}
+	if err := l.describe(""); err != nil {
+		return nil, errors.Join(err, l.release())
+	}
+	return l, nil
+}
+
+// describe writes who holds the lock: this PID and, once known, the mount.
+func (l *dirLock) describe(mount string) error {
+	text := "pid " + strconv.Itoa(os.Getpid())
+	if mount != "" {
+		text += ", mount " + mount
+	}
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("failed to describe the lock holder: %w", err)
+	}
+	if _, err := l.f.WriteAt([]byte(text+"\n"), 0); err != nil {
+		return fmt.Errorf("failed to describe the lock holder: %w", err)
+	}
+	return nil
+}
+
+// release drops the lock. The file stays: removing it would let a third
+// store lock a new file while a second one waits on the old.
+func (l *dirLock) release() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// readHolder returns what the holder wrote about itself.
+func readHolder(f *os.File) string {
+	buf := make([]byte, 512)
+	n, _ := f.ReadAt(buf, 0)
+	text := strings.TrimSpace(string(buf[:n]))
+	if text == "" {
+		return "holder unknown"
+	}
+	return "held by " + text
+}
+
+// Announce records the mount point in the data dir's lock, so that a
+// second daemon started on the same data dir says where the first one
+// serves.
+func (s *Store) Announce(mount string) error {
+	return s.lock.describe(mount)
+}
