@@ -51,7 +51,8 @@ When the task's main process exits, whatever it started is ended too:
 SIGTERM to every process left, SIGKILL after --kill-timeout, as Nomad
 does with kill_timeout. The processes are found through a cgroup v2 made
 for the task, which a double fork or setsid cannot leave, or, where
-exec cannot make one, as its descendants (exec is a child subreaper).
+exec cannot make one, as its descendants (exec is a child subreaper;
+ALLOCFS_EXEC_NO_CGROUP=1 forces this). --log-level info shows which.
 SIGINT and SIGTERM are passed on to the task's process group; if the
 task is still running --kill-timeout later, it is killed.
 
@@ -63,7 +64,7 @@ started, 2 for a wrong command line.`)
 	userName := fset.String("user", "", "run as `USER` (name or uid), with its groups; needs root")
 	maxFiles := fset.Int("max-files", logmon.DefaultMaxFiles, "keep the newest `N` log files of each stream")
 	maxSizeMB := fset.Int("max-file-size", logmon.DefaultMaxFileSizeMB, "size of a log file, in `MiB`, at which it is rotated")
-	killTimeout := fset.Duration("kill-timeout", defaultKillTimeout, "how long the task's processes have between SIGTERM and SIGKILL (`DURATION`)")
+	killTimeout := fset.Duration("kill-timeout", defaultKillTimeout, "time the task's processes have between SIGTERM and SIGKILL, a `DURATION` (5s, 1m)")
 	logLevel := fset.String("log-level", "warn", "log `level` of exec's own messages: trace, debug, info, warn or error")
 	if err := parseFlags(fset, args, 0, -1); err != nil {
 		return err

@@ -130,6 +130,9 @@ func (p *taskProcs) started(pid int) { p.pgid = pid }
 
 // signalGroup passes sig on to the task's process group.
 func (p *taskProcs) signalGroup(sig syscall.Signal) {
+	if p.pgid <= 0 {
+		return // not started: kill(0) would signal exec's own group
+	}
 	// ESRCH: the group is gone already.
 	if err := syscall.Kill(-p.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		p.logger.Warn("cannot signal the task", "signal", sig, "error", err)
@@ -153,8 +156,6 @@ func (p *taskProcs) killAll() {
 // still there after grace, until none is left.
 func (p *taskProcs) terminate(grace time.Duration) error {
 	if p.method == trackGroup {
-		// A process left alone in a group keeps its number, so the group
-		// cannot be another's while we look at it.
 		return p.endGroup(grace)
 	}
 	deadline := time.Now().Add(grace)
@@ -353,6 +354,12 @@ type taskCgroup struct {
 // there (a container's read-only /sys/fs/cgroup, a user without
 // delegation), or when the new cgroup cannot hold processes (in a
 // threaded subtree).
+//
+// cgroup v2 lets processes live only in cgroups that pass no controller
+// down ("no internal processes"), the root excepted. Exec's own cgroup
+// holds exec, so it passes none down, and a new leaf below it can take
+// the task. Should the kernel refuse all the same, clone3 fails and
+// retryStart falls back.
 func newTaskCgroup(name string) (_ *taskCgroup, err error) {
 	own, err := readOwnCgroup("/proc/self/cgroup")
 	if err != nil {
