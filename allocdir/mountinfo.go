@@ -12,6 +12,9 @@ import (
 
 // MountEntry is one line of /proc/self/mountinfo, the fields allocfs uses.
 type MountEntry struct {
+	// Root is the directory of the filesystem mounted there: "/" unless
+	// a subtree was bind-mounted (a container's cgroup2, for one).
+	Root       string
 	MountPoint string
 	FSType     string
 	Source     string
@@ -21,7 +24,7 @@ type MountEntry struct {
 //
 //	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
 //
-// The mount point is the fifth field; after the "-" separator come the
+// The root is the fourth field, the mount point the fifth; after the "-" separator come the
 // filesystem type and the source. Spaces, tabs, newlines and backslashes
 // in paths are escaped as octal (\040).
 func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
@@ -40,7 +43,7 @@ func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
 		}
-		e := MountEntry{MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1]}
+		e := MountEntry{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1]}
 		if sep+2 < len(fields) {
 			e.Source = unescapeMountinfo(fields[sep+2])
 		}

@@ -1,10 +1,13 @@
 package integration
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,7 +28,7 @@ import (
 func TestExec(t *testing.T) {
 	fstest.RequireFUSE(t)
 	n := startNode(t)
-	tasks := []string{"rot", "env", "code", "user", "sig", "evil"}
+	tasks := []string{"rot", "env", "code", "user", "sig", "sigkill", "evil", "left-cgroup", "left-subreaper"}
 	args := []string{"alloc", "create", "a1"}
 	for _, task := range tasks {
 		args = append(args, "--task", task)
@@ -128,40 +131,37 @@ func TestExec(t *testing.T) {
 	// SIGTERM to allocfs exec reaches the task, whose exit code is
 	// exec's, and what the task printed on its way out is logged.
 	t.Run("signal", func(t *testing.T) {
-		cmd := exec.Command(harness.Binary(t), "exec", "a1", "sig", "--", "sh", "-c",
+		code, stderr := n.signalExec(t, logs, "sig", syscall.SIGTERM,
 			`trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.1; done`)
-		cmd.Env = append(n.env(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
-		var stderr harness.SyncBuffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		waited := make(chan struct{})
-		go func() {
-			cmd.Wait()
-			close(waited)
-		}()
-		defer func() {
-			cmd.Process.Kill()
-			<-waited
-		}()
-		if !waitFor(harness.Timeout, func() bool { return readLogMaybe(logs, "sig.stdout.0") == "ready\n" }) {
-			t.Fatalf("the task did not log ready: %q\n%s", readLogMaybe(logs, "sig.stdout.0"), stderr.String())
-		}
-		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-waited:
-		case <-time.After(harness.Timeout):
-			t.Fatalf("allocfs exec still running %v after SIGTERM", harness.Timeout)
-		}
-		if code := cmd.ProcessState.ExitCode(); code != 3 {
-			t.Errorf("exit %d after SIGTERM, want the task's 3\n%s", code, stderr.String())
+		if code != 3 {
+			t.Errorf("exit %d after SIGTERM, want the task's 3\n%s", code, stderr)
 		}
 		if got := readLog(t, logs, "sig.stdout.0"); got != "ready\ngot TERM\n" {
 			t.Errorf("sig.stdout.0: got %q, want %q", got, "ready\ngot TERM\n")
 		}
+	})
+
+	// A task that ignores the SIGTERM passed on to it is killed once
+	// --kill-timeout has passed, as Nomad does after kill_timeout.
+	t.Run("signal ignored", func(t *testing.T) {
+		code, stderr := n.signalExec(t, logs, "sigkill", syscall.SIGTERM,
+			`trap '' TERM; echo ready; while :; do sleep 0.1; done`, "--kill-timeout", "1s")
+		if code != 128+int(syscall.SIGKILL) {
+			t.Errorf("exit %d after SIGTERM and the kill timeout, want 137\n%s", code, stderr)
+		}
+		if want := "still running after the kill timeout: killing it"; !strings.Contains(stderr, want) {
+			t.Errorf("stderr: got %q, want it to contain %q", stderr, want)
+		}
+	})
+
+	// Issue 9: nothing the task started outlives its main process: not a
+	// background child, not one that started its own session after a
+	// double fork, not one that ignores SIGTERM, which is killed after
+	// --kill-timeout. Through the task's cgroup where exec can make one,
+	// and through the subreaper that it falls back to elsewhere.
+	t.Run("no process left behind", func(t *testing.T) {
+		t.Run("cgroup", func(t *testing.T) { n.checkNothingLeft(t, a1, "left-cgroup", nil) })
+		t.Run("subreaper", func(t *testing.T) { n.checkNothingLeft(t, a1, "left-subreaper", []string{"ALLOCFS_EXEC_NO_CGROUP=1"}) })
 	})
 
 	// HCSEC-2026-14: a FIFO replaced with a link to a host file makes the
@@ -256,4 +256,166 @@ func readLog(t *testing.T, dir, name string) string {
 func readLogMaybe(dir, name string) string {
 	b, _ := os.ReadFile(filepath.Join(dir, name))
 	return string(b)
+}
+
+// signalExec runs script as task of a1 through allocfs exec with extra
+// args, waits until the task has logged "ready", sends sig to exec, and
+// returns exec's exit code and stderr.
+func (n *node) signalExec(t *testing.T, logs, task string, sig syscall.Signal, script string, args ...string) (int, string) {
+	t.Helper()
+	args = append(append([]string{"exec", "a1", task}, args...), "--", "sh", "-c", script)
+	cmd := exec.Command(harness.Binary(t), args...)
+	cmd.Env = append(n.env(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
+	var stderr harness.SyncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(waited)
+	}()
+	defer func() {
+		cmd.Process.Kill()
+		<-waited
+	}()
+	stdout := task + ".stdout.0"
+	if !waitFor(harness.Timeout, func() bool { return readLogMaybe(logs, stdout) == "ready\n" }) {
+		t.Fatalf("the task did not log ready: %q\n%s", readLogMaybe(logs, stdout), stderr.String())
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-waited:
+	case <-time.After(harness.Timeout):
+		t.Fatalf("allocfs exec still running %v after %v", harness.Timeout, sig)
+	}
+	return cmd.ProcessState.ExitCode(), stderr.String()
+}
+
+// leftBehindScript starts three processes that outlive the shell and
+// writes their pids to local/: a background child, a process in a
+// session of its own after a double fork (setsid -f), and one that
+// ignores SIGTERM. It prints exec's pid (its parent) and its cgroup.
+const leftBehindScript = `
+echo "exec $PPID"
+grep '^0::' /proc/self/cgroup
+sleep 1001 & echo $! > local/child
+setsid -f sh -c 'echo $$ > local/setsid.new; mv local/setsid.new local/setsid; exec sleep 1002'
+sh -c 'trap "" TERM; echo $$ > local/stubborn.new; mv local/stubborn.new local/stubborn; exec sleep 1003' &
+while [ ! -s local/setsid ] || [ ! -s local/stubborn ]; do sleep 0.01; done
+echo bye
+`
+
+// checkNothingLeft runs leftBehindScript as task of allocation a1 with
+// the extra environment env, and checks that exec exits 0, says how it
+// tracked the task, killed the process that ignored SIGTERM, and that
+// none of the three processes exists afterwards, not even as a zombie.
+func (n *node) checkNothingLeft(t *testing.T, a1, task string, env []string) {
+	cmd := exec.Command(harness.Binary(t), "exec", "a1", task, "--kill-timeout", "1s", "--log-level", "info", "--", "sh", "-c", leftBehindScript)
+	cmd.Env = append(append(n.env(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE")), env...)
+	r := n.run(t, cmd, "allocfs exec "+task)
+	local := filepath.Join(a1, task, "local")
+	var pids []int
+	for _, name := range []string{"child", "setsid", "stubborn"} {
+		b, err := os.ReadFile(filepath.Join(local, name))
+		if err != nil {
+			t.Fatalf("the task did not record its %s: %v\n%s", name, err, r.stderr)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		pids = append(pids, pid)
+	}
+	for i, pid := range pids {
+		// Killed here if the test fails, by pid and only if it is still
+		// the task's sleep.
+		if sleeping(pid, 1001+i) {
+			t.Errorf("sleep %d (pid %d) outlived the task", 1001+i, pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		} else if zombie(pid) {
+			t.Errorf("pid %d is a zombie nobody reaped", pid)
+		}
+	}
+	if r.code != 0 {
+		t.Errorf("exit %d, want the task's 0\n%s", r.code, r.stderr)
+	}
+	if want := "killing what is left of the task"; !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr: got %q, want it to contain %q (the process that ignores SIGTERM)", r.stderr, want)
+	}
+
+	out := strings.Split(readLog(t, filepath.Join(a1, "alloc", "logs"), task+".stdout.0"), "\n")
+	if len(out) != 4 || out[2] != "bye" {
+		t.Fatalf("%s.stdout.0: got %q, want exec's pid, the task's cgroup and bye", task, out)
+	}
+	execPid := strings.TrimPrefix(out[0], "exec ")
+	inOwn := strings.HasSuffix(out[1], "/allocfs-exec-"+execPid)
+	wantCgroup := env == nil && canMakeCgroup(t)
+	switch {
+	case wantCgroup && (!strings.Contains(r.stderr, "method=cgroup") || !inOwn):
+		t.Errorf("exec could make a cgroup but did not run the task in one: the task was in %q; stderr %q", out[1], r.stderr)
+	case env != nil && (!strings.Contains(r.stderr, "method=subreaper") || inOwn):
+		t.Errorf("exec with %v: the task was in %q, stderr %q; want the subreaper", env, out[1], r.stderr)
+	case env == nil && !wantCgroup:
+		t.Logf("exec tracked the task without a cgroup: %s", r.stderr)
+	}
+	// The task's cgroup is gone with it.
+	if m := regexp.MustCompile(`cgroup=(\S+)`).FindStringSubmatch(r.stderr); m != nil {
+		if _, err := os.Stat(m[1]); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the task's cgroup %s after exec: %v, want it removed", m[1], err)
+		}
+	}
+}
+
+// sleeping reports whether process pid is `sleep secs`.
+func sleeping(pid, secs int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && string(b) == fmt.Sprintf("sleep\x00%d\x00", secs)
+}
+
+// zombie reports whether process pid has exited and is not reaped.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && bytes.HasPrefix(b[i:], []byte(") Z "))
+}
+
+// canMakeCgroup reports whether this process can make a cgroup v2 below
+// its own, as exec, its grandchild in the same cgroup, will try to: a
+// probe of the machine, independent of exec's own code.
+func canMakeCgroup(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return false
+	}
+	var own string
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			own = p
+		}
+	}
+	mounts, err := allocdir.ReadMountinfo("")
+	if own == "" || err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		rel, ok := strings.CutPrefix(own, strings.TrimSuffix(m.Root, "/"))
+		if m.FSType != "cgroup2" || !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+			continue
+		}
+		probe := filepath.Join(m.MountPoint, rel, fmt.Sprintf("allocfs-probe-%d", os.Getpid()))
+		if err := os.Mkdir(probe, 0o755); err != nil {
+			t.Logf("no cgroup v2 for tasks: %v", err)
+			return false
+		}
+		os.Remove(probe)
+		return true
+	}
+	return false
 }

@@ -40,6 +40,13 @@
 //
 // Nothing is lost or duplicated: every byte read from a FIFO is written
 // once, in order, to exactly one file; pruning removes whole files only.
+// The exception is a log directory that refuses writes (a full disk):
+// reading goes on, since a task blocked on a full pipe would be worse
+// than missing lines, and what the files cannot take is dropped. Stop
+// then returns ErrOutputLost with the count of bytes lost per stream and
+// the first error, and Monitor.Lost gives the total; the caller decides
+// what that means for the task (allocfs exec reports it and still exits
+// with the task's code).
 //
 // # Security: the log directory belongs to the task too
 //
@@ -80,7 +87,8 @@
 // A FIFO ends when its last writer closes it, normally when the task
 // exits. A process the task left running may keep it open; Stop then
 // waits at most its grace, takes what the pipe holds without waiting for
-// more, and finishes.
+// more, and finishes. (allocfs exec ends every process of the task
+// before it calls Stop, so that the FIFOs end with them.)
 //
 // # Concurrency
 //

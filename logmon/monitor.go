@@ -42,7 +42,13 @@ type Monitor struct {
 	closeOnce sync.Once
 	stopOnce  sync.Once
 	stopErr   error
+	lost      int64 // set by stop
 }
+
+// ErrOutputLost is returned by Stop when the log files could not take
+// some of the task's output (a full disk, say); the error says how many
+// bytes of which stream, and why.
+var ErrOutputLost = errors.New("task output lost")
 
 // stream is one FIFO and the Rotator behind it.
 type stream struct {
@@ -53,7 +59,7 @@ type stream struct {
 	rot      *Rotator
 	done     chan struct{} // closed when pump returns
 	err      error         // of reading the FIFO, set before done
-	lost     error         // the first write to the files that failed
+	lost     error         // why the first write to the files failed
 }
 
 // Start makes (or reuses, after a crash) the FIFOs of task in dir, opens
@@ -190,7 +196,7 @@ func (m *Monitor) pump(s *stream) {
 			return
 		}
 		if s.lost == nil {
-			s.lost = fmt.Errorf("task output on %s was lost: %w", s.name, err)
+			s.lost = err
 		}
 		if err.Error() != lastErr {
 			// Reading goes on: a task blocked on a full pipe would be
@@ -284,10 +290,25 @@ func (m *Monitor) stop(grace time.Duration) error {
 	var errs []error
 	for _, s := range m.streams {
 		<-s.done
-		errs = append(errs, s.err, s.lost, s.rot.Close(), s.r.Close(), m.removeFIFO(s))
+		flushErr, closeErr := s.rot.close()
+		if n := s.rot.Lost(); n > 0 {
+			m.lost += n
+			cause := s.lost
+			if cause == nil { // only the last flush failed
+				cause = flushErr
+			}
+			errs = append(errs, fmt.Errorf("%w: %d bytes of %s: %w", ErrOutputLost, n, s.name, cause))
+		}
+		errs = append(errs, s.err, closeErr, s.r.Close(), m.removeFIFO(s))
 	}
 	return errors.Join(errs...)
 }
+
+// Lost is how many bytes of the task's output, over both streams, the
+// log files could not take. It is known once Stop has returned; output
+// dropped because a leftover process still held a FIFO at the end of
+// the grace is not counted, having never been read.
+func (m *Monitor) Lost() int64 { return m.lost }
 
 // abort undoes a Start that failed half-way; no pump is running.
 func (m *Monitor) abort() {

@@ -314,3 +314,69 @@ func concatRegular(t *testing.T, dir, base string) string {
 	}
 	return b.String()
 }
+
+// TestMonitorCountsLostOutput: on a log directory that fills up, reading
+// goes on, and Stop reports ErrOutputLost with the reason (ENOSPC) and
+// Lost counts exactly the bytes the files did not take: what the task
+// wrote is what is in the files plus what was lost. The other stream,
+// which wrote nothing, reports nothing, and the FIFOs are removed.
+func TestMonitorCountsLostOutput(t *testing.T) {
+	dir := smallTmpfs(t, "size=128k")
+	d, err := OpenDir(dir, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	m, err := Start(hclogOff(), d, "web", byteConfig(1000, 16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Lost(); got != 0 {
+		t.Fatalf("Lost before any output: got %d, want 0", got)
+	}
+	want, err := exec.Command("seq", "1", "100000").Output() // 588,895 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = runTask(t, m, "seq 1 100000")
+	if !errors.Is(err, ErrOutputLost) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Stop: got %v, want ErrOutputLost and ENOSPC", err)
+	}
+	if strings.Contains(err.Error(), "stderr") {
+		t.Errorf("Stop: %v; stderr lost nothing", err)
+	}
+	got := concat(t, dir, "web.stdout")
+	if !strings.HasPrefix(string(want), got) {
+		t.Errorf("the files hold %d bytes that are not the start of the output", len(got))
+	}
+	if lost := m.Lost(); lost == 0 || int64(len(got))+lost != int64(len(want)) {
+		t.Errorf("Lost: got %d with %d bytes in the files, want the %d the task wrote in all", lost, len(got), len(want))
+	}
+	if !strings.Contains(err.Error(), fmt.Sprintf("%d bytes of stdout", m.Lost())) {
+		t.Errorf("Stop: %v, want it to say how many bytes of stdout were lost", err)
+	}
+	for _, s := range Streams {
+		if _, err := os.Lstat(filepath.Join(dir, FIFOName("web", s))); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("FIFO of %s after Stop: %v, want it removed", s, err)
+		}
+	}
+	if got := concat(t, dir, "web.stderr"); got != "" {
+		t.Errorf("stderr: got %q, want nothing", got)
+	}
+}
+
+// smallTmpfs mounts a tmpfs with opts on a fresh directory for the
+// test, so that it fills up; it skips where mounting is not allowed.
+func smallTmpfs(t *testing.T, opts string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, opts); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}

@@ -47,6 +47,7 @@ type Rotator struct {
 	size    int64
 	midLine bool // the file's last byte is not a newline
 	closed  bool
+	lost    int64 // bytes given to Write that no file took
 
 	stop chan struct{}
 	done chan struct{}
@@ -183,10 +184,19 @@ func (r *Rotator) prune() {
 }
 
 // Write buffers p; it reaches the file within flushInterval, or at once
-// when the buffer fills.
+// when the buffer fills. On error, what Write did not take is lost and
+// counted by Lost; what it buffered earlier is kept for the next flush.
 func (r *Rotator) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	n, err := r.writeLocked(p)
+	if err != nil {
+		r.lost += int64(len(p) - n)
+	}
+	return n, err
+}
+
+func (r *Rotator) writeLocked(p []byte) (int, error) {
 	if r.closed {
 		return 0, ErrClosed
 	}
@@ -285,22 +295,39 @@ func (r *Rotator) flushLoop() {
 
 // Close flushes what is buffered and closes the file.
 func (r *Rotator) Close() error {
+	return errors.Join(r.close())
+}
+
+// close is Close with its two failures apart: a failed flush, whose
+// bytes Lost counts, and a failed close of the file.
+func (r *Rotator) close() (flushErr, closeErr error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
-		return nil
+		return nil, nil
 	}
-	err := r.flushLocked()
+	flushErr = r.flushLocked()
+	r.lost += int64(len(r.buf))
+	r.buf = nil
 	r.closed = true
 	if r.f != nil { // nil after a failed rotation
-		if cerr := r.f.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("failed to close %s: %w", r.name(r.idx), cerr))
+		if err := r.f.Close(); err != nil {
+			closeErr = fmt.Errorf("failed to close %s: %w", r.name(r.idx), err)
 		}
 	}
 	r.mu.Unlock()
 	close(r.stop)
 	<-r.done
-	return err
+	return flushErr, closeErr
+}
+
+// Lost is how many bytes given to Write never reached a file: those
+// refused by a failed write and, once closed, those still buffered when
+// the last flush failed.
+func (r *Rotator) Lost() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
 }
 
 // validName refuses a name that is not one plain path component.

@@ -20,6 +20,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
+// defaultKillTimeout is Nomad's default kill_timeout.
+const defaultKillTimeout = 5 * time.Second
+
 // execDrainGrace is how long, once the task has exited, its output may
 // take to end: a process it left behind can hold the FIFOs open forever.
 const execDrainGrace = 2 * time.Second
@@ -44,13 +47,25 @@ alloc/logs/TASK.stdout.N and TASK.stderr.N: a file is rotated at
 the newest --max-files files of each stream are kept. A new run appends to
 the newest file.
 
-SIGINT and SIGTERM are passed on to the task's process group. The exit
-code is the task's (128+N when signal N ended it); 1 if the task could not
-be started, 2 for a wrong command line.`)
+When the task's main process exits, whatever it started is ended too:
+SIGTERM to every process left, SIGKILL after --kill-timeout, as Nomad
+does with kill_timeout. The processes are found through a cgroup v2 made
+for the task, which a double fork or setsid cannot leave, or, where
+exec cannot make one, as its descendants (exec is a child subreaper;
+ALLOCFS_EXEC_NO_CGROUP=1 forces this). --log-level info shows which.
+SIGINT and SIGTERM are passed on to the task's process group; if the
+task is still running --kill-timeout later, it is killed.
+
+The exit code is the task's (128+N when signal N ended it), even if some
+of its output could not be written to the log files (that is reported on
+stderr, with the number of bytes lost); 1 if the task could not be
+started, 2 for a wrong command line.`)
 	socket := socketFlag(e, fset)
 	userName := fset.String("user", "", "run as `USER` (name or uid), with its groups; needs root")
 	maxFiles := fset.Int("max-files", logmon.DefaultMaxFiles, "keep the newest `N` log files of each stream")
 	maxSizeMB := fset.Int("max-file-size", logmon.DefaultMaxFileSizeMB, "size of a log file, in `MiB`, at which it is rotated")
+	killTimeout := fset.Duration("kill-timeout", defaultKillTimeout, "time the task's processes have between SIGTERM and SIGKILL, a `DURATION` (5s, 1m)")
+	logLevel := fset.String("log-level", "warn", "log `level` of exec's own messages: trace, debug, info, warn or error")
 	if err := parseFlags(fset, args, 0, -1); err != nil {
 		return err
 	}
@@ -68,6 +83,13 @@ be started, 2 for a wrong command line.`)
 	}
 	if *maxSizeMB < 1 {
 		return usageErrorf(cmd, "--max-file-size must be at least 1 (MiB), got %d", *maxSizeMB)
+	}
+	if *killTimeout < 0 {
+		return usageErrorf(cmd, "--kill-timeout must not be negative, got %v", *killTimeout)
+	}
+	level := hclog.LevelFromString(*logLevel)
+	if level == hclog.NoLevel {
+		return usageErrorf(cmd, "unknown --log-level %q: use trace, debug, info, warn or error", *logLevel)
 	}
 	id, task, argv := fset.Arg(0), fset.Arg(1), fset.Args()[2:]
 	if err := checkAllocID(id); err != nil {
@@ -92,6 +114,8 @@ be started, 2 for a wrong command line.`)
 		argv:   argv,
 		cred:   cred,
 		logs:   logmon.Config{MaxFiles: *maxFiles, MaxFileSizeMB: *maxSizeMB},
+		grace:  *killTimeout,
+		level:  level,
 	})
 	if err != nil {
 		return err
@@ -109,6 +133,8 @@ type execRequest struct {
 	argv     []string
 	cred     *syscall.Credential // nil: as the caller
 	logs     logmon.Config
+	grace    time.Duration // between SIGTERM and SIGKILL
+	level    hclog.Level   // of exec's own log
 }
 
 // execTask runs the task to its end and returns its exit code. Every
@@ -125,9 +151,15 @@ func execTask(e *env, req execRequest) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "allocfs", Output: e.stderr, Level: hclog.Warn}).
+	logger := hclog.New(&hclog.LoggerOptions{Name: "allocfs", Output: e.stderr, Level: req.level}).
 		Named("exec").With("alloc_id", req.id, "task", req.task)
+	return runTask(logger, allocPath, req, sigs)
+}
 
+// runTask runs the task in the allocation mounted at allocPath, passing
+// on the signals that arrive on sigs, and ends every process the task
+// started once its main process has exited.
+func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan os.Signal) (int, error) {
 	logDir := path.Join(allocdir.SharedAllocName, allocdir.LogDirName)
 	dir, err := logmon.OpenDir(allocPath, logDir)
 	if err != nil {
@@ -138,15 +170,26 @@ func execTask(e *env, req execRequest) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("failed to set up the logs of task %s: %w", req.task, err)
 	}
+	procs := trackTask(logger)
+	defer func() {
+		if cerr := procs.close(); cerr != nil {
+			logger.Warn("cannot clean up after the task", "error", cerr)
+		}
+	}()
 
 	taskDir := filepath.Join(allocPath, req.task)
-	cmd := exec.Command(req.argv[0], req.argv[1:]...)
-	cmd.Dir = taskDir
-	cmd.Env = taskEnv(os.Environ(), allocPath, req.id, req.task)
-	cmd.Stdout, cmd.Stderr = mon.Stdout(), mon.Stderr()
-	// Its own process group: signals reach everything the task started,
-	// and a Ctrl-C on the terminal reaches the task once, through us.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: req.cred}
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(req.argv[0], req.argv[1:]...)
+		cmd.Dir = taskDir
+		cmd.Env = taskEnv(os.Environ(), allocPath, req.id, req.task)
+		cmd.Stdout, cmd.Stderr = mon.Stdout(), mon.Stderr()
+		// Its own process group: signals reach everything the task
+		// started, and a Ctrl-C on the terminal reaches the task once,
+		// through us.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: req.cred}
+		procs.prepare(cmd.SysProcAttr)
+		return cmd
+	}
 
 	select {
 	case sig := <-sigs:
@@ -154,7 +197,12 @@ func execTask(e *env, req execRequest) (int, error) {
 		return 0, errors.Join(fmt.Errorf("interrupted by %v before task %s started", sig, req.task), mon.Stop(execDrainGrace))
 	default:
 	}
+	cmd := newCmd()
 	startErr := cmd.Start()
+	if startErr != nil && procs.retryStart(startErr) {
+		cmd = newCmd()
+		startErr = cmd.Start()
+	}
 	mon.CloseWriters()
 	if startErr != nil {
 		if req.cred != nil && errors.Is(startErr, syscall.EACCES) {
@@ -163,37 +211,45 @@ func execTask(e *env, req execRequest) (int, error) {
 		}
 		return 0, errors.Join(fmt.Errorf("failed to start task %s of allocation %s: %w", req.task, req.id, startErr), mon.Stop(execDrainGrace))
 	}
+	procs.started(cmd.Process.Pid)
 
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 	var waitErr error
+	// Armed by the first signal: a task that does not exit by then is
+	// killed, as Nomad does after kill_timeout.
+	var killTimer <-chan time.Time
 wait:
 	for {
 		select {
 		case sig := <-sigs:
-			// ESRCH: the group is gone and Wait is about to return.
-			if err := syscall.Kill(-cmd.Process.Pid, sig.(syscall.Signal)); err != nil && !errors.Is(err, syscall.ESRCH) {
-				logger.Warn("cannot pass a signal on to the task", "signal", sig, "error", err)
+			procs.signalGroup(sig.(syscall.Signal))
+			if killTimer == nil {
+				killTimer = time.After(req.grace)
 			}
+		case <-killTimer:
+			logger.Warn("the task is still running after the kill timeout: killing it", "kill_timeout", req.grace)
+			procs.killAll()
 		case waitErr = <-waited:
 			break wait
 		}
+	}
+	// Whatever the task left running is ended before its output is
+	// drained: then the FIFOs end with it and nothing is cut off.
+	if err := procs.terminate(req.grace); err != nil {
+		logger.Error("processes of the task are left running", "error", err)
 	}
 	logErr := mon.Stop(execDrainGrace)
 	var exitErr *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
 		return 0, errors.Join(fmt.Errorf("failed to wait for task %s: %w", req.task, waitErr), logErr)
 	}
-	code := exitCode(cmd.ProcessState)
 	if logErr != nil {
-		// The task's own failure says more than the logs'; a task that
-		// succeeded but lost output must not look clean.
-		if code == exitOK {
-			return 0, fmt.Errorf("task %s exited 0 but its logs are incomplete: %w", req.task, logErr)
-		}
-		logger.Error("the task's logs are incomplete", "error", logErr)
+		// The exit code is the task's: a lost log line does not make a
+		// task that succeeded fail, nor hide why one failed.
+		logger.Error("the task's logs are incomplete", "lost_bytes", mon.Lost(), "error", logErr)
 	}
-	return code, nil
+	return exitCode(cmd.ProcessState), nil
 }
 
 // lookupTask asks the daemon where allocation id is mounted, and checks

@@ -16,21 +16,24 @@ func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
 }
 
-// TestParseMountinfo: mount points are unescaped and the filesystem type
-// is read after the separator, whatever the number of optional fields.
+// TestParseMountinfo: roots and mount points are unescaped and the
+// filesystem type is read after the separator, whatever the number of
+// optional fields.
 func TestParseMountinfo(t *testing.T) {
 	in := `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 36 22 0:45 / /var/lib/allocfs/mnt rw,nosuid,nodev,relatime shared:2 master:3 - fuse.allocfs allocfs:/var/lib/allocfs rw,user_id=0
 37 22 0:46 / /tmp/with\040space\134x rw - tmpfs tmpfs rw
+38 22 0:47 /kubepods/pod\0401 /sys/fs/cgroup ro - cgroup2 cgroup rw
 `
 	got, err := allocdir.ParseMountinfo(strings.NewReader(in))
 	if err != nil {
 		t.Fatalf("parseMountinfo: %v", err)
 	}
 	want := []allocdir.MountEntry{
-		{MountPoint: "/", FSType: "ext4", Source: "/dev/sda1"},
-		{MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs"},
-		{MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs"},
+		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1"},
+		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs"},
+		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs"},
+		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
