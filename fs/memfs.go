@@ -21,8 +21,9 @@ import (
 // where the daemon's memory is at stake:
 //
 //   - File data is kept and charged in pages, allocated on first write
-//     (holes cost nothing), so a write past the byte cap fails with ENOSPC
-//     at the page where tmpfs's would, and st_blocks tells the truth.
+//     (holes cost nothing): a write past the byte cap is cut short at a
+//     page boundary and the next one fails with ENOSPC, as on tmpfs, and
+//     st_blocks tells the truth.
 //   - Every entry takes memEntrySpace of the entry budget, nr_inodes times
 //     that in all, the root included, as tmpfs's "ispace" does; xattrs
 //     take simple_xattr_space() of it. Creating an entry, or setting an
@@ -31,7 +32,11 @@ import (
 //     against the byte cap: they live in the daemon's heap, not in the
 //     kernel's slabs, so the cap bounds everything a task can make the
 //     daemon hold, apart from a fixed per-entry overhead that the entry cap
-//     bounds (see defaultMemInodes).
+//     bounds (see defaultMemInodes). A volume filled with data to the last
+//     page therefore holds a page less than tmpfs, and a rename to a
+//     longer name can fail with ENOSPC.
+//   - Content is freed when the last name goes, not at the last close: a
+//     file unlinked while open reads empty, where tmpfs keeps it.
 const (
 	memPageSize = 4096
 	// memEntrySpace is tmpfs's BOGO_INODE_SIZE: what one entry costs of
@@ -287,7 +292,11 @@ func (n *memNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 // xattrPrefixes are the namespaces tmpfs stores. The kernel has already
 // applied the VFS rules before a request reaches the daemon: trusted.*
 // needs CAP_SYS_ADMIN, user.* only on regular files and directories,
-// names of 1 to 255 bytes, values up to 64 KiB.
+// names of 1 to 255 bytes, values up to 64 KiB. POSIX ACLs
+// (system.posix_acl_*) are refused with EOPNOTSUPP, as on a tmpfs built
+// without them: the kernel enforces a FUSE file's ACL only when the daemon
+// negotiates FUSE_POSIX_ACL, and an ACL that is stored but not enforced
+// would mislead.
 var xattrPrefixes = []string{"security.", "trusted.", "user."}
 
 // checkXattrName answers as tmpfs's handler lookup does: EOPNOTSUPP for a

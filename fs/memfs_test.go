@@ -69,7 +69,9 @@ func memBackends(t *testing.T) []memBackend {
 	t.Helper()
 	requireRoot(t, "mounting the reference tmpfs")
 	tm := newTestMount(t)
+	tm.mount.mem.mu.Lock()
 	tm.mount.mem.inodes = func(int64) int64 { return memTestInodes }
+	tm.mount.mem.mu.Unlock()
 	next := 0
 	return []memBackend{
 		{name: "tmpfs", fresh: func(t *testing.T) string { return mountTmpfs(t, memTestSize, memTestInodes) }},
