@@ -531,6 +531,79 @@ func TestMemVolumeCountsNamesAndXattrs(t *testing.T) {
 	}
 }
 
+// TestMemVolumeReturnsWhatItCharged does a bit of everything in a volume
+// and removes it all again: the volume must be back to empty in both
+// caps, so that no operation leaks budget (or hands out more than it took).
+func TestMemVolumeReturnsWhatItCharged(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tm.dir, "a1/web/secrets")
+	p := func(name string) string { return filepath.Join(dir, name) }
+	var empty unix.Statfs_t
+	if err := unix.Statfs(dir, &empty); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"mkdir", func() error { return os.Mkdir(p("d"), 0o700) }},
+		{"write", func() error { return os.WriteFile(p("d/f"), make([]byte, 10000), 0o600) }},
+		{"xattr", func() error { return unix.Setxattr(p("d/f"), "user.x", make([]byte, 500), 0) }},
+		{"xattr replaced", func() error { return unix.Setxattr(p("d/f"), "user.x", make([]byte, 50), 0) }},
+		{"dir xattr", func() error { return unix.Setxattr(p("d"), "trusted.y", []byte("1"), 0) }},
+		{"symlink", func() error { return os.Symlink(strings.Repeat("t", 300), p("l")) }},
+		{"fifo", func() error { return unix.Mkfifo(p("fifo"), 0o600) }},
+		{"second file", func() error { return os.WriteFile(p("g"), make([]byte, 5000), 0o600) }},
+		{"rename longer", func() error { return os.Rename(p("g"), p("a-much-longer-name")) }},
+		{"exchange", func() error {
+			return unix.Renameat2(unix.AT_FDCWD, p("a-much-longer-name"), unix.AT_FDCWD, p("d/f"), unix.RENAME_EXCHANGE)
+		}},
+		{"rename over", func() error { return os.Rename(p("d/f"), p("fifo")) }},
+		{"truncate up", func() error { return os.Truncate(p("fifo"), 1<<30) }},
+		{"write far out", func() error {
+			f, err := os.OpenFile(p("fifo"), os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.WriteAt([]byte("z"), 1<<29)
+			return err
+		}},
+		{"truncate down", func() error { return os.Truncate(p("fifo"), 7000) }},
+		{"remove all", func() error { return os.RemoveAll(p("d")) }},
+		{"unlink link", func() error { return os.Remove(p("l")) }},
+		{"unlink file", func() error { return os.Remove(p("fifo")) }},
+		{"unlink exchanged", func() error { return os.Remove(p("a-much-longer-name")) }},
+		{"root xattr", func() error { return unix.Setxattr(dir, "user.r", []byte("v"), 0) }},
+		{"root xattr removed", func() error { return unix.Removexattr(dir, "user.r") }},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.what, err)
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("volume after removing everything: %d entries (%v)", len(entries), err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Bfree != empty.Bfree || st.Ffree != empty.Ffree || st.Bfree != st.Blocks || st.Ffree != st.Files-1 {
+		t.Errorf("statfs after removing everything: got bfree=%d ffree=%d, want %d and %d as when empty (blocks=%d files=%d)", st.Bfree, st.Ffree, empty.Bfree, empty.Ffree, st.Blocks, st.Files)
+	}
+	v := tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets).v
+	v.mu.Lock()
+	used, freeEntry := v.used, v.freeEntry
+	v.mu.Unlock()
+	if used != 0 || freeEntry != (v.inodes-1)*memEntrySpace {
+		t.Errorf("volume budget after removing everything: %d bytes used, %d of the entry budget free; want 0 and %d", used, freeEntry, (v.inodes-1)*memEntrySpace)
+	}
+}
+
 // heapBytes is the live heap after a full collection.
 func heapBytes() int64 {
 	runtime.GC()
