@@ -426,7 +426,7 @@ func (f *storeFS) ReadLink(name string) (string, error) {
 			return "", err
 		}
 		if l, ok := n.Operations().(*memLink); ok {
-			return string(l.target), nil
+			return string(l.readlink()), nil
 		}
 	}
 	return "", &iofs.PathError{Op: "readlink", Path: name, Err: iofs.ErrInvalid}

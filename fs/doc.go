@@ -90,7 +90,7 @@
 //	    │   └── data|logs|tmp/    volNode: the volume's upper layer
 //	    └── <task>/               taskNode: 0777 nobody
 //	        ├── local/ tmp/       volNode
-//	        ├── secrets/ private/ memDir: memory only, size-capped
+//	        ├── secrets/ private/ memDir: memory only, capped in bytes and entries
 //	        └── alloc/            sharedNode again, as a second view
 //
 // The skeleton (everything that is not inside a volume or a memory tree)

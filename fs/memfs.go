@@ -2,6 +2,11 @@ package fs
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -10,24 +15,129 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// quota is the byte budget of one memory-only directory tree (a task's
-// secrets/ or private/). It is what a size-capped tmpfs gives Nomad.
-type quota struct {
-	mu    sync.Mutex
-	used  int64
-	limit int64
+// A memory volume (a task's secrets/ or private/) is what a tmpfs mounted
+// with size= and nr_inodes= gives Nomad, held in the daemon's heap. Its
+// accounting follows mm/shmem.c where a task can see it, and is stricter
+// where the daemon's memory is at stake:
+//
+//   - File data is kept and charged in pages, allocated on first write
+//     (holes cost nothing): a write past the byte cap is cut short at a
+//     page boundary and the next one fails with ENOSPC, as on tmpfs, and
+//     st_blocks tells the truth.
+//   - Every entry takes memEntrySpace of the entry budget, nr_inodes times
+//     that in all, the root included, as tmpfs's "ispace" does; xattrs
+//     take simple_xattr_space() of it. Creating an entry, or setting an
+//     xattr, that does not fit fails with ENOSPC.
+//   - Unlike tmpfs, names, symbolic link targets and xattrs also count
+//     against the byte cap: they live in the daemon's heap, not in the
+//     kernel's slabs, so the cap bounds everything a task can make the
+//     daemon hold, apart from a fixed per-entry overhead that the entry cap
+//     bounds (see defaultMemInodes). A volume filled with data to the last
+//     page therefore holds a page less than tmpfs, and a rename to a
+//     longer name can fail with ENOSPC.
+//   - Content is freed when the last name goes, not at the last close: a
+//     file unlinked while open reads empty, where tmpfs keeps it.
+const (
+	memPageSize = 4096
+	// memEntrySpace is tmpfs's BOGO_INODE_SIZE: what one entry costs of
+	// the entry budget.
+	memEntrySpace = 1024
+	// memXattrOverhead is the fixed part of the kernel's
+	// simple_xattr_space(); it is also about what a name and value
+	// header cost here.
+	memXattrOverhead = 40
+	// memMinInodes is the smallest entry cap a memory volume gets.
+	memMinInodes = 1024
+)
+
+// defaultMemInodes is the entry cap (nr_inodes) of a memory volume of size
+// bytes when nobody sets one: one entry per KiB of the byte cap, and never
+// fewer than memMinInodes (what the default 1 MiB volume gets). tmpfs's
+// default, half the machine's pages, would let one task make the daemon
+// hold millions of nodes. An entry costs the daemon roughly 0.5 to 1 KiB
+// beyond what the byte cap counts (go-fuse's Inode, the node's metadata,
+// the directory's map slot; TestMemVolumeManyEntries measures it), so with
+// one entry per KiB the whole volume stays within about twice its byte
+// cap, while a 1 MiB secrets/ still holds a thousand files.
+func defaultMemInodes(size int64) int64 {
+	return max(size/1024, memMinInodes)
 }
 
-// grow reserves delta bytes (negative releases) and refuses growth past
-// the limit with ENOSPC, exactly as a full tmpfs would.
-func (q *quota) grow(delta int64) syscall.Errno {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if delta > 0 && q.used+delta > q.limit {
+// memVolume is the budget of one memory volume: bytes (size=) and
+// entries (nr_inodes=), both charged before anything is allocated.
+type memVolume struct {
+	mu     sync.Mutex
+	limit  int64 // byte cap
+	used   int64
+	inodes int64 // entry cap
+	// freeEntry is what is left of inodes*memEntrySpace.
+	freeEntry int64
+	// dead is set when the allocation is destroyed: nodes the kernel
+	// still holds can no longer grow or gain children.
+	dead bool
+}
+
+func newMemVolume(limit, inodes int64) *memVolume {
+	return &memVolume{limit: limit, inodes: inodes, freeEntry: inodes * memEntrySpace}
+}
+
+// charge reserves bytes of the byte cap and entry of the entry budget, or
+// neither: ENOSPC when either does not fit.
+func (v *memVolume) charge(bytes, entry int64) syscall.Errno {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead || v.used+bytes > v.limit || entry > v.freeEntry {
 		return syscall.ENOSPC
 	}
-	q.used += delta
+	v.used += bytes
+	v.freeEntry -= entry
 	return 0
+}
+
+// release returns what charge reserved.
+func (v *memVolume) release(bytes, entry int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead {
+		return
+	}
+	v.used -= bytes
+	v.freeEntry += entry
+}
+
+// newEntry charges an entry called name: ENOENT once the volume is gone,
+// as creating in a removed directory gives.
+func (v *memVolume) newEntry(name string) syscall.Errno {
+	v.mu.Lock()
+	dead := v.dead
+	v.mu.Unlock()
+	if dead {
+		return syscall.ENOENT
+	}
+	return v.charge(int64(len(name)), memEntrySpace)
+}
+
+// kill marks the volume destroyed; its usage no longer matters.
+func (v *memVolume) kill() {
+	v.mu.Lock()
+	v.dead = true
+	v.used, v.freeEntry = v.limit, 0
+	v.mu.Unlock()
+}
+
+// statfs reports the caps as tmpfs does: blocks of 4 KiB from the byte cap,
+// files from the entry cap.
+func (v *memVolume) statfs(out *fuse.StatfsOut) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out.Bsize, out.Frsize = memPageSize, memPageSize
+	out.Blocks = uint64((v.limit + memPageSize - 1) / memPageSize)
+	free := max(v.limit-v.used, 0)
+	out.Bfree = uint64(free / memPageSize)
+	out.Bavail = out.Bfree
+	out.Files = uint64(v.inodes)
+	out.Ffree = uint64(max(v.freeEntry, 0) / memEntrySpace)
+	out.NameLen = maxNameLen
 }
 
 // memAttr is the metadata every memory node keeps.
@@ -64,8 +174,7 @@ func (a *memAttr) fill(out *fuse.Attr, ino uint64, size uint64, nlink uint32) {
 	out.Uid, out.Gid = a.uid, a.gid
 	out.Ino = ino
 	out.Size = size
-	out.Blocks = (size + 511) / 512
-	out.Blksize = 4096
+	out.Blksize = memPageSize
 	out.Nlink = nlink
 	out.SetTimes(&a.atime, &a.mtime, &a.ctime)
 }
@@ -98,14 +207,60 @@ func (a *memAttr) setattr(in *fuse.SetAttrIn) {
 	}
 }
 
-// memNode holds what every memory node keeps: its metadata, and a size
-// and link count that do not depend on content (files override both).
+// memXattr is one extended attribute of a memory node.
+type memXattr struct {
+	name  string
+	value []byte
+}
+
+// space is what the xattr costs, of both budgets: the kernel's
+// simple_xattr_space(), so that the entry budget runs out where tmpfs's
+// does.
+func (x memXattr) space() int64 {
+	return memXattrOverhead + int64(len(x.name)+len(x.value))
+}
+
+// memNode holds what every memory node keeps: its volume, metadata and
+// xattrs, and a size and link count that do not depend on content (files
+// override both).
 type memNode struct {
 	gofs.Inode
-	mu    sync.Mutex
-	attr  memAttr
-	size  uint64
-	nlink uint32
+	v      *memVolume
+	mu     sync.Mutex
+	attr   memAttr
+	size   uint64
+	nlink  uint32
+	xattrs []memXattr
+}
+
+// memContent is a node whose content can be freed when its volume goes.
+type memContent interface {
+	// clear frees the node's content and returns what it was charged,
+	// in bytes and of the entry budget (the entry itself excluded).
+	clear() (bytes, entry int64)
+}
+
+var _ = (memContent)((*memNode)(nil))
+
+func (n *memNode) clear() (bytes, entry int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, x := range n.xattrs {
+		bytes += x.space()
+		entry += x.space()
+	}
+	n.xattrs = nil
+	return bytes, entry
+}
+
+// releaseEntry returns to the volume what the entry name, holding node,
+// was charged, and frees the node's content.
+func (v *memVolume) releaseEntry(name string, node *gofs.Inode) {
+	var bytes, entry int64
+	if c, ok := node.Operations().(memContent); ok {
+		bytes, entry = c.clear()
+	}
+	v.release(bytes+int64(len(name)), entry+memEntrySpace)
 }
 
 var _ = (gofs.NodeGetattrer)((*memNode)(nil))
@@ -127,16 +282,177 @@ func (n *memNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	return 0
 }
 
+var _ = (gofs.NodeStatfser)((*memNode)(nil))
+
+func (n *memNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	n.v.statfs(out)
+	return 0
+}
+
+// xattrPrefixes are the namespaces tmpfs stores. The kernel has already
+// applied the VFS rules before a request reaches the daemon: trusted.*
+// needs CAP_SYS_ADMIN, user.* only on regular files and directories,
+// names of 1 to 255 bytes, values up to 64 KiB. POSIX ACLs
+// (system.posix_acl_*) are refused with EOPNOTSUPP, as on a tmpfs built
+// without them: the kernel enforces a FUSE file's ACL only when the daemon
+// negotiates FUSE_POSIX_ACL, and an ACL that is stored but not enforced
+// would mislead.
+var xattrPrefixes = []string{"security.", "trusted.", "user."}
+
+// checkXattrName answers as tmpfs's handler lookup does: EOPNOTSUPP for a
+// namespace it does not store, EINVAL for a bare prefix.
+func checkXattrName(name string) syscall.Errno {
+	for _, p := range xattrPrefixes {
+		if strings.HasPrefix(name, p) {
+			if len(name) == len(p) {
+				return syscall.EINVAL
+			}
+			return 0
+		}
+	}
+	return syscall.EOPNOTSUPP
+}
+
+// findXattr returns the index of name in n.xattrs, or -1; n.mu is held.
+func (n *memNode) findXattr(name string) int {
+	for i, x := range n.xattrs {
+		if x.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+var _ = (gofs.NodeSetxattrer)((*memNode)(nil))
+
+// Setxattr charges the new value before the flags are looked at and frees
+// the old one after, as tmpfs does: a replacement needs room for both.
+func (n *memNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if errno := checkXattrName(attr); errno != 0 {
+		return errno
+	}
+	x := memXattr{name: attr, value: append([]byte{}, data...)}
+	if errno := n.v.charge(x.space(), x.space()); errno != 0 {
+		return errno
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := n.findXattr(attr)
+	switch {
+	case i >= 0 && flags&xattrCreate != 0:
+		n.v.release(x.space(), x.space())
+		return syscall.EEXIST
+	case i < 0 && flags&xattrReplace != 0:
+		n.v.release(x.space(), x.space())
+		return syscall.ENODATA
+	case i >= 0:
+		old := n.xattrs[i]
+		n.xattrs[i] = x
+		n.v.release(old.space(), old.space())
+	default:
+		n.xattrs = append(n.xattrs, x)
+	}
+	n.attr.ctime = time.Now()
+	return 0
+}
+
+const (
+	xattrCreate  = 0x1 // XATTR_CREATE
+	xattrReplace = 0x2 // XATTR_REPLACE
+)
+
+var _ = (gofs.NodeGetxattrer)((*memNode)(nil))
+
+func (n *memNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if errno := checkXattrName(attr); errno != 0 {
+		return 0, errno
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := n.findXattr(attr)
+	if i < 0 {
+		return 0, syscall.ENODATA
+	}
+	v := n.xattrs[i].value
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+var _ = (gofs.NodeListxattrer)((*memNode)(nil))
+
+// Listxattr lists names in descending byte order, the order tmpfs lists
+// them in on Linux 6.18, and leaves trusted.* out for callers without
+// CAP_SYS_ADMIN, as tmpfs does (the kernel checks nothing of a FUSE list).
+func (n *memNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	n.mu.Lock()
+	names := make([]string, 0, len(n.xattrs))
+	for _, x := range n.xattrs {
+		names = append(names, x.name)
+	}
+	n.mu.Unlock()
+	trusted := -1 // unknown until a trusted.* name needs it
+	out := names[:0]
+	for _, name := range names {
+		if strings.HasPrefix(name, "trusted.") {
+			if trusted < 0 {
+				trusted = 0
+				if callerHasCap(ctx, capSysAdmin) {
+					trusted = 1
+				}
+			}
+			if trusted == 0 {
+				continue
+			}
+		}
+		out = append(out, name)
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(out)))
+	size := 0
+	for _, name := range out {
+		size += len(name) + 1
+	}
+	if len(dest) < size {
+		return uint32(size), syscall.ERANGE
+	}
+	off := 0
+	for _, name := range out {
+		off += copy(dest[off:], name)
+		dest[off] = 0
+		off++
+	}
+	return uint32(size), 0
+}
+
+var _ = (gofs.NodeRemovexattrer)((*memNode)(nil))
+
+func (n *memNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if errno := checkXattrName(attr); errno != 0 {
+		return errno
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := n.findXattr(attr)
+	if i < 0 {
+		return syscall.ENODATA
+	}
+	old := n.xattrs[i]
+	n.xattrs = append(n.xattrs[:i], n.xattrs[i+1:]...)
+	n.v.release(old.space(), old.space())
+	n.attr.ctime = time.Now()
+	return 0
+}
+
 // memDir is a directory of a memory-only tree. Its children are
 // persistent go-fuse inodes, so lookups and listings are served from the
 // inode tree itself and never reach the disk.
 type memDir struct {
 	memNode
-	q *quota
 }
 
-func newMemDir(q *quota, attr memAttr) *memDir {
-	return &memDir{memNode: memNode{attr: attr, size: 4096, nlink: 2}, q: q}
+func newMemDir(v *memVolume, attr memAttr) *memDir {
+	return &memDir{memNode: memNode{v: v, attr: attr, size: 4096, nlink: 2}}
 }
 
 func (d *memDir) touch() {
@@ -146,26 +462,33 @@ func (d *memDir) touch() {
 	d.mu.Unlock()
 }
 
-func (d *memDir) checkName(name string) syscall.Errno {
+// newEntry checks that name can be created in d and charges it.
+func (d *memDir) newEntry(name string) syscall.Errno {
 	if len(name) > maxNameLen {
 		return syscall.ENAMETOOLONG
 	}
 	if d.GetChild(name) != nil {
 		return syscall.EEXIST
 	}
-	return 0
+	return d.v.newEntry(name)
+}
+
+// add puts a new node called name into d; the entry is charged.
+func (d *memDir) add(ctx context.Context, name string, node gofs.InodeEmbedder, mode uint32) *gofs.Inode {
+	ch := d.NewPersistentInode(ctx, node, gofs.StableAttr{Mode: mode & syscall.S_IFMT})
+	d.AddChild(name, ch, false)
+	d.touch()
+	return ch
 }
 
 var _ = (gofs.NodeMkdirer)((*memDir)(nil))
 
 func (d *memDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if errno := d.checkName(name); errno != 0 {
+	if errno := d.newEntry(name); errno != 0 {
 		return nil, errno
 	}
-	child := newMemDir(d.q, newMemAttr(ctx, syscall.S_IFDIR|mode&07777, d))
-	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFDIR})
-	d.AddChild(name, ch, false)
-	d.touch()
+	child := newMemDir(d.v, newMemAttr(ctx, syscall.S_IFDIR|mode&07777, d))
+	ch := d.add(ctx, name, child, syscall.S_IFDIR)
 	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 4096, 2)
 	return ch, 0
 }
@@ -173,13 +496,11 @@ func (d *memDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.
 var _ = (gofs.NodeCreater)((*memDir)(nil))
 
 func (d *memDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if errno := d.checkName(name); errno != 0 {
+	if errno := d.newEntry(name); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	child := &memFile{memNode: memNode{attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d), nlink: 1}, q: d.q}
-	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFREG})
-	d.AddChild(name, ch, false)
-	d.touch()
+	child := &memFile{memNode: memNode{v: d.v, attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d), nlink: 1}}
+	ch := d.add(ctx, name, child, syscall.S_IFREG)
 	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
 	return ch, nil, fuse.FOPEN_DIRECT_IO, 0
 }
@@ -187,16 +508,15 @@ func (d *memDir) Create(ctx context.Context, name string, flags uint32, mode uin
 var _ = (gofs.NodeSymlinker)((*memDir)(nil))
 
 func (d *memDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if errno := d.checkName(name); errno != 0 {
+	if errno := d.newEntry(name); errno != 0 {
 		return nil, errno
 	}
-	if errno := d.q.grow(int64(len(target))); errno != 0 {
+	if errno := d.v.charge(int64(len(target)), 0); errno != 0 {
+		d.v.release(int64(len(name)), memEntrySpace)
 		return nil, errno
 	}
-	child := &memLink{memNode: memNode{attr: newMemAttr(ctx, syscall.S_IFLNK|0o777, d), size: uint64(len(target)), nlink: 1}, target: []byte(target)}
-	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFLNK})
-	d.AddChild(name, ch, false)
-	d.touch()
+	child := &memLink{memNode: memNode{v: d.v, attr: newMemAttr(ctx, syscall.S_IFLNK|0o777, d), size: uint64(len(target)), nlink: 1}, target: []byte(target)}
+	ch := d.add(ctx, name, child, syscall.S_IFLNK)
 	child.attr.fill(&out.Attr, ch.StableAttr().Ino, uint64(len(target)), 1)
 	return ch, 0
 }
@@ -211,13 +531,11 @@ func (d *memDir) Mknod(ctx context.Context, name string, mode, rdev uint32, out 
 	default:
 		return nil, syscall.EPERM
 	}
-	if errno := d.checkName(name); errno != 0 {
+	if errno := d.newEntry(name); errno != 0 {
 		return nil, errno
 	}
-	child := &memNode{attr: newMemAttr(ctx, mode, d), nlink: 1}
-	ch := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: mode & syscall.S_IFMT})
-	d.AddChild(name, ch, false)
-	d.touch()
+	child := &memNode{v: d.v, attr: newMemAttr(ctx, mode, d), nlink: 1}
+	ch := d.add(ctx, name, child, mode)
 	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
 	return ch, 0
 }
@@ -232,12 +550,7 @@ func (d *memDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if ch.IsDir() {
 		return syscall.EISDIR
 	}
-	switch n := ch.Operations().(type) {
-	case *memFile:
-		n.release()
-	case *memLink:
-		d.q.grow(-int64(len(n.target)))
-	}
+	d.v.releaseEntry(name, ch)
 	d.touch()
 	return 0
 }
@@ -255,6 +568,7 @@ func (d *memDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if len(ch.Children()) > 0 {
 		return syscall.ENOTEMPTY
 	}
+	d.v.releaseEntry(name, ch)
 	d.touch()
 	return 0
 }
@@ -262,10 +576,11 @@ func (d *memDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRenamer)((*memDir)(nil))
 
 // Rename within one memory tree; the bridge moves the inode in the tree
-// once this returns OK.
+// once this returns OK. A longer name is charged first; an entry the
+// rename replaces is released.
 func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	dst, ok := newParent.(*memDir)
-	if !ok || dst.q != d.q {
+	if !ok || dst.v != d.v {
 		return syscall.EXDEV
 	}
 	if len(newName) > maxNameLen {
@@ -281,6 +596,10 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 		if existing == nil {
 			return syscall.ENOENT
 		}
+		// The two names trade places: nothing to charge.
+		d.touch()
+		dst.touch()
+		return 0
 	case flags&renameNoReplace != 0 && existing != nil:
 		return syscall.EEXIST
 	case existing != nil:
@@ -293,30 +612,41 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 		if existing.IsDir() && len(existing.Children()) > 0 {
 			return syscall.ENOTEMPTY
 		}
-		if f, ok := existing.Operations().(*memFile); ok {
-			f.release()
+	}
+	switch grow := int64(len(newName) - len(name)); {
+	case existing != nil:
+		// The moved entry inherits the charge of the name it replaces;
+		// its old name goes, with the replaced entry and its content.
+		d.v.releaseEntry(name, existing)
+	case grow > 0:
+		if errno := d.v.charge(grow, 0); errno != 0 {
+			return errno
 		}
+	default:
+		d.v.release(-grow, 0)
 	}
 	d.touch()
 	dst.touch()
 	return 0
 }
 
-// memFile is a regular file held in memory. Its bytes count against the
-// tree's quota.
+// memFile is a regular file held in memory, in pages allocated on first
+// write; each page counts against the volume's byte cap.
 type memFile struct {
 	memNode
-	q    *quota
-	data []byte
+	pages    map[int64][]byte // page index to memPageSize bytes
+	fileSize int64
 }
 
-// release returns the file's bytes to the quota when its last name goes.
-func (f *memFile) release() {
+var _ = (memContent)((*memFile)(nil))
+
+func (f *memFile) clear() (bytes, entry int64) {
+	bytes, entry = f.memNode.clear()
 	f.mu.Lock()
-	n := len(f.data)
-	f.data = nil
-	f.mu.Unlock()
-	f.q.grow(-int64(n))
+	defer f.mu.Unlock()
+	bytes += int64(len(f.pages)) * memPageSize
+	f.pages, f.fileSize = nil, 0
+	return bytes, entry
 }
 
 var _ = (gofs.NodeOpener)((*memFile)(nil))
@@ -326,11 +656,8 @@ var _ = (gofs.NodeOpener)((*memFile)(nil))
 func (f *memFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 {
 		f.mu.Lock()
-		errno := f.truncate(0)
+		f.truncate(0)
 		f.mu.Unlock()
-		if errno != 0 {
-			return nil, 0, errno
-		}
 	}
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
@@ -340,51 +667,89 @@ var _ = (gofs.NodeReader)((*memFile)(nil))
 func (f *memFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if off >= int64(len(f.data)) {
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if off >= f.fileSize {
 		return fuse.ReadResultData(nil), 0
 	}
-	end := off + int64(len(dest))
-	if end > int64(len(f.data)) {
-		end = int64(len(f.data))
+	out := make([]byte, min(int64(len(dest)), f.fileSize-off))
+	for n := 0; n < len(out); {
+		pos := off + int64(n)
+		in := pos % memPageSize
+		if pg := f.pages[pos/memPageSize]; pg != nil {
+			n += copy(out[n:], pg[in:])
+		} else {
+			n += min(len(out)-n, int(memPageSize-in)) // a hole reads as zeros
+		}
 	}
-	out := make([]byte, end-off)
-	copy(out, f.data[off:end])
 	return fuse.ReadResultData(out), 0
 }
 
 var _ = (gofs.NodeWriter)((*memFile)(nil))
 
+// Write allocates the pages it touches; when the byte cap runs out midway
+// it reports the bytes written so far, and the next write gets ENOSPC, as
+// on tmpfs.
 func (f *memFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	end := off + int64(len(data))
-	if end > int64(len(f.data)) {
-		if errno := f.truncate(end); errno != 0 {
-			return 0, errno
-		}
+	if off < 0 {
+		return 0, syscall.EINVAL
 	}
-	copy(f.data[off:], data)
+	n := 0
+	for n < len(data) {
+		pos := off + int64(n)
+		pg := f.pages[pos/memPageSize]
+		if pg == nil {
+			if errno := f.v.charge(memPageSize, 0); errno != 0 {
+				if n == 0 {
+					return 0, errno
+				}
+				break
+			}
+			pg = make([]byte, memPageSize)
+			if f.pages == nil {
+				f.pages = make(map[int64][]byte)
+			}
+			f.pages[pos/memPageSize] = pg
+		}
+		n += copy(pg[pos%memPageSize:], data[n:])
+	}
+	f.fileSize = max(f.fileSize, off+int64(n))
 	now := time.Now()
 	f.attr.mtime, f.attr.ctime = now, now
 	// Writing drops set-id bits, as the kernel would on a local file.
 	f.attr.mode &^= syscall.S_ISUID | syscall.S_ISGID
-	return uint32(len(data)), 0
+	return uint32(n), 0
 }
 
-// truncate resizes the data within the quota; f.mu is held.
-func (f *memFile) truncate(size int64) syscall.Errno {
-	delta := size - int64(len(f.data))
-	if errno := f.q.grow(delta); errno != 0 {
-		return errno
+// truncate sets the file's size; f.mu is held. Growing allocates nothing
+// (the new range is a hole); shrinking frees the pages past the end and
+// zeroes the tail of the last one, so that growing again reads zeros.
+func (f *memFile) truncate(size int64) {
+	if size < f.fileSize {
+		keep := (size + memPageSize - 1) / memPageSize
+		freed := int64(0)
+		for i := range f.pages {
+			if i >= keep {
+				delete(f.pages, i)
+				freed++
+			}
+		}
+		if pg := f.pages[size/memPageSize]; pg != nil {
+			clear(pg[size%memPageSize:])
+		}
+		f.v.release(freed*memPageSize, 0)
 	}
-	if delta > 0 {
-		f.data = append(f.data, make([]byte, delta)...)
-	} else {
-		f.data = f.data[:size:size]
-	}
+	f.fileSize = size
 	now := time.Now()
 	f.attr.mtime, f.attr.ctime = now, now
-	return 0
+}
+
+func (f *memFile) fillAttr(out *fuse.Attr) {
+	f.attr.fill(out, f.StableAttr().Ino, uint64(f.fileSize), 1)
+	out.Blocks = uint64(len(f.pages)) * (memPageSize / 512)
 }
 
 var _ = (gofs.NodeGetattrer)((*memFile)(nil))
@@ -392,7 +757,7 @@ var _ = (gofs.NodeGetattrer)((*memFile)(nil))
 func (f *memFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.attr.fill(&out.Attr, f.StableAttr().Ino, uint64(len(f.data)), 1)
+	f.fillAttr(&out.Attr)
 	return 0
 }
 
@@ -402,12 +767,10 @@ func (f *memFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if size, ok := in.GetSize(); ok {
-		if errno := f.truncate(int64(size)); errno != 0 {
-			return errno
-		}
+		f.truncate(int64(size))
 	}
 	f.attr.setattr(in)
-	f.attr.fill(&out.Attr, f.StableAttr().Ino, uint64(len(f.data)), 1)
+	f.fillAttr(&out.Attr)
 	return 0
 }
 
@@ -424,6 +787,68 @@ type memLink struct {
 	target []byte
 }
 
+var _ = (memContent)((*memLink)(nil))
+
+func (l *memLink) clear() (bytes, entry int64) {
+	bytes, entry = l.memNode.clear()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	bytes += int64(len(l.target))
+	l.target = nil
+	return bytes, entry
+}
+
+// readlink returns the link's target.
+func (l *memLink) readlink() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.target
+}
+
 var _ = (gofs.NodeReadlinker)((*memLink)(nil))
 
-func (l *memLink) Readlink(ctx context.Context) ([]byte, syscall.Errno) { return l.target, 0 }
+func (l *memLink) Readlink(ctx context.Context) ([]byte, syscall.Errno) { return l.readlink(), 0 }
+
+// dropMemVolume frees everything a destroyed allocation's memory volume
+// holds: it marks the volume dead, clears every node's content and cuts
+// the tree out of go-fuse's, so that nothing of it stays reachable. Nodes
+// the kernel still holds (an open file, a process's working directory)
+// stay known to go-fuse until the kernel forgets them, empty.
+func dropMemVolume(root *memDir) {
+	root.v.kill()
+	var walk func(n *gofs.Inode)
+	walk = func(n *gofs.Inode) {
+		for _, ch := range n.Children() {
+			walk(ch)
+		}
+		if c, ok := n.Operations().(memContent); ok {
+			c.clear()
+		}
+	}
+	walk(root.EmbeddedInode())
+	root.RmAllChildren()
+}
+
+// capSysAdmin is CAP_SYS_ADMIN's bit in a capability set.
+const capSysAdmin = 21
+
+// callerHasCap reports whether the process that made the request has the
+// capability bit in its effective set, read from /proc: FUSE tells the
+// daemon the caller's pid, not its credentials. Unknown means no.
+func callerHasCap(ctx context.Context, bit uint) bool {
+	c, ok := fuse.FromContext(ctx)
+	if !ok || c.Pid == 0 {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.Pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			eff, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && eff&(1<<bit) != 0
+		}
+	}
+	return false
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -237,6 +238,9 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 type memRoots struct {
 	mu    sync.Mutex
 	roots map[string]*memDir // key: allocID/task/name
+	// inodes gives the entry cap of a volume of a byte cap; nil means
+	// defaultMemInodes. Tests set it before the first lookup.
+	inodes func(size int64) int64
 }
 
 // memRoot returns the memory-only directory name (secrets or private) of a
@@ -265,20 +269,35 @@ func (m *Mount) memRoot(ctx context.Context, parent *gofs.Inode, allocID string,
 	if o != nil {
 		attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
 	}
-	d := newMemDir(&quota{limit: limit}, attr)
+	inodes := defaultMemInodes(limit)
+	if m.mem.inodes != nil {
+		inodes = m.mem.inodes(limit)
+	}
+	v := newMemVolume(limit, inodes)
+	// The root is an entry too, as a tmpfs's root takes one of its
+	// nr_inodes; a fresh volume always has room for it.
+	v.charge(0, memEntrySpace)
+	d := newMemDir(v, attr)
 	parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: syntheticIno("mem", key)})
 	m.mem.roots[key] = d
 	return d
 }
 
-// dropMem forgets the memory-only directories of an allocation.
+// dropMem frees the memory-only directories of an allocation: forgetting
+// them is not enough, as go-fuse's tree, and the kernel, still hold their
+// nodes.
 func (m *Mount) dropMem(allocID string) {
+	var dropped []*memDir
 	m.mem.mu.Lock()
-	defer m.mem.mu.Unlock()
-	for key := range m.mem.roots {
-		if len(key) > len(allocID) && key[:len(allocID)+1] == allocID+"/" {
+	for key, d := range m.mem.roots {
+		if strings.HasPrefix(key, allocID+"/") {
 			delete(m.mem.roots, key)
+			dropped = append(dropped, d)
 		}
+	}
+	m.mem.mu.Unlock()
+	for _, d := range dropped {
+		dropMemVolume(d)
 	}
 }
 
