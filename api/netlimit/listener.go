@@ -5,15 +5,19 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Listener is a net.Listener whose accepted connections are capped; see
 // NewListener. All methods are safe for concurrent use.
 type Listener struct {
 	net.Listener
-	// slots holds one token per open connection: a send takes a slot, a
-	// receive frees one, so its capacity is the cap.
+	// slots holds one token per open connection, and one for the
+	// connection Accept is waiting for: a send takes a slot, a receive
+	// frees one, so its capacity is the cap.
 	slots chan struct{}
+	// open counts the connections accepted and not yet closed.
+	open atomic.Int64
 	// full is called each time Accept finds no free slot, before it waits.
 	full func()
 
@@ -52,7 +56,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 		<-l.slots
 		return nil, err
 	}
-	return &conn{Conn: c, release: func() { <-l.slots }}, nil
+	l.open.Add(1)
+	return &conn{Conn: c, release: func() {
+		l.open.Add(-1)
+		<-l.slots
+	}}, nil
 }
 
 // Close closes the listener and ends an Accept that waits for a slot.
@@ -63,7 +71,7 @@ func (l *Listener) Close() error {
 }
 
 // Open returns how many accepted connections are open.
-func (l *Listener) Open() int { return len(l.slots) }
+func (l *Listener) Open() int { return int(l.open.Load()) }
 
 // Cap returns the most connections that may be open at once.
 func (l *Listener) Cap() int { return cap(l.slots) }
