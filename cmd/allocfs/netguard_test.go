@@ -256,6 +256,29 @@ func TestLimitStreams(t *testing.T) {
 	if len(lines) != 1 || lines[0]["path"] != "/v1/client/fs/stream/a1" {
 		t.Errorf("log: %v, want one line for the refused stream", lines)
 	}
+
+	// The snapshot handler is gated whole, whatever the path, and shares
+	// the cap with the file-system API.
+	release2 := make(chan struct{})
+	snapshots := g.limitStreams(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release2
+	}), true)
+	go func() {
+		w := httptest.NewRecorder()
+		snapshots.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/client/allocation/a1/snapshot", nil))
+		done <- w.Code
+	}()
+	<-entered
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/client/fs/ls/a1", nil))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Errorf("file-system API while a snapshot holds the slot: %d, want 503", w.Code)
+	}
+	close(release2)
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("snapshot: %d, want 200", code)
+	}
 }
 
 // TestNodeHandlerRefusalsRateLimited: requests with a bad or missing
