@@ -9,8 +9,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/migrate"
-	"github.com/hashicorp/go-hclog"
 )
 
 // nodeConfig is what the TCP listener serves and how it is secured.
@@ -156,14 +156,15 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the
 // migration token, the client API behind the API token, nothing else (the
-// control API stays on the unix socket).
-func nodeHandler(logger hclog.Logger, cfg nodeConfig, snapshots, client http.Handler) http.Handler {
+// control API stays on the unix socket). Refusals are logged through
+// refusals, at a bounded rate: anyone who can connect can cause them.
+func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, snapshots, client http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if cfg.migrateTokens != nil {
-		mux.Handle("GET /v1/client/allocation/{id}/snapshot", snapshots)
+		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, cfg.migrateTokens, snapshots))
 	}
 	if cfg.apiToken != "" {
-		mux.Handle("/v1/client/", requireToken(logger, cfg.apiToken, client))
+		mux.Handle("/v1/client/", requireToken(refusals, cfg.apiToken, client))
 	}
 	return mux
 }
@@ -171,14 +172,31 @@ func nodeHandler(logger hclog.Logger, cfg nodeConfig, snapshots, client http.Han
 // requireToken admits requests that present token as X-Nomad-Token or as
 // an "Authorization: Bearer" header, as Nomad's API does, and answers 403
 // to the rest.
-func requireToken(logger hclog.Logger, token string, next http.Handler) http.Handler {
+func requireToken(refusals *netlimit.LogLimiter, token string, next http.Handler) http.Handler {
 	check := migrate.SharedToken(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !check.Check("", migrate.RequestToken(r)) {
-			logger.Warn("refused a client API request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
+			refusals.Warn("token/client_api", "refused a client API request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(http.StatusForbidden)
 			io.WriteString(w, "Permission denied")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireSnapshotToken answers 403 to a snapshot request whose token tokens
+// refuse for the allocation it names. The snapshot handler checks again,
+// but logs every refusal; checked here first, refusals are logged at a
+// bounded rate.
+func requireSnapshotToken(refusals *netlimit.LogLimiter, tokens migrate.TokenChecker, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := migrate.RequestToken(r)
+		if token == "" || !tokens.Check(r.PathValue("id"), token) {
+			refusals.Warn("token/snapshot", "refused a snapshot request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
+			// The snapshot handler's own answer, word for word.
+			http.Error(w, "Permission denied", http.StatusForbidden)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -132,6 +132,15 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
+	// Clients get what the mount and the store leave them, and no more.
+	budget, err := newFDBudget(logger)
+	if err != nil {
+		return err
+	}
+	guard, err := newNetGuard(logger, budget)
+	if err != nil {
+		return err
+	}
 	if err := checkLayout(cfg); err != nil {
 		return err
 	}
@@ -168,6 +177,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err != nil {
 		return err
 	}
+	if ln, err = guard.limitListener(ln, budget.UnixConns, "unix"); err != nil {
+		return err
+	}
 
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
@@ -197,11 +209,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return errors.Join(err, m.Unmount())
 	}
 	apiServer.SetFetchTLS(fetchTLS)
-	srv := &http.Server{
-		Handler:           apiServer,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
-	}
+	srv := guard.httpServer(guard.limitStreams(apiServer, false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
 	served := make(chan error, 2)
@@ -218,16 +226,16 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			srv.Close()
 			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.node.addr, err), m.Unmount())
 		}
+		if tcp, err = guard.limitListener(tcp, budget.TCPConns, "tcp"); err != nil {
+			srv.Close()
+			return errors.Join(err, m.Unmount())
+		}
 		var snapshots http.Handler
 		if cfg.node.migrateTokens != nil {
-			snapshots = migrate.SnapshotHandler(logger, lookup, cfg.node.migrateTokens)
+			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, lookup, cfg.node.migrateTokens), true)
 		}
-		nodeSrv = &http.Server{
-			Handler:           nodeHandler(logger, cfg.node, snapshots, clientAPI),
-			ReadHeaderTimeout: 10 * time.Second,
-			TLSConfig:         tlsCfg,
-			ErrorLog:          logger.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
-		}
+		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, snapshots, guard.limitStreams(clientAPI, false)), "tcp")
+		nodeSrv.TLSConfig = tlsCfg
 		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
 		go func() {
 			if tlsCfg != nil {
