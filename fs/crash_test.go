@@ -63,6 +63,25 @@ type crashDisk struct {
 	// since; durable their content at their last sync.
 	dirty   map[uint64]bool
 	durable map[uint64][]byte
+	// trail names every step taken, for the log.
+	trail []string
+}
+
+// short names p the way the log shows it: relative to the data dir, with
+// layer IDs elided.
+func (d *crashDisk) short(p string) string {
+	rel, err := filepath.Rel(d.dataDir, p)
+	if err != nil {
+		return p
+	}
+	parts := strings.Split(rel, "/")
+	if len(parts) > 1 && (parts[0] == layersDirName || parts[0] == stagingDirName) {
+		parts[1] = "*"
+	}
+	if len(parts) > 1 && parts[0] == stateDirName && strings.HasSuffix(parts[1], ".tmp") {
+		parts[1] = "*.tmp"
+	}
+	return strings.Join(parts, "/")
 }
 
 func newCrashDisk(t *testing.T, dataDir, image string, limit int, power bool) *crashDisk {
@@ -70,9 +89,11 @@ func newCrashDisk(t *testing.T, dataDir, image string, limit int, power bool) *c
 		dirty: make(map[uint64]bool), durable: make(map[uint64][]byte)}
 }
 
-// step counts one step and says whether the process is dead by now.
-func (d *crashDisk) step() error {
+// step counts one step, named op on path p for the log, and says
+// whether the process is dead by now.
+func (d *crashDisk) step(op, p string) error {
 	d.steps++
+	d.trail = append(d.trail, op+" "+d.short(p))
 	if d.limit > 0 && d.steps >= d.limit {
 		return errDead
 	}
@@ -120,28 +141,28 @@ func (d *crashDisk) capture() {
 }
 
 func (d *crashDisk) mkdir(p string, mode uint32) error {
-	if err := d.step(); err != nil {
+	if err := d.step("mkdir", p); err != nil {
 		return err
 	}
 	return d.osDisk.mkdir(p, mode)
 }
 
 func (d *crashDisk) lchown(p string, uid, gid int) error {
-	if err := d.step(); err != nil {
+	if err := d.step("lchown", p); err != nil {
 		return err
 	}
 	return d.osDisk.lchown(p, uid, gid)
 }
 
 func (d *crashDisk) chmod(p string, mode uint32) error {
-	if err := d.step(); err != nil {
+	if err := d.step("chmod", p); err != nil {
 		return err
 	}
 	return d.osDisk.chmod(p, mode)
 }
 
 func (d *crashDisk) writeFile(p string, data []byte, mode uint32) error {
-	if err := d.step(); err != nil {
+	if err := d.step("writeFile", p); err != nil {
 		return err
 	}
 	err := d.osDisk.writeFile(p, data, mode)
@@ -150,7 +171,7 @@ func (d *crashDisk) writeFile(p string, data []byte, mode uint32) error {
 }
 
 func (d *crashDisk) appendFile(p string, data []byte) error {
-	if err := d.step(); err != nil {
+	if err := d.step("appendFile", p); err != nil {
 		return err
 	}
 	if ino, ok := inode(p); ok && !d.dirty[ino] {
@@ -163,7 +184,7 @@ func (d *crashDisk) appendFile(p string, data []byte) error {
 }
 
 func (d *crashDisk) truncate(p string, size int64) error {
-	if err := d.step(); err != nil {
+	if err := d.step("truncate", p); err != nil {
 		return err
 	}
 	if ino, ok := inode(p); ok && d.dirty[ino] && int64(len(d.durable[ino])) > size {
@@ -173,7 +194,7 @@ func (d *crashDisk) truncate(p string, size int64) error {
 }
 
 func (d *crashDisk) fsync(p string) error {
-	if err := d.step(); err != nil {
+	if err := d.step("fsync", p); err != nil {
 		return err
 	}
 	if err := d.osDisk.fsync(p); err != nil {
@@ -188,7 +209,7 @@ func (d *crashDisk) fsync(p string) error {
 }
 
 func (d *crashDisk) syncfs(p string) error {
-	if err := d.step(); err != nil {
+	if err := d.step("syncfs", p); err != nil {
 		return err
 	}
 	if err := d.osDisk.syncfs(p); err != nil {
@@ -201,28 +222,28 @@ func (d *crashDisk) syncfs(p string) error {
 }
 
 func (d *crashDisk) rename(oldpath, newpath string, flags uint) error {
-	if err := d.step(); err != nil {
+	if err := d.step("rename", newpath); err != nil {
 		return err
 	}
 	return d.osDisk.rename(oldpath, newpath, flags)
 }
 
 func (d *crashDisk) link(oldpath, newpath string) error {
-	if err := d.step(); err != nil {
+	if err := d.step("link", newpath); err != nil {
 		return err
 	}
 	return d.osDisk.link(oldpath, newpath)
 }
 
 func (d *crashDisk) remove(p string) error {
-	if err := d.step(); err != nil {
+	if err := d.step("remove", p); err != nil {
 		return err
 	}
 	return d.osDisk.remove(p)
 }
 
 func (d *crashDisk) removeAll(p string) error {
-	if err := d.step(); err != nil {
+	if err := d.step("removeAll", p); err != nil {
 		return err
 	}
 	return d.osDisk.removeAll(p)
@@ -278,7 +299,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			if total < 2 {
 				t.Fatalf("%s took %d steps, want a multi-step change", op.name, total)
 			}
-			t.Logf("%s: %d steps", op.name, total)
+			t.Logf("%s: %d steps: %s", op.name, total, strings.Join(counter.trail, ", "))
 
 			seen := map[string]int{}
 			for n := 1; n <= total; n++ {

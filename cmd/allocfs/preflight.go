@@ -105,8 +105,7 @@ func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
 		return fmt.Errorf("cannot use mount point %q: %w", dir, err)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("mount point %q is not a directory (%s): pass a directory, or a path that does not exist yet, as --mount",
-			dir, describeType(fi.Mode()))
+		return notADirectory(dir, fi)
 	}
 
 	mounts, err := allocdir.ReadMountinfo(mountinfo)
@@ -182,4 +181,11 @@ func describeType(m os.FileMode) string {
 	default:
 		return t.String()
 	}
+}
+
+// notADirectory is the error for a mount point that exists and is not a
+// directory.
+func notADirectory(dir string, fi os.FileInfo) error {
+	return fmt.Errorf("mount point %q is not a directory (%s): pass a directory, or a path that does not exist yet, as --mount",
+		dir, describeType(fi.Mode()))
 }

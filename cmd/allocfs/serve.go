@@ -147,6 +147,11 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := checkFUSE(); err != nil {
 		return err
 	}
+	// A mount point that cannot be one is refused before the data dir
+	// is created; the rest of its preparation waits for the lock.
+	if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
+		return notADirectory(cfg.mountDir, fi)
+	}
 	store, err := fs.OpenStore(logger, cfg.dataDir)
 	if err != nil {
 		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
