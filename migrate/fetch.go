@@ -233,7 +233,7 @@ type fetcher struct {
 }
 
 func newFetcher(opts FetchOptions) (*fetcher, error) {
-	if err := allocdir.ValidName(opts.AllocID); err != nil {
+	if err := allocdir.ValidID(opts.AllocID); err != nil {
 		return nil, fmt.Errorf("failed to fetch snapshot: allocation ID: %w", err)
 	}
 	base, err := url.Parse(opts.URL)

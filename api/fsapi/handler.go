@@ -414,7 +414,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
-	if err := allocdir.ValidName(task); err != nil || task == allocdir.SharedAllocName {
+	if allocdir.ValidTaskName(task) != nil {
 		h.writeError(w, r, badRequest(msgUnknownTk))
 		return
 	}
