@@ -468,7 +468,7 @@ func (x *extractor) parent(entry string, comps []string) (int, error) {
 		return x.cachedFd, nil
 	}
 	fd, err := OpenBeneath(x.rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if errors.Is(err, unix.ENOENT) {
+	if errors.Is(err, unix.ENOENT) && len(dirs) > 0 {
 		fd, err = x.makeParents(dirs)
 	}
 	if err != nil {
@@ -479,8 +479,8 @@ func (x *extractor) parent(entry string, comps []string) (int, error) {
 	return fd, nil
 }
 
-// makeParents creates the missing directories of dirs, one component at
-// a time, and returns an fd of the last.
+// makeParents creates the missing directories of dirs (at least one), one
+// component at a time, and returns an fd of the last.
 func (x *extractor) makeParents(dirs []string) (int, error) {
 	cur := x.rootfd
 	for i, c := range dirs {
@@ -646,9 +646,10 @@ func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error 
 }
 
 // walkBatch is how many entries the final pass reads from a directory at
-// a time: its memory is a batch per level of depth, whatever a directory
-// holds.
-const walkBatch = 128
+// a time. The pass holds, per level of depth, one open directory and one
+// batch, whatever a directory holds: at most PATH_MAX/2 levels of a few
+// KiB each.
+const walkBatch = 16
 
 // finish walks the extracted tree depth first. It checks, through the
 // archive's own links, every link whose target climbs: the lexical check

@@ -113,6 +113,7 @@ type snapEntry struct {
 	mode  int64
 	size  int64
 	major int64
+	uid   int
 }
 
 func dirEntry(name string) snapEntry { return snapEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
@@ -140,6 +141,7 @@ func snapTar(t *testing.T, open bool, entries ...snapEntry) []byte {
 			Size:     int64(len(e.body)),
 			ModTime:  time.Date(2022, 1, 2, 3, 4, 5, 0, time.UTC),
 			Devmajor: e.major,
+			Uid:      e.uid,
 		}
 		if e.typ != tar.TypeReg {
 			hdr.Size = 0
@@ -298,6 +300,10 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 		}},
 		{name: "block_device", archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/sda", typ: tar.TypeBlock, mode: 0o666, major: 8})
+		}},
+		{name: "owner_out_of_range", opts: allocdir.ExtractOptions{Chown: true}, archive: func(t *testing.T, e *snapEnv) []byte {
+			// -1 as a uid_t would mean "leave the owner alone".
+			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/f", typ: tar.TypeReg, body: "x", mode: 0o644, uid: 1<<32 - 1})
 		}},
 		{name: "oversize_file", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 51)))
