@@ -28,6 +28,9 @@ var (
 	// ErrInvalidName: a task or allocation name that cannot be a single
 	// path component.
 	ErrInvalidName = errors.New("invalid name")
+	// ErrNotRegular: a content read of something that has no content to
+	// read: a FIFO (which would block the reader), a socket or a device.
+	ErrNotRegular = errors.New("not a regular file")
 )
 
 // PathError records the request path and the resolved path of a refused

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,7 +24,10 @@ const (
 	// DefaultMaxBytes caps the total size of the regular files of one
 	// snapshot (64 GiB).
 	DefaultMaxBytes int64 = 64 << 30
-	// DefaultMaxEntries caps the number of entries of one snapshot.
+	// DefaultMaxEntries caps the number of entries of one snapshot. It
+	// also bounds what extraction keeps in memory: about 130 bytes per
+	// directory entry (its metadata, by inode number), whatever the
+	// names, so at most some 130 MiB.
 	DefaultMaxEntries = 1 << 20
 )
 
@@ -57,15 +61,19 @@ type ExtractOptions struct {
 type ExtractStats struct {
 	// Entries is the number of headers read, skipped ones included.
 	Entries int
-	// Dirs, Files, Symlinks and HardLinks count what was created from an
-	// entry; directories created only as parents are not counted.
-	Dirs, Files, Symlinks, HardLinks int
-	// Skipped counts entries that were read but create nothing (FIFOs,
-	// unknown types, global headers).
+	// Dirs, Files and Symlinks count what was created from an entry;
+	// directories created only as parents are not counted.
+	Dirs, Files, Symlinks int
+	// Skipped counts entries that were read but create nothing (global
+	// headers).
 	Skipped int
 	// Bytes is the total size of the regular files written.
 	Bytes int64
 }
+
+// ErrEntryType is wrapped, with ErrArchive, by the refusal of an entry of
+// a type that no snapshot writer produces.
+var ErrEntryType = errors.New("entry type never found in a snapshot")
 
 // ExtractSnapshot unpacks a snapshot written by WriteSnapshot (or by
 // Nomad) from r into dest, which must not exist and whose parent must.
@@ -90,17 +98,30 @@ type ExtractStats struct {
 //     symbolic link);
 //   - a symbolic link is absolute or leads above the root, lexically or
 //     through the archive's other links;
-//   - a hard link names anything but a regular file extracted earlier;
-//   - it holds a character or block device;
+//   - an entry is of a type no snapshot writer produces (also wrapping
+//     [ErrEntryType]): a hard link, a FIFO, a character or block device,
+//     a sparse file in the old GNU form or in the PAX form (GNU.sparse.*
+//     records, which archive/tar reports as a regular file), or a type
+//     unknown here. Nomad's writer and WriteSnapshot archive every name
+//     as a full file, so a hard link or a sparse map can only be crafted,
+//     and a sparse map would turn a few bytes on the wire into any amount
+//     of zeros on disk;
 //   - it exceeds MaxBytes or MaxEntries;
 //   - it is corrupt or ends without its trailer (a stream cut at an entry
 //     boundary is otherwise indistinguishable from a complete one).
 //
-// FIFOs and entry types without meaning here are skipped. Permission and
-// sticky bits are restored; setuid and setgid are dropped, because the
-// sender is remote and must not be able to plant a set-id program on this
-// node. Owners are restored only with Chown. Modification times of files,
-// directories and links are restored.
+// Global headers are skipped. Permission and sticky bits are restored;
+// setuid and setgid are dropped, because the sender is remote and must
+// not be able to plant a set-id program on this node. Owners are restored
+// only with Chown. Modification times of files, directories and links are
+// restored.
+//
+// What the extraction remembers does not grow with the names the archive
+// holds: the directory being filled is private and fresh, so the disk
+// itself says what exists (every create is exclusive and refuses links on
+// the way), and only the metadata of the directories named by an entry is
+// kept, by inode number, until a last pass over the tree applies it and
+// checks the links that climb.
 //
 // Errors that are not the archive's fault (reading r, a full disk) are
 // returned wrapped but do not wrap ErrArchive.
@@ -155,61 +176,29 @@ func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats Extra
 	return stats, nil
 }
 
-type nodeKind uint8
-
-const (
-	kindDir nodeKind = iota + 1
-	kindFile
-	kindSymlink
-	kindHardLink
-	kindSkipped
-)
-
-func (k nodeKind) String() string {
-	switch k {
-	case kindDir:
-		return "directory"
-	case kindFile:
-		return "regular file"
-	case kindSymlink:
-		return "symbolic link"
-	case kindHardLink:
-		return "hard link"
-	default:
-		return "skipped entry"
-	}
-}
-
-// node is what the extractor remembers of every name it created. The
-// directory it fills is private and fresh, so this record is the truth
-// about its content; the openat2 checks only back it up.
-type node struct {
-	kind nodeKind
-	// explicit: a directory entry of the archive named it, rather than it
-	// being created as a parent.
-	explicit bool
-	// target of a symbolic link.
-	target string
-	// mode, uid, gid and times of an explicit directory, applied once
-	// everything below it exists.
+// dirMeta is what an explicit directory entry asks for, applied once
+// everything below the directory exists. It holds no name: the final pass
+// finds it again by inode number.
+type dirMeta struct {
 	mode         uint32
-	uid, gid     int
-	atime, mtime time.Time
+	uid, gid     uint32
+	atime, mtime unix.Timespec
 }
 
 type extractor struct {
 	rootfd     int
+	rootPath   string
 	chown      bool
 	maxBytes   int64
 	maxEntries int
-	nodes      map[string]*node
-	// dirs lists every directory created, for the final metadata pass.
-	dirs []string
-	// climbers are the symbolic links whose target contains "..": only
-	// they can leave the root through another link (see checkLinkChains).
-	climbers []string
+	// explicit holds the directories an archive entry named, by inode
+	// number; a directory created only as a parent is not in it, which
+	// is how a directory entry arriving after its content is told from
+	// the same directory named twice.
+	explicit map[uint64]dirMeta
 	stats    ExtractStats
 	buf      []byte
+	linkBuf  []byte
 	// One directory fd is kept open because consecutive entries nearly
 	// always share their parent.
 	cachedDir string
@@ -223,11 +212,13 @@ func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
 	}
 	x := &extractor{
 		rootfd:     fd,
+		rootPath:   dir,
 		chown:      opts.Chown,
 		maxBytes:   opts.MaxBytes,
 		maxEntries: opts.MaxEntries,
-		nodes:      make(map[string]*node),
+		explicit:   make(map[uint64]dirMeta),
 		buf:        make([]byte, copyBufSize),
+		linkBuf:    make([]byte, maxLinkLen+1),
 		cachedFd:   -1,
 	}
 	if x.maxBytes <= 0 {
@@ -239,11 +230,16 @@ func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
 	return x, nil
 }
 
-func (x *extractor) close() {
+func (x *extractor) dropCache() {
 	if x.cachedFd >= 0 {
 		unix.Close(x.cachedFd)
 		x.cachedFd = -1
+		x.cachedDir = ""
 	}
+}
+
+func (x *extractor) close() {
+	x.dropCache()
 	if x.rootfd >= 0 {
 		unix.Close(x.rootfd)
 		x.rootfd = -1
@@ -282,10 +278,8 @@ func (x *extractor) run(r io.Reader) error {
 			return readError(cr, hdr.Name, err)
 		}
 	}
-	if err := x.checkLinkChains(); err != nil {
-		return err
-	}
-	return x.applyDirMeta()
+	x.dropCache()
+	return x.finish()
 }
 
 // readError classifies a failure of the tar reader: a failing source is
@@ -311,6 +305,42 @@ func refuse(name, format string, args ...any) error {
 	return fmt.Errorf("%w: entry %q: %s", ErrArchive, name, fmt.Sprintf(format, args...))
 }
 
+func refuseType(name, what string) error {
+	return fmt.Errorf("%w: entry %q: %w: %s", ErrArchive, name, ErrEntryType, what)
+}
+
+func refuseDuplicate(name string, err error) error {
+	return fmt.Errorf("%w: entry %q: duplicate entry (the name was already extracted): %w", ErrArchive, name, err)
+}
+
+// paxSparsePrefix starts the PAX records of every GNU sparse format
+// (0.0, 0.1 and 1.0).
+const paxSparsePrefix = "GNU.sparse."
+
+// checkType refuses what no snapshot writer produces. Nomad's writer and
+// WriteSnapshot only ever write directories, regular files and symbolic
+// links, each name as itself.
+func checkType(name string, hdr *tar.Header) error {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, paxSparsePrefix) {
+			return refuseType(name, fmt.Sprintf("sparse file (PAX record %q)", k))
+		}
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
+		return nil
+	case tar.TypeGNUSparse:
+		return refuseType(name, "sparse file (GNU format)")
+	case tar.TypeLink:
+		return refuseType(name, fmt.Sprintf("hard link to %q", hdr.Linkname))
+	case tar.TypeFifo:
+		return refuseType(name, "FIFO")
+	case tar.TypeChar, tar.TypeBlock:
+		return refuseType(name, "device node")
+	}
+	return refuseType(name, fmt.Sprintf("type %q", hdr.Typeflag))
+}
+
 func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	x.stats.Entries++
 	if x.stats.Entries > x.maxEntries {
@@ -325,39 +355,30 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		return refuse(hdr.Name, "%v", err)
 	}
 	comps := strings.Split(name, "/")
-	if len(comps) == 1 && isRegular(hdr.Typeflag) && isErrorEntryName(name) {
+	if len(comps) == 1 && hdr.Typeflag == tar.TypeReg && isErrorEntryName(name) {
 		return senderError(tr, name)
 	}
 	if err := checkLayout(comps); err != nil {
 		return refuse(name, "%v", err)
 	}
-	if n, ok := x.nodes[name]; ok {
-		if n.kind != kindDir || n.explicit || hdr.Typeflag != tar.TypeDir {
-			return refuse(name, "duplicate entry (already extracted as %s)", n.kind)
-		}
+	if err := checkType(name, hdr); err != nil {
+		return err
 	}
-
-	switch {
-	case hdr.Typeflag == tar.TypeDir:
+	if x.chown && (!validID(hdr.Uid) || !validID(hdr.Gid)) {
+		return refuse(name, "owner %d:%d out of range", hdr.Uid, hdr.Gid)
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
 		return x.dir(name, comps, hdr)
-	case isRegular(hdr.Typeflag):
-		return x.file(tr, name, comps, hdr)
-	case hdr.Typeflag == tar.TypeSymlink:
+	case tar.TypeSymlink:
 		return x.symlink(name, comps, hdr)
-	case hdr.Typeflag == tar.TypeLink:
-		return x.hardLink(name, comps, hdr)
-	case hdr.Typeflag == tar.TypeChar, hdr.Typeflag == tar.TypeBlock:
-		return refuse(name, "device node")
-	default:
-		x.nodes[name] = &node{kind: kindSkipped}
-		x.stats.Skipped++
-		return nil
 	}
+	return x.file(tr, name, comps, hdr)
 }
 
-// isRegular: archive/tar already maps the old '\x00' type to TypeReg, and
-// a GNU sparse file reads back as its expanded content.
-func isRegular(t byte) bool { return t == tar.TypeReg || t == tar.TypeGNUSparse }
+// validID admits what a uid_t holds, except -1, which chown reads as
+// "leave it alone".
+func validID(id int) bool { return id >= 0 && id < math.MaxUint32 }
 
 func isErrorEntryName(name string) bool {
 	return len(name) >= len("NOMAD--ERROR.log") &&
@@ -419,24 +440,6 @@ func checkLayout(comps []string) error {
 	return fmt.Errorf("outside %s/%s", top, TaskLocal)
 }
 
-// openDir returns an fd for the directory p (relative to the root, ""
-// for the root). The fd belongs to the cache: callers must not close it
-// and must not hold it across another openDir.
-func (x *extractor) openDir(entry, p string) (int, error) {
-	if x.cachedFd >= 0 && x.cachedDir == p {
-		return x.cachedFd, nil
-	}
-	fd, err := OpenBeneath(x.rootfd, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return -1, fsError(entry, err)
-	}
-	if x.cachedFd >= 0 {
-		unix.Close(x.cachedFd)
-	}
-	x.cachedDir, x.cachedFd = p, fd
-	return fd, nil
-}
-
 // fsError classifies a failed filesystem call: a link or a non-directory
 // in the way can only come from the archive, anything else (ENOSPC, EIO,
 // EPERM) is this node's problem.
@@ -447,37 +450,56 @@ func fsError(entry string, err error) error {
 	case errors.Is(err, unix.ENOTDIR):
 		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", ErrArchive, entry, err)
 	case errors.Is(err, unix.EEXIST):
-		return fmt.Errorf("%w: entry %q: already exists: %w", ErrArchive, entry, err)
+		return refuseDuplicate(entry, err)
 	}
 	return fmt.Errorf("failed to extract entry %q: %w", entry, err)
 }
 
 // parent returns an fd for the directory that holds the last component
-// of comps, creating missing parents. A parent that exists as anything
-// but a directory is refused here, before the kernel would be asked to
-// look through it.
+// of comps, creating missing parents. The fd belongs to the cache:
+// callers must not close it and must not hold it across another parent.
+// Every open refuses symbolic links and the directory is private and
+// fresh, so whatever the open finds was created from this archive; a
+// parent that is a link or a file fails the open.
 func (x *extractor) parent(entry string, comps []string) (int, error) {
 	dirs := comps[:len(comps)-1]
-	for i := range dirs {
-		p := strings.Join(dirs[:i+1], "/")
-		n, ok := x.nodes[p]
-		if !ok {
-			pfd, err := x.openDir(entry, strings.Join(dirs[:i], "/"))
-			if err != nil {
-				return -1, err
-			}
-			if err := unix.Mkdirat(pfd, dirs[i], 0o700); err != nil {
-				return -1, fsError(entry, &fs.PathError{Op: "mkdirat", Path: p, Err: err})
-			}
-			x.nodes[p] = &node{kind: kindDir, mode: uint32(AllocDirMode.Perm())}
-			x.dirs = append(x.dirs, p)
-			continue
-		}
-		if n.kind != kindDir {
-			return -1, refuse(entry, "parent %q is a %s", p, n.kind)
-		}
+	dir := strings.Join(dirs, "/")
+	if x.cachedFd >= 0 && x.cachedDir == dir {
+		return x.cachedFd, nil
 	}
-	return x.openDir(entry, strings.Join(dirs, "/"))
+	fd, err := OpenBeneath(x.rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if errors.Is(err, unix.ENOENT) && len(dirs) > 0 {
+		fd, err = x.makeParents(dirs)
+	}
+	if err != nil {
+		return -1, fsError(entry, err)
+	}
+	x.dropCache()
+	x.cachedDir, x.cachedFd = dir, fd
+	return fd, nil
+}
+
+// makeParents creates the missing directories of dirs (at least one), one
+// component at a time, and returns an fd of the last.
+func (x *extractor) makeParents(dirs []string) (int, error) {
+	cur := x.rootfd
+	for i, c := range dirs {
+		if err := unix.Mkdirat(cur, c, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			if cur != x.rootfd {
+				unix.Close(cur)
+			}
+			return -1, &fs.PathError{Op: "mkdirat", Path: strings.Join(dirs[:i+1], "/"), Err: err}
+		}
+		next, err := OpenBeneath(cur, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		if cur != x.rootfd {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
 }
 
 // fileMode keeps the permission and sticky bits of a header mode and
@@ -485,23 +507,41 @@ func (x *extractor) parent(entry string, comps []string) (int, error) {
 func fileMode(m int64) uint32 { return uint32(m) & (0o777 | unix.S_ISVTX) }
 
 func (x *extractor) dir(name string, comps []string, hdr *tar.Header) error {
-	n, ok := x.nodes[name]
-	if !ok {
-		pfd, err := x.parent(name, comps)
-		if err != nil {
-			return err
-		}
-		if err := unix.Mkdirat(pfd, comps[len(comps)-1], 0o700); err != nil {
-			return fsError(name, &fs.PathError{Op: "mkdirat", Path: name, Err: err})
-		}
-		n = &node{kind: kindDir}
-		x.nodes[name] = n
-		x.dirs = append(x.dirs, name)
+	pfd, err := x.parent(name, comps)
+	if err != nil {
+		return err
 	}
-	n.explicit = true
-	n.mode = fileMode(hdr.Mode)
-	n.uid, n.gid = hdr.Uid, hdr.Gid
-	n.atime, n.mtime = hdr.AccessTime, hdr.ModTime
+	base := comps[len(comps)-1]
+	existed := false
+	if err := unix.Mkdirat(pfd, base, 0o700); errors.Is(err, unix.EEXIST) {
+		existed = true
+	} else if err != nil {
+		return fsError(name, &fs.PathError{Op: "mkdirat", Path: name, Err: err})
+	}
+	fd, err := OpenBeneath(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		if existed {
+			// A file or a link of that name came first.
+			return refuseDuplicate(name, err)
+		}
+		return fsError(name, err)
+	}
+	var st unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("failed to stat %q: %w", name, err)
+	}
+	if _, dup := x.explicit[st.Ino]; dup {
+		return refuseDuplicate(name, unix.EEXIST)
+	}
+	x.explicit[st.Ino] = dirMeta{
+		mode:  fileMode(hdr.Mode),
+		uid:   uint32(hdr.Uid),
+		gid:   uint32(hdr.Gid),
+		atime: timespec(hdr.AccessTime),
+		mtime: timespec(hdr.ModTime),
+	}
 	x.stats.Dirs++
 	return nil
 }
@@ -519,7 +559,6 @@ func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.H
 	if err != nil {
 		return fsError(name, err)
 	}
-	x.nodes[name] = &node{kind: kindFile}
 	f := os.NewFile(uintptr(fd), name)
 	n, err := x.copyBody(f, tr, name)
 	x.stats.Bytes += n
@@ -527,9 +566,11 @@ func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.H
 		f.Close()
 		return err
 	}
-	if err := x.setOwner(fd, hdr); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to chown %q: %w", name, err)
+	if x.chown {
+		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+			f.Close()
+			return fmt.Errorf("failed to chown %q: %w", name, err)
+		}
 	}
 	if err := unix.Fchmod(fd, fileMode(hdr.Mode)); err != nil {
 		f.Close()
@@ -569,13 +610,6 @@ func (x *extractor) copyBody(f *os.File, tr *tar.Reader, name string) (int64, er
 	}
 }
 
-func (x *extractor) setOwner(fd int, hdr *tar.Header) error {
-	if !x.chown {
-		return nil
-	}
-	return unix.Fchown(fd, hdr.Uid, hdr.Gid)
-}
-
 func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error {
 	target := hdr.Linkname
 	switch {
@@ -599,10 +633,6 @@ func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error 
 	if err := unix.Symlinkat(target, pfd, base); err != nil {
 		return fsError(name, &fs.PathError{Op: "symlinkat", Path: name, Err: err})
 	}
-	x.nodes[name] = &node{kind: kindSymlink, target: target}
-	if slices.Contains(strings.Split(target, "/"), "..") {
-		x.climbers = append(x.climbers, name)
-	}
 	if x.chown {
 		if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("failed to chown %q: %w", name, err)
@@ -615,100 +645,123 @@ func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error 
 	return nil
 }
 
-func (x *extractor) hardLink(name string, comps []string, hdr *tar.Header) error {
-	target, err := cleanEntryName(hdr.Linkname)
-	if err != nil {
-		return refuse(name, "hard link target %q: %v", hdr.Linkname, err)
-	}
-	if n, ok := x.nodes[target]; !ok || (n.kind != kindFile && n.kind != kindHardLink) {
-		return refuse(name, "hard link target %q is not a regular file of this archive", hdr.Linkname)
-	}
-	// The target's parent is opened on its own fd: the cache holds only
-	// one directory and the new name's parent needs it.
-	tcomps := strings.Split(target, "/")
-	ofd, err := OpenBeneath(x.rootfd, strings.Join(tcomps[:len(tcomps)-1], "/"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return fsError(name, err)
-	}
-	defer unix.Close(ofd)
-	pfd, err := x.parent(name, comps)
-	if err != nil {
-		return err
-	}
-	if err := unix.Linkat(ofd, tcomps[len(tcomps)-1], pfd, comps[len(comps)-1], 0); err != nil {
-		return fsError(name, &fs.PathError{Op: "linkat", Path: name, Err: err})
-	}
-	x.nodes[name] = &node{kind: kindHardLink}
-	x.stats.HardLinks++
-	return nil
-}
+// walkBatch is how many entries the final pass reads from a directory at
+// a time. The pass holds, per level of depth, one open directory and one
+// batch, whatever a directory holds: at most PATH_MAX/2 levels of a few
+// KiB each.
+const walkBatch = 16
 
-// checkLinkChains resolves, through the archive's own links, every link
-// whose target climbs. The lexical check of each link alone misses a
-// chain such as a/s -> ../.. (the root, fine) and a/t -> s/../../x (fine
-// lexically, but the kernel climbs from where s leads, which is out).
-// Links without ".." only descend from where their parent really is, so
-// they stay inside when every link they pass through does. A loop is not
-// an escape: the kernel gives up on it too.
-func (x *extractor) checkLinkChains() error {
-	if len(x.climbers) == 0 {
-		return nil
+// finish walks the extracted tree depth first. It checks, through the
+// archive's own links, every link whose target climbs: the lexical check
+// of each link alone misses a chain such as a/s -> ../.. (the root, fine)
+// and a/t -> s/../../x (fine lexically, but the kernel climbs from where s
+// leads, which is out). Links without ".." only descend from where their
+// parent really is, so they stay inside when every link they pass through
+// does; a loop is not an escape, the kernel gives up on it too. It also
+// sets the mode, owner and times of every directory once nothing more
+// will be created in it (creating an entry changes the parent's mtime,
+// and a read-only mode would stop a non-root caller from filling it):
+// children first, so that no parent is locked before they are done.
+func (x *extractor) finish() error {
+	fd, err := OpenBeneath(x.rootfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("failed to open the extracted tree: %w", err)
 	}
 	res := Resolver{Readlink: func(p string) (string, bool, error) {
-		if n, ok := x.nodes[p]; ok && n.kind == kindSymlink {
-			return n.target, true, nil
-		}
-		return "", false, nil
+		return readlinkBeneath(x.rootfd, p)
 	}}
-	for _, name := range x.climbers {
-		if _, err := res.Resolve(name, true); errors.Is(err, ErrEscapes) {
-			return refuse(name, "symbolic link target %q leads outside the archive root through other links", x.nodes[name].target)
+	return x.walk(fd, "", res)
+}
+
+// walk visits the directory fd (named rel, "" for the root), which it
+// closes.
+func (x *extractor) walk(fd int, rel string, res Resolver) error {
+	// Named by its host path: where the filesystem does not report entry
+	// types, ReadDir lstats each entry by that name. Every component of
+	// it was opened without following links.
+	d := os.NewFile(uintptr(fd), filepath.Join(x.rootPath, rel))
+	defer d.Close()
+	for {
+		entries, rerr := d.ReadDir(walkBatch)
+		for _, e := range entries {
+			child := e.Name()
+			if rel != "" {
+				child = rel + "/" + child
+			}
+			switch typ := e.Type(); {
+			case typ.IsDir():
+				cfd, err := OpenBeneath(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+				if err != nil {
+					return fsError(child, err)
+				}
+				if err := x.walk(cfd, child, res); err != nil {
+					return err
+				}
+			case typ&fs.ModeSymlink != 0:
+				if err := x.checkClimb(fd, e.Name(), child, res); err != nil {
+					return err
+				}
+			}
 		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("failed to list %q: %w", rel, rerr)
+		}
+	}
+	if rel == "" {
+		// The root's mode is ExtractSnapshot's to set, once accepted.
+		return nil
+	}
+	return x.applyDirMeta(fd, rel)
+}
+
+// checkClimb refuses the link name (in dirfd, named child from the root)
+// if its target climbs out of the root through the archive's links.
+func (x *extractor) checkClimb(dirfd int, name, child string, res Resolver) error {
+	n, err := unix.Readlinkat(dirfd, name, x.linkBuf)
+	if err != nil {
+		return fmt.Errorf("failed to read link %q: %w", child, err)
+	}
+	target := string(x.linkBuf[:n])
+	if !slices.Contains(strings.Split(target, "/"), "..") {
+		return nil
+	}
+	if _, err := res.Resolve(child, true); errors.Is(err, ErrEscapes) {
+		return refuse(child, "symbolic link target %q leads outside the archive root through other links", target)
 	}
 	return nil
 }
 
-// applyDirMeta sets the mode, owner and times of every directory once
-// nothing more will be created in it (creating an entry changes the
-// parent's mtime, and a read-only mode would stop a non-root caller from
-// filling it). Deepest first, so that no parent is locked before its
-// children are done.
-func (x *extractor) applyDirMeta() error {
-	if x.cachedFd >= 0 {
-		unix.Close(x.cachedFd)
-		x.cachedFd = -1
+// applyDirMeta gives the directory fd what its entry asked for, or, for a
+// directory created only as a parent, the layout's mode.
+func (x *extractor) applyDirMeta(fd int, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("failed to stat %q: %w", name, err)
 	}
-	slices.SortStableFunc(x.dirs, func(a, b string) int {
-		return strings.Count(b, "/") - strings.Count(a, "/")
-	})
-	for _, name := range x.dirs {
-		n := x.nodes[name]
-		fd, err := OpenBeneath(x.rootfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		if err != nil {
-			return fsError(name, err)
+	m, explicit := x.explicit[st.Ino]
+	if !explicit {
+		if err := unix.Fchmod(fd, uint32(AllocDirMode.Perm())); err != nil {
+			return fmt.Errorf("failed to chmod %q: %w", name, err)
 		}
-		err = x.dirMeta(fd, name, n)
-		unix.Close(fd)
-		if err != nil {
-			return err
-		}
+		return nil
 	}
-	return nil
-}
-
-func (x *extractor) dirMeta(fd int, name string, n *node) error {
-	if n.explicit && x.chown {
-		if err := unix.Fchown(fd, n.uid, n.gid); err != nil {
+	delete(x.explicit, st.Ino)
+	if x.chown {
+		if err := unix.Fchown(fd, int(m.uid), int(m.gid)); err != nil {
 			return fmt.Errorf("failed to chown %q: %w", name, err)
 		}
 	}
-	if err := unix.Fchmod(fd, n.mode); err != nil {
+	if err := unix.Fchmod(fd, m.mode); err != nil {
 		return fmt.Errorf("failed to chmod %q: %w", name, err)
 	}
-	if n.explicit {
-		if err := setTimes(fd, ".", n.atime, n.mtime); err != nil {
-			return fmt.Errorf("failed to set times of %q: %w", name, err)
-		}
+	if m.atime.Nsec == unix.UTIME_OMIT && m.mtime.Nsec == unix.UTIME_OMIT {
+		return nil
+	}
+	if err := unix.UtimesNanoAt(fd, ".", []unix.Timespec{m.atime, m.mtime}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("failed to set times of %q: %w", name, err)
 	}
 	return nil
 }

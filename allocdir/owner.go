@@ -65,6 +65,19 @@ func LookupOwner(name string) (*Owner, error) {
 	return &Owner{UID: uid, GID: gid}, nil
 }
 
+// LookupUser is LookupOwner with the message every entry point gives for
+// a user it cannot resolve ("failed to look up user ..."), so that a
+// create and an exec that name the same unknown user say the same thing.
+// The error wraps os/user's (user.UnknownUserError for an unknown name,
+// user.UnknownUserIdError for an unknown uid).
+func LookupUser(name string) (*Owner, error) {
+	o, err := LookupOwner(name)
+	if err != nil {
+		return nil, fmt.Errorf("failed to look up user %q: %w", name, err)
+	}
+	return o, nil
+}
+
 // unixPerm converts the permission, setuid, setgid and sticky bits of an
 // fs.FileMode to st_mode bits.
 func unixPerm(m fs.FileMode) uint32 {

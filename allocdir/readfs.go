@@ -178,12 +178,21 @@ func (r ReadSide) ReadAt(p string, offset int64) (io.ReadCloser, error) {
 	if fi.IsDir() {
 		return nil, &fs.PathError{Op: "read", Path: p, Err: syscall.EISDIR}
 	}
-	if !fi.Mode().IsRegular() {
-		// A FIFO would block the reader forever; nothing else has bytes.
-		return nil, &fs.PathError{Op: "read", Path: p, Err: fmt.Errorf("not a regular file (%s)", fi.Mode().Type())}
+	if err := checkRegular(p, fi); err != nil {
+		return nil, err
 	}
 	f, err := fsys.Open(fsPath(resolved))
 	if err != nil {
+		return nil, err
+	}
+	// What was opened is checked again: a FIFO swapped in since the
+	// lstat must not reach a reader (the open itself does not block).
+	opened, err := f.Stat()
+	if err == nil {
+		err = checkRegular(p, opened)
+	}
+	if err != nil {
+		f.Close()
 		return nil, err
 	}
 	if offset == 0 {
@@ -191,6 +200,12 @@ func (r ReadSide) ReadAt(p string, offset int64) (io.ReadCloser, error) {
 	}
 	if s, ok := f.(io.Seeker); ok {
 		if _, err := s.Seek(offset, io.SeekStart); err != nil {
+			if offset >= opened.Size() && errors.Is(err, syscall.EINVAL) {
+				// Past the largest file the backing filesystem can
+				// hold: no byte will ever be there, so, as for any
+				// offset past the end, the read is empty.
+				return atEOF{f}, nil
+			}
 			f.Close()
 			return nil, fmt.Errorf("can't seek to offset %d of %q: %w", offset, p, err)
 		}
@@ -202,6 +217,33 @@ func (r ReadSide) ReadAt(p string, offset int64) (io.ReadCloser, error) {
 	}
 	return f, nil
 }
+
+// checkRegular refuses a content read of anything but a regular file.
+func checkRegular(p string, fi fs.FileInfo) error {
+	mode := fi.Mode()
+	if mode.IsRegular() {
+		return nil
+	}
+	what := "special file"
+	switch {
+	case mode&fs.ModeNamedPipe != 0:
+		what = "FIFO"
+	case mode&fs.ModeSocket != 0:
+		what = "socket"
+	case mode&fs.ModeDevice != 0:
+		what = "device"
+	case mode.IsDir():
+		what = "directory"
+	case mode&fs.ModeSymlink != 0:
+		what = "symbolic link"
+	}
+	return &PathError{Op: "read", Path: p, Err: fmt.Errorf("%w: a %s", ErrNotRegular, what)}
+}
+
+// atEOF is an open file read as if positioned past its end.
+type atEOF struct{ io.ReadCloser }
+
+func (atEOF) Read([]byte) (int, error) { return 0, io.EOF }
 
 // statResolved resolves p, following links, and stats the result.
 func (r ReadSide) statResolved(p string) (os.FileInfo, error) {

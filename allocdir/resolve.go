@@ -5,6 +5,8 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"unicode"
+	"unicode/utf8"
 )
 
 // maxSymlinks bounds link following, as Linux's own resolver does (40).
@@ -148,8 +150,9 @@ func CheckReadable(resolved string) error {
 	return nil
 }
 
-// ValidName checks that name can be used as one path component: a task
-// or allocation name.
+// ValidName checks that name can be used as one path component. It is the
+// rule for layer IDs and names inside an allocation; allocation IDs and
+// task names use the stricter ValidID and ValidTaskName.
 func ValidName(name string) error {
 	switch {
 	case name == "", name == ".", name == "..":
@@ -158,6 +161,46 @@ func ValidName(name string) error {
 		return fmt.Errorf("%w: %q contains '/' or NUL", ErrInvalidName, name)
 	case len(name) > 255:
 		return fmt.Errorf("%w: %q is longer than 255 bytes", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// ValidID checks an allocation ID: one path component (ValidName) made
+// only of printable characters. IDs are printed as they are, in listings
+// and logs, so a newline or an escape sequence in one would forge output;
+// Nomad's own IDs are UUIDs, well inside this set.
+func ValidID(id string) error {
+	if err := ValidName(id); err != nil {
+		return err
+	}
+	return printable(id)
+}
+
+// ValidTaskName checks a task name as ValidID does an ID: one path
+// component of printable characters (Nomad itself refuses only '/' and
+// NUL), and not the shared directory's name.
+func ValidTaskName(name string) error {
+	if err := ValidID(name); err != nil {
+		return err
+	}
+	if name == SharedAllocName {
+		return fmt.Errorf("%w: %q is reserved for the shared directory", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// printable refuses invalid UTF-8 and every rune unicode.IsPrint refuses:
+// control characters (C0, DEL, C1), format characters such as zero-width
+// spaces, line and paragraph separators, spaces other than U+0020,
+// private-use and unassigned code points.
+func printable(name string) error {
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidName, name)
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: %q contains the non-printable character %U", ErrInvalidName, name, r)
+		}
 	}
 	return nil
 }

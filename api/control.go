@@ -36,6 +36,7 @@ import (
 	"io"
 	iofs "io/fs"
 	"net/http"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -136,6 +137,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 func (s *Server) createAlloc(w http.ResponseWriter, r *http.Request) {
 	var req CreateAllocRequest
 	if err := decodeBody(w, r, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkTaskUsers(req.Tasks); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -286,11 +291,37 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-// pathID returns the {id} of the request path, checked to be a single
-// path component.
+// checkTaskUsers refuses a create whose task names a user this node does
+// not have, before anything is created, with the message `allocfs exec
+// --user` gives: accepted, it would only make the task's secrets silently
+// the agent's alone. A lookup that fails for another reason is the
+// node's trouble, not the request's.
+func checkTaskUsers(tasks []allocdir.Task) error {
+	for _, t := range tasks {
+		if t.User == "" {
+			continue
+		}
+		_, err := allocdir.LookupUser(t.User)
+		var (
+			unknownName user.UnknownUserError
+			unknownID   user.UnknownUserIdError
+		)
+		switch {
+		case err == nil:
+		case errors.As(err, &unknownName), errors.As(err, &unknownID):
+			return fmt.Errorf("%w: task %q: %w", ErrBadRequest, t.Name, err)
+		default:
+			return fmt.Errorf("task %q: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// pathID returns the {id} of the request path, checked to be a valid
+// allocation ID.
 func pathID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
-	if err := allocdir.ValidName(id); err != nil {
+	if err := allocdir.ValidID(id); err != nil {
 		return "", fmt.Errorf("invalid allocation ID: %w", err)
 	}
 	return id, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,6 +217,93 @@ func TestCreateAllocBadRequest(t *testing.T) {
 				t.Errorf("store holds %d allocations, want 0", n)
 			}
 		})
+	}
+}
+
+// TestCreateAllocNonPrintableNames: an ID or a task name holding a
+// character that does not print as itself (every control character, DEL,
+// C1 controls, invisible Unicode) answers 400 and creates nothing; so
+// does a request naming such an ID. (Invalid UTF-8 cannot reach the
+// server: JSON carries it as U+FFFD.)
+func TestCreateAllocNonPrintableNames(t *testing.T) {
+	var bad []string
+	for r := rune(1); r < 0x20; r++ {
+		bad = append(bad, string(r))
+	}
+	for r := rune(0x7f); r < 0xa0; r++ {
+		bad = append(bad, string(r))
+	}
+	bad = append(bad, "\u00a0", "\u200b", "\u202e", "\u2028", "\ufeff", "\ue000")
+
+	store, srv := newTestServer(t)
+	mustCreate(t, srv, "a1", "web")
+	before := snapshotStore(t, store)
+	for _, c := range bad {
+		for what, body := range map[string]string{
+			"id":          createBody("a"+c+"2", "web"),
+			"task":        createBody("a2", "web"+c),
+			"second task": createBody("a2", "web", c+"db"),
+		} {
+			rec := request(t, srv, http.MethodPost, AllocsPath, body)
+			if rec.Code != http.StatusBadRequest {
+				t.Errorf("create with %U in the %s: got %d, want 400; body: %s", []rune(c)[0], what, rec.Code, rec.Body)
+			}
+		}
+		path := AllocsPath + "/" + url.PathEscape("a1"+c)
+		if rec := request(t, srv, http.MethodGet, path, ""); rec.Code != http.StatusBadRequest {
+			t.Errorf("GET %s: got %d, want 400; body: %s", path, rec.Code, rec.Body)
+		}
+	}
+	if after := snapshotStore(t, store); !slices.Equal(after, before) {
+		t.Errorf("data dir changed: got %v, want %v", after, before)
+	}
+	if ids := store.List(); len(ids) != 1 || ids[0].ID != "a1" {
+		t.Errorf("store holds %v, want only a1", ids)
+	}
+}
+
+// TestCreateAllocUnknownUser: a task user this node does not have, by
+// name or by uid, fails the create with 400 and the message `allocfs exec
+// --user` gives (both come from allocdir.LookupUser), and nothing is
+// created; a user the node has is accepted.
+func TestCreateAllocUnknownUser(t *testing.T) {
+	store, srv := newTestServer(t)
+	mustCreate(t, srv, "a1", "web")
+	before := snapshotStore(t, store)
+	for _, name := range []string{"nosuchuser", "4000000000"} {
+		_, lookupErr := allocdir.LookupUser(name)
+		if lookupErr == nil {
+			t.Fatalf("user %q exists on this machine; the test needs one that does not", name)
+		}
+		req := CreateAllocRequest{ID: "a2", Tasks: []allocdir.Task{{Name: "db"}, {Name: "web", User: name}}}
+		body, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{AllocsPath, AllocsPath + "?progress=1"} {
+			rec := request(t, srv, http.MethodPost, path, string(body))
+			wantError(t, rec, http.StatusBadRequest)
+			var eb errorBody
+			decode(t, rec, &eb)
+			if !strings.HasSuffix(eb.Error, lookupErr.Error()) {
+				t.Errorf("POST %s with user %q: got message %q, want it to end with exec's %q", path, name, eb.Error, lookupErr)
+			}
+		}
+	}
+	if after := snapshotStore(t, store); !slices.Equal(after, before) {
+		t.Errorf("data dir changed: got %v, want %v", after, before)
+	}
+	if _, err := store.Get("a2"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+		t.Errorf("store.Get(a2): got %v, want ErrUnknownAlloc", err)
+	}
+
+	req := CreateAllocRequest{ID: "a3", Tasks: []allocdir.Task{{Name: "web", User: "root"}}}
+	body, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := request(t, srv, http.MethodPost, AllocsPath, string(body)); rec.Code != http.StatusCreated {
+		t.Errorf("create with user root: got %d, want 201; body: %s", rec.Code, rec.Body)
 	}
 }
 

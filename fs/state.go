@@ -201,7 +201,7 @@ const stateSuffix = ".json"
 // enough that <id>.json still fits in a file name (NAME_MAX), so that a
 // long ID fails up front rather than half-way through Create.
 func validAllocID(id string) error {
-	if err := allocdir.ValidName(id); err != nil {
+	if err := allocdir.ValidID(id); err != nil {
 		return fmt.Errorf("invalid allocation ID: %w", err)
 	}
 	if len(id)+len(stateSuffix) > 255 {
@@ -214,7 +214,7 @@ func validAllocID(id string) error {
 // validTaskName checks a task name: one path component, and not "alloc",
 // whose volumes would collide with the shared directory's.
 func validTaskName(name string) error {
-	if err := allocdir.ValidName(name); err != nil {
+	if err := allocdir.ValidTaskName(name); err != nil {
 		return fmt.Errorf("invalid task name: %w", err)
 	}
 	if name == allocdir.SharedAllocName {

@@ -157,7 +157,14 @@ ln -s /etc/passwd web/local/out
 printf 'zero-a\nzero-b\n' > alloc/logs/web.stdout.0
 printf 'one-a\n' > alloc/logs/web.stdout.1
 printf 'not a log' > alloc/logs/web.stdout.old
+mkfifo alloc/data/fifo
 `)
+	// A socket a task listens on, as Consul Connect's are.
+	sock, err := net.Listen("unix", filepath.Join(a1, "alloc/data/sock"))
+	if err != nil {
+		t.Fatalf("listen on a unix socket in the allocation: %v", err)
+	}
+	defer sock.Close()
 	const (
 		fsp = "/v1/client/fs/"
 		// Everything web's stdout holds, across its two files.
@@ -278,6 +285,14 @@ printf 'not a log' > alloc/logs/web.stdout.old
 		{"readat limit", fsp + "readat/a1?path=alloc/data/hello.txt&offset=6&limit=5", 200, []check{bodyIs("world")}},
 		{"readat limit 0 is all", fsp + "readat/a1?path=alloc/data/hello.txt&offset=0&limit=0", 200, []check{bodyIs("hello world\n")}},
 		{"readat secret", fsp + "readat/a1?path=web/secrets/token&offset=0", 403, nil},
+		{"readat past the end", fsp + "readat/a1?path=alloc/data/hello.txt&offset=100", 200, []check{bodyIs("")}},
+		{"readat past any file", fsp + "readat/a1?path=alloc/data/hello.txt&offset=100000000000000", 200, []check{bodyIs("")}},
+		{"readat offset beyond int64", fsp + "readat/a1?path=alloc/data/hello.txt&offset=100000000000000000000", 400, []check{bodyHas("error parsing offset")}},
+		{"cat fifo", fsp + "cat/a1?path=alloc/data/fifo", 400, []check{bodyHas("not a regular file")}},
+		{"readat fifo", fsp + "readat/a1?path=alloc/data/fifo&offset=0", 400, []check{bodyHas("not a regular file")}},
+		{"stream fifo", fsp + "stream/a1?path=alloc/data/fifo", 400, []check{bodyHas("not a regular file")}},
+		{"cat socket", fsp + "cat/a1?path=alloc/data/sock", 400, []check{bodyHas("not a regular file")}},
+		{"readat socket", fsp + "readat/a1?path=alloc/data/sock&offset=0", 400, []check{bodyHas("not a regular file")}},
 
 		{"stream no path", fsp + "stream/a1?follow=false", 400, []check{bodyIs("must provide a file name")}},
 		{"stream", fsp + "stream/a1?path=alloc/data/hello.txt&follow=false", 200, []check{ctIs("application/json"),
@@ -322,6 +337,16 @@ printf 'not a log' > alloc/logs/web.stdout.old
 			}
 		})
 	}
+
+	// Refused reads of what a task planted are the task's doing: they
+	// leave no line in the daemon's log.
+	t.Run("no log line for special files", func(t *testing.T) {
+		for _, name := range []string{"alloc/data/fifo", "alloc/data/sock"} {
+			if out := n.Out.String(); strings.Contains(out, name) {
+				t.Errorf("daemon log mentions %s:\n%s", name, out)
+			}
+		}
+	})
 
 	t.Run("gc terminal alloc", func(t *testing.T) {
 		n.mustCLI(t, "alloc", "create", "done", "--task", "web")

@@ -58,8 +58,10 @@
 // or the sender's own NOMAD-<id>-ERROR.log entry saying its snapshot
 // failed), a refused TLS certificate, a local failure such as a full disk,
 // and the cancellation of the caller's context. A transfer that receives nothing for
-// FetchOptions.StallTimeout is abandoned and retried; there is no overall
-// timeout, since a large disk takes as long as it takes.
+// FetchOptions.StallTimeout, or fewer than FetchOptions.MinProgressBytes in
+// a FetchOptions.MinProgressWindow ([ErrTooSlow]), is abandoned and
+// retried; the whole fetch, waits included, ends at FetchOptions.Deadline
+// ([ErrDeadline], 30 minutes by default).
 //
 // # Tokens
 //

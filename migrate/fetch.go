@@ -41,6 +41,15 @@ const (
 	// DefaultStallTimeout is how long an attempt may go without receiving
 	// a byte, response headers included, before it is abandoned.
 	DefaultStallTimeout = 60 * time.Second
+	// DefaultDeadline bounds a whole fetch, every attempt and every wait
+	// between attempts included.
+	DefaultDeadline = 30 * time.Minute
+	// DefaultMinProgressBytes and DefaultMinProgressWindow: an attempt
+	// whose body brings fewer than 1 KiB in a minute is abandoned. A
+	// sender that trickles a byte now and then never stalls, yet could
+	// hold a fetch until its deadline.
+	DefaultMinProgressBytes  = 1 << 10
+	DefaultMinProgressWindow = 60 * time.Second
 )
 
 const (
@@ -66,6 +75,13 @@ var (
 	// ErrIntegrity: the archive arrived complete but its CRC-32C is not
 	// the one the source sent, or the source's trailer is unusable.
 	ErrIntegrity = errors.New("snapshot integrity check failed")
+	// ErrDeadline: the fetch did not complete within
+	// FetchOptions.Deadline. It is not retried.
+	ErrDeadline = errors.New("snapshot fetch deadline exceeded")
+	// ErrTooSlow: an attempt received fewer than
+	// FetchOptions.MinProgressBytes in a MinProgressWindow. The attempt is
+	// retried, as a stalled one is.
+	ErrTooSlow = errors.New("transfer too slow")
 	// errStalled is the cause an attempt is cancelled with when no byte
 	// arrived for StallTimeout.
 	errStalled = errors.New("transfer stalled")
@@ -134,6 +150,19 @@ type FetchOptions struct {
 	// long, response headers included; 0 means DefaultStallTimeout and a
 	// negative value disables it.
 	StallTimeout time.Duration
+	// Deadline bounds the whole fetch, every attempt and every wait
+	// between attempts included: when it passes, the attempt under way
+	// is abandoned and Fetch fails with ErrDeadline. 0 means
+	// DefaultDeadline and a negative value disables it.
+	Deadline time.Duration
+	// MinProgressBytes and MinProgressWindow: an attempt whose body
+	// brings fewer than MinProgressBytes in a MinProgressWindow (windows
+	// counted from the response) is abandoned with ErrTooSlow and
+	// retried. 0 means DefaultMinProgressBytes and
+	// DefaultMinProgressWindow; a negative MinProgressBytes disables the
+	// rule.
+	MinProgressBytes  int64
+	MinProgressWindow time.Duration
 	// Limits are passed to allocdir.ExtractSnapshot.
 	Limits allocdir.ExtractOptions
 	// Progress, when set, is called from the goroutine that runs Fetch
@@ -169,13 +198,14 @@ type Fetched struct {
 // and extracts it, with allocdir.ExtractSnapshot, into a new directory
 // inside opts.StagingDir, which it returns once the archive was read to
 // its end, every entry was accepted and, when the source sent one, the
-// CRC-32C trailer matched.
+// CRC-32C trailer matched, all within opts.Deadline.
 //
 // It is all or nothing: an attempt that fails leaves nothing inside
 // StagingDir. Transient failures are retried with a doubling backoff, up
-// to opts.Retries attempts in all: errors connecting, a connection cut or
-// stalled mid-transfer (an archive that ends early, however it ends), an
-// integrity mismatch, 5xx and 429. Everything else fails at once: 403
+// to opts.Retries attempts in all: errors connecting, a connection cut,
+// stalled or too slow mid-transfer (an archive that ends early, however it
+// ends), an integrity mismatch, 5xx and 429. Everything else fails at
+// once: the deadline (ErrDeadline), 403
 // (ErrPermissionDenied), 404 (allocdir.ErrUnknownAlloc), 410
 // (allocdir.ErrGone) and other 4xx (all as *StatusError), an archive
 // refused for what it holds (allocdir.ErrArchive: a malicious entry, a
@@ -203,7 +233,7 @@ type fetcher struct {
 }
 
 func newFetcher(opts FetchOptions) (*fetcher, error) {
-	if err := allocdir.ValidName(opts.AllocID); err != nil {
+	if err := allocdir.ValidID(opts.AllocID); err != nil {
 		return nil, fmt.Errorf("failed to fetch snapshot: allocation ID: %w", err)
 	}
 	base, err := url.Parse(opts.URL)
@@ -226,6 +256,15 @@ func newFetcher(opts FetchOptions) (*fetcher, error) {
 	}
 	if opts.StallTimeout == 0 {
 		opts.StallTimeout = DefaultStallTimeout
+	}
+	if opts.Deadline == 0 {
+		opts.Deadline = DefaultDeadline
+	}
+	if opts.MinProgressBytes == 0 {
+		opts.MinProgressBytes = DefaultMinProgressBytes
+	}
+	if opts.MinProgressWindow <= 0 {
+		opts.MinProgressWindow = DefaultMinProgressWindow
 	}
 	f := &fetcher{
 		opts:   opts,
@@ -274,6 +313,12 @@ func transientErr(err error) error { return &attemptError{err: err, transient: t
 
 func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
 	start := time.Now()
+	if f.opts.Deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, f.opts.Deadline,
+			fmt.Errorf("%w: not done within %s", ErrDeadline, f.opts.Deadline))
+		defer cancel()
+	}
 	backoff := f.opts.Backoff
 	maxBackoff := max(MaxBackoff, f.opts.Backoff)
 	for attempt := 1; ; attempt++ {
@@ -286,9 +331,11 @@ func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
 				"entries", res.Entries, "verified", res.Verified, "duration", res.Duration)
 			return res, nil
 		}
-		if cerr := ctx.Err(); cerr != nil {
-			f.logger.Info("snapshot fetch cancelled", "attempt", attempt, "error", err)
-			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s: %w", f.opts.AllocID, f.source, cerr)
+		if ctx.Err() != nil {
+			cause := ended(ctx)
+			f.logger.Info("snapshot fetch abandoned", "attempt", attempt, "reason", cause, "error", err)
+			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s (attempt %d): %w",
+				f.opts.AllocID, f.source, attempt, cause)
 		}
 		var ae *attemptError
 		transient := errors.As(err, &ae) && ae.transient
@@ -310,11 +357,22 @@ func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s: %w", f.opts.AllocID, f.source, ctx.Err())
+			return nil, fmt.Errorf("failed to fetch snapshot of alloc %s from %s (after attempt %d): %w",
+				f.opts.AllocID, f.source, attempt, ended(ctx))
 		case <-t.C:
 		}
 		backoff = min(backoff*2, maxBackoff)
 	}
+}
+
+// ended is why ctx is done: the caller's cancellation, or the deadline,
+// which then also wraps context.DeadlineExceeded.
+func ended(ctx context.Context) error {
+	cause, err := context.Cause(ctx), ctx.Err()
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", cause, err)
 }
 
 // attempt makes one request and, on success, returns the extracted
@@ -340,7 +398,7 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 			// Another attempt would meet the same certificate.
 			return nil, err
 		}
-		return nil, transientErr(f.stalled(actx, err))
+		return nil, transientErr(f.aborted(actx, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -352,10 +410,13 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 		return nil, &attemptError{err: se, transient: se.transient(), retryAfter: retryAfter(resp.Header)}
 	}
 
+	pg := newPaceGuard(f.opts.MinProgressBytes, f.opts.MinProgressWindow, cancel)
+	defer pg.stop()
 	m := &meter{
 		r:        resp.Body,
 		hash:     crc32.New(castagnoli),
 		wd:       wd,
+		pace:     pg,
 		progress: f.opts.Progress,
 		base:     Progress{AllocID: f.opts.AllocID, Attempt: attempt, Total: resp.ContentLength},
 		start:    time.Now(),
@@ -385,9 +446,9 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 // classify tells a transfer that broke (worth another attempt) from an
 // archive or a node that refuses (not worth it).
 func (f *fetcher) classify(actx context.Context, err error, m *meter, br *bufio.Reader) error {
-	switch {
-	case errors.Is(context.Cause(actx), errStalled):
-		return transientErr(f.stalled(actx, err))
+	switch cause := context.Cause(actx); {
+	case errors.Is(cause, errStalled), errors.Is(cause, ErrTooSlow):
+		return transientErr(f.aborted(actx, err))
 	case m.err != nil && errors.Is(err, m.err):
 		// The extractor stopped on the connection's error.
 		return transientErr(err)
@@ -411,9 +472,13 @@ func truncated(err error, m *meter, br *bufio.Reader) bool {
 	return m.eof && br.Buffered() == 0 && !m.endsWithTrailer()
 }
 
-func (f *fetcher) stalled(actx context.Context, err error) error {
-	if errors.Is(context.Cause(actx), errStalled) {
+// aborted names the watchdog that cancelled an attempt, if one did.
+func (f *fetcher) aborted(actx context.Context, err error) error {
+	switch cause := context.Cause(actx); {
+	case errors.Is(cause, errStalled):
 		return fmt.Errorf("%w: nothing received for %s: %w", errStalled, f.opts.StallTimeout, err)
+	case errors.Is(cause, ErrTooSlow):
+		return fmt.Errorf("%w: %w", cause, err)
 	}
 	return err
 }
@@ -424,7 +489,7 @@ func (f *fetcher) verify(actx context.Context, br *bufio.Reader, m *meter, resp 
 	_, declared := resp.Trailer[http.CanonicalHeaderKey(TrailerCRC32C)]
 	n, err := io.Copy(io.Discard, io.LimitReader(br, maxTrailingBytes+1))
 	if err != nil {
-		return false, transientErr(f.stalled(actx, fmt.Errorf("failed to read the end of the snapshot: %w", err)))
+		return false, transientErr(f.aborted(actx, fmt.Errorf("failed to read the end of the snapshot: %w", err)))
 	}
 	if n > maxTrailingBytes {
 		if declared {
@@ -496,6 +561,7 @@ type meter struct {
 	zeros int64
 
 	wd       *watchdog
+	pace     *paceGuard
 	progress func(Progress)
 	base     Progress
 	start    time.Time
@@ -514,6 +580,7 @@ func (m *meter) Read(p []byte) (int, error) {
 			m.zeros = int64(n - 1 - i)
 		}
 		m.wd.touch()
+		m.pace.add(n)
 		if m.progress != nil {
 			if now := time.Now(); now.Sub(m.last) >= progressInterval {
 				m.last = now
@@ -620,4 +687,70 @@ func (w *watchdog) stop() {
 	w.stopped = true
 	w.timer.Stop()
 	w.mu.Unlock()
+}
+
+// paceGuard cancels an attempt whose body brings fewer than min bytes in
+// a window. Reads only add to a counter; the timer checks it once per
+// window.
+type paceGuard struct {
+	min    int64
+	window time.Duration
+	n      atomic.Int64
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	last    int64 // n at the previous check
+	stopped bool
+}
+
+// newPaceGuard returns nil (a guard that does nothing) for a minBytes that is
+// not positive.
+func newPaceGuard(minBytes int64, window time.Duration, cancel context.CancelCauseFunc) *paceGuard {
+	if minBytes <= 0 {
+		return nil
+	}
+	g := &paceGuard{min: minBytes, window: window, cancel: cancel}
+	g.mu.Lock()
+	g.timer = time.AfterFunc(window, g.fire)
+	g.mu.Unlock()
+	return g
+}
+
+func (g *paceGuard) add(n int) {
+	if g != nil {
+		g.n.Add(int64(n))
+	}
+}
+
+// check closes a window: it reports the bytes the window brought and
+// whether that is too few.
+func (g *paceGuard) check() (int64, bool) {
+	total := g.n.Load()
+	got := total - g.last
+	g.last = total
+	return got, got < g.min
+}
+
+func (g *paceGuard) fire() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return
+	}
+	if got, slow := g.check(); slow {
+		g.cancel(fmt.Errorf("%w: %d bytes in %s, want at least %d", ErrTooSlow, got, g.window, g.min))
+		return
+	}
+	g.timer.Reset(g.window)
+}
+
+func (g *paceGuard) stop() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.stopped = true
+	g.timer.Stop()
+	g.mu.Unlock()
 }

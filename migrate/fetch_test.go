@@ -662,3 +662,105 @@ func TestFetchTLS(t *testing.T) {
 	}
 	assertStagingEmpty(t, opts.StagingDir)
 }
+
+// trickle sends data chunk bytes at a time, one chunk every pause, until
+// it is all sent or the client went away; sent counts what went out.
+func trickle(w http.ResponseWriter, r *http.Request, data []byte, chunk int, pause time.Duration, sent *atomic.Int64) {
+	w.Header().Set("Content-Type", "application/x-tar")
+	rc := http.NewResponseController(w)
+	for len(data) > 0 {
+		c := min(chunk, len(data))
+		n, err := w.Write(data[:c])
+		sent.Add(int64(n))
+		if err != nil || rc.Flush() != nil {
+			return
+		}
+		data = data[c:]
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(pause):
+		}
+	}
+}
+
+// TestFetchDeadline: the deadline ends a fetch whose bytes keep flowing,
+// and one that waits to retry; either way Fetch fails with ErrDeadline
+// (and context.DeadlineExceeded), without another attempt, and staging
+// is left empty.
+func TestFetchDeadline(t *testing.T) {
+	t.Parallel()
+	t.Run("trickling", func(t *testing.T) {
+		t.Parallel()
+		alloc := newSource(t)
+		data := snapshotBytes(t, alloc)
+		var sent atomic.Int64
+		src := newSourceServer(t, alloc, func(_ http.Handler, _ int, w http.ResponseWriter, r *http.Request) {
+			// 25 KiB/s: the 3 MiB archive would take two minutes.
+			trickle(w, r, data, 512, 20*time.Millisecond, &sent)
+		})
+		opts := fetchOptions(t, src.srv.URL)
+		opts.Deadline = 300 * time.Millisecond
+		opts.MinProgressBytes = -1 // only the deadline may end it
+		_, err := migrate.Fetch(t.Context(), opts)
+		if !errors.Is(err, migrate.ErrDeadline) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("got error %v, want one wrapping ErrDeadline and context.DeadlineExceeded", err)
+		}
+		if n := src.requests.Load(); n != 1 {
+			t.Errorf("got %d requests, want 1", n)
+		}
+		if n := sent.Load(); n == 0 || n >= int64(len(data)) {
+			t.Errorf("source sent %d of %d bytes, want some but not all", n, len(data))
+		}
+		assertStagingEmpty(t, opts.StagingDir)
+	})
+	t.Run("waiting to retry", func(t *testing.T) {
+		t.Parallel()
+		src := newSourceServer(t, newSource(t), func(_ http.Handler, _ int, w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+		})
+		opts := fetchOptions(t, src.srv.URL)
+		opts.Backoff = time.Hour
+		opts.Deadline = 200 * time.Millisecond
+		_, err := migrate.Fetch(t.Context(), opts)
+		if !errors.Is(err, migrate.ErrDeadline) {
+			t.Errorf("got error %v, want one wrapping ErrDeadline", err)
+		}
+		if n := src.requests.Load(); n != 1 {
+			t.Errorf("got %d requests, want 1", n)
+		}
+		assertStagingEmpty(t, opts.StagingDir)
+	})
+}
+
+// TestFetchTooSlow: a source that never stalls but sends less than
+// MinProgressBytes per MinProgressWindow has each attempt abandoned with
+// ErrTooSlow, is retried like a stalled one, and leaves staging empty.
+func TestFetchTooSlow(t *testing.T) {
+	t.Parallel()
+	alloc := newSource(t)
+	data := snapshotBytes(t, alloc)
+	var sent atomic.Int64
+	src := newSourceServer(t, alloc, func(_ http.Handler, _ int, w http.ResponseWriter, r *http.Request) {
+		// 16 bytes every 20 ms: at most 120 bytes per window.
+		trickle(w, r, data, 16, 20*time.Millisecond, &sent)
+	})
+	opts := fetchOptions(t, src.srv.URL)
+	opts.Retries = 2
+	opts.MinProgressBytes = 1 << 10
+	opts.MinProgressWindow = 150 * time.Millisecond
+	_, err := migrate.Fetch(t.Context(), opts)
+	if !errors.Is(err, migrate.ErrTooSlow) {
+		t.Errorf("got error %v, want one wrapping ErrTooSlow", err)
+	}
+	if errors.Is(err, migrate.ErrDeadline) {
+		t.Errorf("got error %v, want the pace rule, not the deadline", err)
+	}
+	if n := src.requests.Load(); n != 2 {
+		t.Errorf("got %d requests, want 2 (a slow attempt is retried)", n)
+	}
+	if n := sent.Load(); n >= 2*int64(len(data)) {
+		t.Errorf("source sent %d bytes, want the attempts cut short", n)
+	}
+	assertStagingEmpty(t, opts.StagingDir)
+}

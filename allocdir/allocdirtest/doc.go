@@ -59,9 +59,9 @@
 //   - Snapshot: Nomad's tar layout and a round trip through
 //     allocdir.ExtractSnapshot.
 //   - MaliciousArchives: crafted archives (CVE-2024-1329, CVE-2022-24683,
-//     the write-through-link of nomad PR #23738, hard links and devices,
-//     limits, truncation, the sender's error entry, names outside the
-//     layout) are refused with allocdir.ErrArchive and leave nothing
+//     the write-through-link of nomad PR #23738, hard links, FIFOs,
+//     devices, sparse files in the GNU and PAX forms, limits, truncation,
+//     the sender's error entry, names outside the layout) are refused with allocdir.ErrArchive and leave nothing
 //     behind, in the destination or outside it.
 //
 // # Requirements and timing

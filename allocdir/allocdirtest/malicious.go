@@ -4,9 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,6 +150,8 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		// archive builds the stream; it may use the scene's paths.
 		archive func(t *testing.T, s *archiveScene) []byte
 		opts    allocdir.ExtractOptions
+		// wantType: refused for its entry type (allocdir.ErrEntryType).
+		wantType bool
 	}{
 		// CVE-2024-1329: a link to /etc is refused outright.
 		{name: "CVE-2024-1329/LinkToEtc", archive: func(t *testing.T, s *archiveScene) []byte {
@@ -220,12 +225,33 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		{name: "HardLinkThroughLink", archive: func(t *testing.T, s *archiveScene) []byte {
 			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", s.victim), tHardLink("alloc/data/p", "alloc/data/l/sentinel"))
 		}},
+		// A hard link to a file of the archive itself: no snapshot writer
+		// makes one (each name is a full file), so it is refused too.
+		{name: "HardLinkInside", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
+			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"), tHardLink("alloc/data/g", "alloc/data/f"))
+		}},
+		// A FIFO.
+		{name: "FIFO", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
+			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/fifo", typ: tar.TypeFifo, mode: 0o644})
+		}},
+		// A 16 GiB file of zeros from 2 KiB on the wire, old GNU form.
+		{name: "SparseGNU", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
+			return SparseGNUArchive("alloc/data/big", 16<<30)
+		}},
+		// The same in the PAX forms, which archive/tar reports as a
+		// regular file.
+		{name: "SparsePAX1.0", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
+			return SparsePAXArchive("alloc/data/big", 16<<30, 0)
+		}},
+		{name: "SparsePAX0.1", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
+			return SparsePAXArchive("alloc/data/big", 16<<30, 1)
+		}},
 		// A character device (/dev/null's numbers).
-		{name: "CharDevice", archive: func(t *testing.T, s *archiveScene) []byte {
+		{name: "CharDevice", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
 			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/null", typ: tar.TypeChar, mode: 0o666})
 		}},
 		// A block device.
-		{name: "BlockDevice", archive: func(t *testing.T, s *archiveScene) []byte {
+		{name: "BlockDevice", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
 			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/disk", typ: tar.TypeBlock, mode: 0o660})
 		}},
 		// More file bytes than MaxBytes allows.
@@ -288,6 +314,9 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 			s := newArchiveScene(t)
 			_, err := allocdir.ExtractSnapshot(bytes.NewReader(c.archive(t, s)), s.dest, c.opts)
 			s.check(t, err)
+			if c.wantType && !errors.Is(err, allocdir.ErrEntryType) {
+				t.Errorf("ExtractSnapshot: got %v, want an error wrapping ErrEntryType", err)
+			}
 			if passwdErr == nil {
 				if b, err := os.ReadFile("/etc/passwd"); err != nil || !bytes.Equal(b, passwd) {
 					t.Errorf("/etc/passwd changed: got (%d bytes, %v), want it as it was", len(b), err)
@@ -309,4 +338,141 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 			t.Errorf("alloc/data/l: got (%q, %v), want %q", got, err, "x")
 		}
 	})
+}
+
+// blockSize is tar's record unit.
+const blockSize = 512
+
+// rawHeader is one hand-built tar header block. The tar writer refuses
+// to write sparse files, so the sparse archives are assembled from these.
+type rawHeader [blockSize]byte
+
+func (h *rawHeader) str(off, size int, s string) {
+	if len(s) > size {
+		panic(fmt.Sprintf("tar field at %d: %q longer than %d bytes", off, s, size))
+	}
+	copy(h[off:off+size], s)
+}
+
+// num writes n in base-256 (GNU), which holds any size.
+func (h *rawHeader) num(off, size int, n int64) {
+	f := h[off : off+size]
+	clear(f)
+	for i := size - 1; i > 0 && n > 0; i-- {
+		f[i] = byte(n)
+		n >>= 8
+	}
+	f[0] = 0x80
+}
+
+func (h *rawHeader) octal(off, size int, n int64) {
+	h.str(off, size, fmt.Sprintf("%0*o", size-1, n))
+}
+
+// seal writes the checksum, computed with the checksum field as spaces.
+func (h *rawHeader) seal() {
+	copy(h[148:156], "        ")
+	var sum int64
+	for _, b := range h {
+		sum += int64(b)
+	}
+	h.str(148, 8, fmt.Sprintf("%06o\x00 ", sum))
+}
+
+// newRawHeader starts a header of type typ for name, mode 0644, whose
+// body on the wire is size bytes. gnu selects the old GNU magic (needed
+// by TypeGNUSparse), else POSIX ustar.
+func newRawHeader(name string, typ byte, size int64, gnu bool) *rawHeader {
+	h := new(rawHeader)
+	h.str(0, 100, name)
+	h.octal(100, 8, 0o644)
+	h.octal(108, 8, 0)
+	h.octal(116, 8, 0)
+	h.octal(124, 12, size)
+	h.octal(136, 12, 1700000000)
+	h[156] = typ
+	if gnu {
+		h.str(257, 8, "ustar  \x00")
+	} else {
+		h.str(257, 8, "ustar\x0000")
+	}
+	return h
+}
+
+// padded returns b followed by zeros up to a whole number of blocks.
+func padded(b []byte) []byte {
+	if r := len(b) % blockSize; r != 0 {
+		b = append(b, make([]byte, blockSize-r)...)
+	}
+	return b
+}
+
+// trailer is tar's end-of-archive marker.
+func trailer() []byte { return make([]byte, 2*blockSize) }
+
+// SparseGNUArchive returns a complete archive holding one file, name, in
+// the old GNU sparse form (type 'S'): one byte of data on the wire, which
+// a reader that honours the sparse map expands to realSize bytes, all but
+// the last of them zeros. The archive is 2 KiB whatever realSize is.
+func SparseGNUArchive(name string, realSize int64) []byte {
+	h := newRawHeader(name, tar.TypeGNUSparse, 1, true)
+	// The sparse map: one region of one byte, at the very end.
+	h.num(386, 12, realSize-1)
+	h.num(398, 12, 1)
+	h[482] = 0 // no extension blocks
+	h.num(483, 12, realSize)
+	h.seal()
+	out := append([]byte(nil), h[:]...)
+	out = append(out, padded([]byte("x"))...)
+	return append(out, trailer()...)
+}
+
+// SparsePAXArchive returns a complete archive holding one file, name, in
+// the PAX sparse form archive/tar reports as a regular file: format 1.0
+// (minor 0: the map leads the body) or 0.1 (minor 1: the map is a
+// record). As with SparseGNUArchive, one byte on the wire becomes
+// realSize bytes.
+func SparsePAXArchive(name string, realSize int64, minor int) []byte {
+	recs := []string{
+		"GNU.sparse.name=" + name,
+		"GNU.sparse.realsize=" + strconv.FormatInt(realSize, 10),
+	}
+	var body []byte
+	switch minor {
+	case 0:
+		recs = append(recs, "GNU.sparse.major=1", "GNU.sparse.minor=0")
+		body = padded([]byte(fmt.Sprintf("1\n%d\n1\n", realSize-1)))
+	case 1:
+		recs = append(recs, "GNU.sparse.major=0", "GNU.sparse.minor=1",
+			"GNU.sparse.numblocks=1", fmt.Sprintf("GNU.sparse.map=%d,1", realSize-1))
+	default:
+		panic(fmt.Sprintf("PAX sparse format minor %d: want 0 (1.0) or 1 (0.1)", minor))
+	}
+	body = append(body, 'x')
+	var pax []byte
+	for _, r := range recs {
+		pax = append(pax, paxRecord(r)...)
+	}
+	ph := newRawHeader("PaxHeaders/"+path.Base(name), tar.TypeXHeader, int64(len(pax)), false)
+	ph.seal()
+	fh := newRawHeader(path.Join(path.Dir(name), "GNUSparseFile.0", path.Base(name)), tar.TypeReg, int64(len(body)), false)
+	fh.seal()
+	out := append([]byte(nil), ph[:]...)
+	out = append(out, padded(pax)...)
+	out = append(out, fh[:]...)
+	out = append(out, padded(body)...)
+	return append(out, trailer()...)
+}
+
+// paxRecord formats "key=value" as a PAX record: its length, in decimal,
+// counts itself.
+func paxRecord(kv string) string {
+	n := len(kv) + 3 // space, newline, one digit
+	for {
+		r := fmt.Sprintf("%d %s\n", n, kv)
+		if len(r) == n {
+			return r
+		}
+		n = len(r)
+	}
 }

@@ -110,7 +110,8 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, allocdir.ErrSecret), errors.Is(err, allocdir.ErrPrivate):
 		return http.StatusForbidden
-	case errors.Is(err, allocdir.ErrEscapes), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, allocdir.ErrEscapes), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
+		errors.Is(err, allocdir.ErrNotRegular):
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError
@@ -413,7 +414,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
-	if err := allocdir.ValidName(task); err != nil || task == allocdir.SharedAllocName {
+	if allocdir.ValidTaskName(task) != nil {
 		h.writeError(w, r, badRequest(msgUnknownTk))
 		return
 	}
@@ -458,6 +459,11 @@ func (h *Handler) finish(r *http.Request, id string, f *framer, err error, start
 	closeErr := f.Close()
 	switch {
 	case err == nil, errors.Is(err, errClientGone), errors.Is(err, context.Canceled):
+	case statusOf(err) != http.StatusInternalServerError:
+		// What a task did to its files (a FIFO swapped in for a log
+		// file, say) is not the daemon's trouble, and must not let a
+		// task fill its log.
+		h.logger.Debug("stream ended by a refusal", "alloc_id", id, "path", r.URL.Path, "error", err)
 	default:
 		h.logger.Warn("stream ended by an error", "alloc_id", id, "path", r.URL.Path, "error", err)
 	}

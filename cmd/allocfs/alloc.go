@@ -60,7 +60,7 @@ func dial(socket string) (context.Context, *api.Client, func()) {
 // checkAllocID refuses IDs the server refuses too, before dialing it. It
 // is an error rather than a usage error: the command line was well formed.
 func checkAllocID(id string) error {
-	if err := allocdir.ValidName(id); err != nil {
+	if err := allocdir.ValidID(id); err != nil {
 		return fmt.Errorf("invalid allocation ID: %w", err)
 	}
 	return nil
@@ -140,7 +140,7 @@ previous allocation must be stopped first.`)
 	tasks := make([]allocdir.Task, 0, len(taskNames))
 	index := make(map[string]int, len(taskNames))
 	for _, name := range taskNames {
-		if err := allocdir.ValidName(name); err != nil {
+		if err := allocdir.ValidTaskName(name); err != nil {
 			return fmt.Errorf("invalid task name: %w", err)
 		}
 		if _, dup := index[name]; dup {

@@ -194,7 +194,7 @@ which stay until that one is collected.`)
 	if err := checkAllocID(id); err != nil {
 		return err
 	}
-	if err := allocdir.ValidName(task); err != nil {
+	if err := allocdir.ValidTaskName(task); err != nil {
 		return fmt.Errorf("invalid task name: %w", err)
 	}
 	if *lines < 0 || *byteCount < 0 {

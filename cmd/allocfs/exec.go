@@ -95,7 +95,7 @@ started, 2 for a wrong command line.`)
 	if err := checkAllocID(id); err != nil {
 		return err
 	}
-	if err := allocdir.ValidName(task); err != nil {
+	if err := allocdir.ValidTaskName(task); err != nil {
 		return fmt.Errorf("invalid task name: %w", err)
 	}
 	var cred *syscall.Credential
@@ -316,9 +316,9 @@ func lookupCredential(name string) (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("--user %s: running a task as another user needs root", name)
 	}
-	o, err := allocdir.LookupOwner(name)
+	o, err := allocdir.LookupUser(name)
 	if err != nil {
-		return nil, fmt.Errorf("failed to look up user %q: %w", name, err)
+		return nil, err
 	}
 	cred := &syscall.Credential{Uid: uint32(o.UID), Gid: uint32(o.GID), Groups: []uint32{uint32(o.GID)}}
 	u, err := user.LookupId(strconv.Itoa(o.UID))
