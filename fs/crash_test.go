@@ -291,6 +291,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				t.Fatalf("%s without a crash: %v", op.name, err)
 			}
 			total := counter.steps
+			trail := counter.trail
 			after := canonicalRecords(t, dir, tplLayers)
 			must(t, s.Close())
 			if after == before {
@@ -299,7 +300,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			if total < 2 {
 				t.Fatalf("%s took %d steps, want a multi-step change", op.name, total)
 			}
-			t.Logf("%s: %d steps: %s", op.name, total, strings.Join(counter.trail, ", "))
+			t.Logf("%s: %d steps: %s", op.name, total, strings.Join(trail, ", "))
 
 			seen := map[string]int{}
 			for n := 1; n <= total; n++ {
@@ -541,6 +542,18 @@ func crashOps() []crashOp {
 			name:  "stop",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run:   func(s *Store) error { _, err := s.Stop("a"); return err },
+		},
+		{
+			// The checkpoint that follows changes (at close, or when the
+			// journal is over its limit) is itself a multi-step change.
+			name:  "stop-and-checkpoint",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				if _, err := s.Stop("a"); err != nil {
+					return err
+				}
+				return s.Close()
+			},
 		},
 		{
 			name:  "add-task",
