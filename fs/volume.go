@@ -249,10 +249,33 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		}
 	}
 	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
-	if errno == 0 {
-		n.inheritGroup(name, &out.Attr)
+	if errno != 0 {
+		return nil, nil, 0, errno
 	}
-	return ch, n.m.wrapFile(fh), fuseFlags, errno
+	n.inheritGroup(name, &out.Attr)
+	if errno := n.restoreMode(name, mode, &out.Attr); errno != 0 {
+		releaseHandle(ctx, fh)
+		return nil, nil, 0, errno
+	}
+	if child, ok := ch.Operations().(*volNode); ok {
+		if kfh, ok := child.killprivHandle(fh); ok {
+			return ch, kfh, fuseFlags, 0
+		}
+	}
+	return ch, n.m.wrapFile(fh), fuseFlags, 0
+}
+
+// restoreMode gives the new entry name the mode bits the caller asked for
+// (see killpriv.go); a failure leaves an entry with fewer bits than asked,
+// so it is reported.
+func (n *volNode) restoreMode(name string, mode uint32, attr *fuse.Attr) syscall.Errno {
+	if mode&modeSpecial == 0 {
+		return 0
+	}
+	if err := restoreMode(filepath.Join(n.backingPath(), name), mode, attr); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	return 0
 }
 
 var _ = (gofs.NodeOpener)((*volNode)(nil))
@@ -286,6 +309,20 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
 	if errno != 0 {
 		return nil, 0, errno
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		// The open truncated the file: an unprivileged caller's
+		// truncate clears set-id bits as a write does.
+		if lf, ok := fh.(*gofs.LoopbackFile); ok {
+			fd, _ := lf.PassthroughFd()
+			if errno := killPrivFd(ctx, fd); errno != 0 {
+				releaseHandle(ctx, fh)
+				return nil, 0, errno
+			}
+		}
+	}
+	if kfh, ok := n.killprivHandle(fh); ok {
+		return kfh, fuseFlags, 0
 	}
 	n.mu.Lock()
 	served := n.daemonServed
@@ -358,6 +395,7 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	}
 	if errno == 0 {
 		n.inheritGroup(name, &out.Attr)
+		errno = n.restoreMode(name, mode, &out.Attr)
 	}
 	return ch, errno
 }
@@ -379,6 +417,7 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
 	if errno == 0 {
 		n.inheritGroup(name, &out.Attr)
+		errno = n.restoreMode(name, mode, &out.Attr)
 	}
 	return ch, errno
 }
@@ -574,7 +613,17 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out)
+	if errno := n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out); errno != 0 {
+		return errno
+	}
+	if errno := n.killprivSetattr(ctx, in); errno != 0 {
+		return errno
+	}
+	if in.Valid&fuse.FATTR_SIZE != 0 {
+		// The mode may have lost its set-id bits since out was filled.
+		return n.Getattr(ctx, attrHandle(f), out)
+	}
+	return 0
 }
 
 var _ = (gofs.NodeReadlinker)((*volNode)(nil))

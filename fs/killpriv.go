@@ -1,0 +1,177 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Set-id bits, as a local filesystem keeps them.
+//
+// Two things stand between a task and the mode bits it asked for. go-fuse's
+// loopback creates entries through os.FileMode, which has no room for the
+// raw set-id and sticky bits, and then chowns them to the caller, which
+// clears set-id bits as any chown by root does; so every new entry gets
+// its requested mode again afterwards (restoreMode). The kernel has
+// already applied the umask and stripped what the caller may not set.
+//
+// And a write by someone without CAP_FSETID must clear a file's set-id
+// bits (the "killpriv" rule: S_ISUID always, S_ISGID when group-executable),
+// so that an owner cannot plant code that runs with the privileges the
+// bits would still grant. With HANDLE_KILLPRIV_V2 the kernel leaves that
+// to the server, and with passthrough the write never reaches the server
+// and lands on the backing file as root, which keeps the bits. So a file
+// with such bits is opened without passthrough (killprivFile) and the
+// daemon clears them before the first write, fallocate or truncate of an
+// unprivileged caller, as ext4 does.
+
+// capFsetid is CAP_FSETID's bit in a capability set.
+const capFsetid = 4
+
+// modeSpecial are the mode bits beyond the permissions.
+const modeSpecial = syscall.S_ISUID | syscall.S_ISGID | syscall.S_ISVTX
+
+// killBits returns the bits a write by an unprivileged caller clears from
+// a regular file's mode: S_ISUID, and S_ISGID only with S_IXGRP (without
+// it, S_ISGID marks mandatory locking, not privilege).
+func killBits(mode uint32) uint32 {
+	if mode&syscall.S_IFMT != syscall.S_IFREG {
+		return 0
+	}
+	var kill uint32
+	if mode&syscall.S_ISUID != 0 {
+		kill |= syscall.S_ISUID
+	}
+	if mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP {
+		kill |= syscall.S_ISGID
+	}
+	return kill
+}
+
+// restoreMode gives the new entry at p the permission, set-id and sticky
+// bits of want, keeping a set-gid bit the directory inherited from its
+// parent, and updates attr to what is on disk. Symbolic links have no
+// mode of their own.
+func restoreMode(p string, want uint32, attr *fuse.Attr) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		return nil
+	}
+	mode := want & 0o7777
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		mode |= st.Mode & syscall.S_ISGID
+	}
+	if st.Mode&0o7777 != mode {
+		if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
+			return err
+		}
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+	}
+	ino := attr.Ino
+	attr.Mode = st.Mode
+	attr.Ctime = uint64(st.Ctim.Sec)
+	attr.Ctimensec = uint32(st.Ctim.Nsec)
+	attr.Ino = ino
+	return nil
+}
+
+// killprivFile is an open set-id file: served by the daemon, never by
+// passthrough, so that it can clear the bits before an unprivileged write.
+type killprivFile struct {
+	*gofs.LoopbackFile
+}
+
+// fd returns the backing file's descriptor.
+func (f *killprivFile) fd() int {
+	fd, _ := f.LoopbackFile.PassthroughFd()
+	return fd
+}
+
+// kill clears the set-id bits the caller's change must clear, if any.
+func (f *killprivFile) kill(ctx context.Context) syscall.Errno {
+	return killPrivFd(ctx, f.fd())
+}
+
+// killPrivFd clears, through fd, the set-id bits that a change by the
+// caller of ctx must clear: none if the caller has CAP_FSETID.
+func killPrivFd(ctx context.Context, fd int) syscall.Errno {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	kill := killBits(st.Mode)
+	if kill == 0 || callerHasCap(ctx, capFsetid) {
+		return 0
+	}
+	return gofs.ToErrno(unix.Fchmod(fd, st.Mode&0o7777&^kill))
+}
+
+var _ = (gofs.FileWriter)((*killprivFile)(nil))
+
+func (f *killprivFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if errno := f.kill(ctx); errno != 0 {
+		return 0, errno
+	}
+	return f.LoopbackFile.Write(ctx, data, off)
+}
+
+var _ = (gofs.FileAllocater)((*killprivFile)(nil))
+
+func (f *killprivFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	if errno := f.kill(ctx); errno != 0 {
+		return errno
+	}
+	return f.LoopbackFile.Allocate(ctx, off, size, mode)
+}
+
+// killprivHandle makes fh, an open handle of the node's file, a
+// daemon-served one if the file carries set-id bits.
+func (n *volNode) killprivHandle(fh gofs.FileHandle) (gofs.FileHandle, bool) {
+	lf, ok := fh.(*gofs.LoopbackFile)
+	if !ok {
+		return fh, false
+	}
+	fd, _ := lf.PassthroughFd()
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || killBits(st.Mode) == 0 {
+		return fh, false
+	}
+	return n.daemonFile(&killprivFile{LoopbackFile: lf}), true
+}
+
+// killprivSetattr clears set-id bits when the kernel says a size change by
+// an unprivileged caller must (FATTR_KILL_SUIDGID), after the change.
+func (n *volNode) killprivSetattr(ctx context.Context, in *fuse.SetAttrIn) syscall.Errno {
+	if in.Valid&fuse.FATTR_KILL_SUIDGID == 0 && !(in.Valid&fuse.FATTR_SIZE != 0 && !callerHasCap(ctx, capFsetid)) {
+		return 0
+	}
+	p := n.backingPath()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	kill := killBits(st.Mode)
+	if kill == 0 {
+		return 0
+	}
+	if in.Valid&fuse.FATTR_MODE != 0 {
+		// The same request sets the mode: a chmod wins over the rule.
+		return 0
+	}
+	return gofs.ToErrno(unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
+}
+
+// releaseHandle closes a handle an operation opened and then failed.
+func releaseHandle(ctx context.Context, fh gofs.FileHandle) {
+	if r, ok := fh.(gofs.FileReleaser); ok {
+		r.Release(ctx)
+	}
+}
