@@ -97,6 +97,9 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 		// Mode 0000 is a real mode (chmod 000 is how tasks lock a file
 		// away); without this go-fuse reports it as 0644 or 0755.
 		NullPermissions: true,
+		// The root's inode number is FUSE's root node ID, as "." and
+		// ".." of its listing say (tree.go).
+		RootStableAttr:  &gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: rootIno},
 		EntryTimeout:    &stable,
 		AttrTimeout:     &stable,
 		NegativeTimeout: &negative,

@@ -220,7 +220,7 @@ func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	return &listDir{entries: entries}, 0, 0
+	return &listDir{entries: withDots(n.EmbeddedInode(), entries)}, 0, 0
 }
 
 // copyUp makes the node's entry exist in the upper layer, copying it

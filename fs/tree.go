@@ -69,6 +69,7 @@ var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
 
 func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	skeletonAttr{mode: 0o755, mtime: r.m.started}.fill(&out.Attr, 1)
+	out.Ino = rootIno
 	return 0
 }
 
@@ -95,7 +96,7 @@ func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	for _, id := range ids {
 		entries = append(entries, fuse.DirEntry{Name: id, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", id)})
 	}
-	return gofs.NewListDirStream(entries), 0
+	return gofs.NewListDirStream(withDots(r.EmbeddedInode(), entries)), 0
 }
 
 // allocNode is <mount>/<allocID>/: alloc/ plus one directory per task.
@@ -144,7 +145,7 @@ func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 		entries = append(entries, fuse.DirEntry{Name: t.Name, Mode: syscall.S_IFDIR})
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
-	return gofs.NewListDirStream(entries), 0
+	return gofs.NewListDirStream(withDots(a.EmbeddedInode(), entries)), 0
 }
 
 // sharedNode is an allocation's alloc/ directory: logs/, tmp/ and data/.
@@ -192,7 +193,7 @@ func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno
 	for _, n := range names {
 		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
 	}
-	return gofs.NewListDirStream(entries), 0
+	return gofs.NewListDirStream(withDots(s.EmbeddedInode(), entries)), 0
 }
 
 // taskNode presents the layout children of <alloc>/<task>/ (local/,
@@ -340,4 +341,30 @@ var _ = (gofs.NodeStatfser)((*sharedNode)(nil))
 
 func (s *sharedNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return s.m.statfs(out)
+}
+
+// withDots puts "." and ".." before entries, the directory n's own and
+// its parent's, as every listing of a local filesystem has them: tools
+// that count a directory's entries, or walk by "..", expect them.
+func withDots(n *gofs.Inode, entries []fuse.DirEntry) []fuse.DirEntry {
+	self := inoOf(n)
+	parent := self
+	if _, p := n.Parent(); p != nil {
+		parent = inoOf(p)
+	}
+	return append([]fuse.DirEntry{
+		{Name: ".", Mode: syscall.S_IFDIR, Ino: self},
+		{Name: "..", Mode: syscall.S_IFDIR, Ino: parent},
+	}, entries...)
+}
+
+// rootIno is the mount root's inode number, FUSE's root node ID.
+const rootIno = fuse.FUSE_ROOT_ID
+
+// inoOf is the inode number stat shows for n.
+func inoOf(n *gofs.Inode) uint64 {
+	if n.IsRoot() {
+		return rootIno
+	}
+	return n.StableAttr().Ino
 }

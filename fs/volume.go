@@ -171,6 +171,7 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 			return nil, 0, errno
 		}
 		if !n.reserved(e.Name) {
+			n.mapDirent(&e)
 			entries = append(entries, e)
 		}
 	}
@@ -532,6 +533,37 @@ type volDir struct {
 	dirStream
 	fd   int
 	node *volNode
+}
+
+var _ = (gofs.FileReaddirenter)((*volDir)(nil))
+
+// Readdirent gives each entry the inode number stat gives it.
+func (d *volDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	e, errno := d.dirStream.Readdirent(ctx)
+	if e != nil {
+		d.node.mapDirent(e)
+	}
+	return e, errno
+}
+
+// mapDirent gives a directory entry of the backing layer the inode number
+// the mount shows for it: the backing one with the view's slot mixed in
+// (identity.go), the node's own for "." and its parent's for "..", so
+// that d_ino agrees with st_ino as on a local filesystem.
+func (n *volNode) mapDirent(e *fuse.DirEntry) {
+	switch e.Name {
+	case ".":
+		e.Ino = n.StableAttr().Ino
+	case "..":
+		e.Ino = n.StableAttr().Ino
+		if _, p := n.Parent(); p != nil {
+			e.Ino = p.StableAttr().Ino
+		}
+	default:
+		if e.Ino != 0 {
+			e.Ino ^= n.slot << viewShift
+		}
+	}
 }
 
 // openDir opens the node's directory for listing.
