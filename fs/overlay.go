@@ -314,6 +314,10 @@ func copyEntry(srcRoot, rel, dst string) error {
 			return err
 		}
 	}
+	// After the chown, which would drop security.capability.
+	if err := copyXattrs(src, dst); err != nil {
+		return err
+	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW)
 }

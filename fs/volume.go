@@ -674,16 +674,12 @@ func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 var _ = (gofs.NodeGetxattrer)((*volNode)(nil))
 
 func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if n.ovl != nil {
-		if attr == opaqueXattr {
-			return 0, syscall.ENODATA // the layer format is not the task's business
-		}
-		if n.lowerOnly() {
-			sz, err := unix.Lgetxattr(n.shownPath(), attr, dest)
-			return uint32(sz), gofs.ToErrno(err)
-		}
+	p := n.backingPath()
+	if n.lowerOnly() {
+		p = n.shownPath()
 	}
-	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+	sz, err := unix.Lgetxattr(p, storedXattr(attr), dest)
+	return uint32(sz), gofs.ToErrno(err)
 }
 
 var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
@@ -692,13 +688,10 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 	if n.ro {
 		return syscall.EROFS
 	}
-	if n.ovl != nil && attr == opaqueXattr {
-		return syscall.EPERM
-	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+	return n.LoopbackNode.Setxattr(ctx, storedXattr(attr), data, flags)
 }
 
 var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
@@ -707,23 +700,26 @@ func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if n.ro {
 		return syscall.EROFS
 	}
-	if n.ovl != nil && attr == opaqueXattr {
-		return syscall.EPERM
-	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Removexattr(ctx, attr)
+	return n.LoopbackNode.Removexattr(ctx, storedXattr(attr))
 }
 
 var _ = (gofs.NodeListxattrer)((*volNode)(nil))
 
+// Listxattr lists what the task set, never the layer format's own marks
+// (see xattr.go).
 func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	p := n.backingPath()
 	if n.lowerOnly() {
-		sz, err := unix.Llistxattr(n.shownPath(), dest)
-		return uint32(sz), gofs.ToErrno(err)
+		p = n.shownPath()
 	}
-	return n.LoopbackNode.Listxattr(ctx, dest)
+	sz, err := listShownXattrs(p, dest)
+	if err != nil {
+		return 0, toErrno(n.m.logger, err)
+	}
+	return sz, 0
 }
 
 var _ = (gofs.NodeStatxer)((*volNode)(nil))
