@@ -578,10 +578,11 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 	if !ok {
 		return syscall.EXDEV
 	}
-	if flags&renameNoReplace != 0 {
-		if _, _, errno := dst.ovl.visible(filepath.Join(dst.rel(), newName), dst.nodeLayers()); errno == 0 {
-			return syscall.EEXIST
-		}
+	if errno := dst.checkRename(src, newName, flags); errno != 0 {
+		return errno
+	}
+	if dst == n && newName == name {
+		return 0 // renamed onto itself: nothing to do, as rename(2) says
 	}
 	if errno := src.copyUpTree(); errno != 0 {
 		return errno
@@ -631,6 +632,42 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 	}
 	if oldLower {
 		return n.whiteout(name)
+	}
+	return 0
+}
+
+// checkRename answers, before anything is copied up, every error a rename
+// of src onto newName in this directory can get from the target, with
+// ext4's errnos: a failing rename must change nothing.
+func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscall.Errno {
+	rel := filepath.Join(n.rel(), newName)
+	layers, st, errno := n.ovl.visible(rel, n.nodeLayers())
+	exists := errno == 0
+	if errno != 0 && errno != syscall.ENOENT {
+		return errno
+	}
+	switch {
+	case flags&renameNoReplace != 0 && exists:
+		return syscall.EEXIST
+	case flags&renameExchange != 0 && !exists:
+		return syscall.ENOENT
+	case flags&renameExchange != 0 || !exists:
+		return 0
+	}
+	srcDir := src.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR
+	switch {
+	case srcDir && !isDir(&st):
+		return syscall.ENOTDIR
+	case !srcDir && isDir(&st):
+		return syscall.EISDIR
+	case srcDir && src.EmbeddedInode() != n.GetChild(newName):
+		entries, errno := n.ovl.list(rel, layers)
+		if errno != 0 {
+			return errno
+		}
+		if len(entries) > 0 {
+			return syscall.ENOTEMPTY
+		}
 	}
 	return 0
 }

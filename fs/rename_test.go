@@ -1,0 +1,81 @@
+package fs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
+)
+
+// TestOverlayRenameFailuresChangeNothing checks that renames of lower
+// entries that must fail get the backing filesystem's errnos, and copy
+// nothing up and touch no time while failing; and that renaming a lower
+// directory onto itself succeeds, as rename(2) says.
+func TestOverlayRenameFailuresChangeNothing(t *testing.T) {
+	tm := newTestMount(t)
+	web := []allocdir.Task{{Name: "web"}}
+	if _, err := tm.store.Create("a", web); err != nil {
+		t.Fatal(err)
+	}
+	native := filepath.Join(filepath.Dir(tm.store.DataDir()), "native")
+	lowerTree := func(root string) {
+		for _, d := range []string{"d/x", "e/y", "empty"} {
+			must(t, os.MkdirAll(filepath.Join(root, d), 0o755))
+		}
+		for _, f := range []string{"f", "g"} {
+			must(t, os.WriteFile(filepath.Join(root, f), []byte(f), 0o644))
+		}
+	}
+	lowerTree(filepath.Join(tm.dir, "a", "alloc", "data"))
+	lowerTree(native)
+	if _, err := tm.store.Stop("a"); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := tm.store.CreateMigrated("b", web, "a", true)
+	must(t, err)
+	vol := filepath.Join(tm.dir, "b", "alloc", "data")
+	upper := tm.store.LayerPath(st.Volumes["alloc/data"].Upper)
+	var before unix.Stat_t
+	must(t, unix.Stat(vol, &before))
+
+	for _, c := range []struct {
+		name     string
+		old, new string
+		flags    uint
+	}{
+		{"dir onto a non-empty dir", "d", "e", 0},
+		{"file onto a dir", "f", "empty", 0},
+		{"dir onto a file", "d", "g", 0},
+		{"exchange with nothing", "f", "missing", unix.RENAME_EXCHANGE},
+		{"noreplace onto a file", "f", "g", unix.RENAME_NOREPLACE},
+		{"noreplace onto itself", "d", "d", unix.RENAME_NOREPLACE},
+		{"missing source", "missing", "z", 0},
+	} {
+		got := unix.Renameat2(unix.AT_FDCWD, filepath.Join(vol, c.old), unix.AT_FDCWD, filepath.Join(vol, c.new), c.flags)
+		want := unix.Renameat2(unix.AT_FDCWD, filepath.Join(native, c.old), unix.AT_FDCWD, filepath.Join(native, c.new), c.flags)
+		if want == nil {
+			t.Fatalf("%s: the backing filesystem allowed it: not a failure case", c.name)
+		}
+		if !errors.Is(got, want) {
+			t.Errorf("%s: %v through the mount, %v on the backing filesystem", c.name, got, want)
+		}
+		if names := dirNames(t, upper); len(names) != 0 {
+			t.Errorf("%s: the failed rename copied %v up", c.name, names)
+		}
+	}
+	var after unix.Stat_t
+	must(t, unix.Stat(vol, &after))
+	if after.Mtim != before.Mtim || after.Ctim != before.Ctim {
+		t.Errorf("failed renames changed the volume's times: mtime %v → %v, ctime %v → %v", before.Mtim, after.Mtim, before.Ctim, after.Ctim)
+	}
+	// Onto itself: nothing to do, and success.
+	if err := unix.Rename(filepath.Join(vol, "d"), filepath.Join(vol, "d")); err != nil {
+		t.Errorf("rename of a lower directory onto itself: %v, want success", err)
+	}
+	if _, err := os.Stat(filepath.Join(vol, "d", "x")); err != nil {
+		t.Errorf("after renaming d onto itself: %v", err)
+	}
+}
