@@ -154,3 +154,38 @@ func TestKillprivAsOwner(t *testing.T) {
 		t.Fatalf("the backing filesystem kept set-id bits on an unprivileged write (%s): the test's premise is wrong", got)
 	}
 }
+
+// TestNoopChownStampsCtime checks that chown(f, -1, -1), which changes
+// neither owner nor group, still updates the change time, as the backing
+// filesystem does.
+func TestNoopChownStampsCtime(t *testing.T) {
+	_, vol, native := setidSides(t)
+	for _, dir := range []string{vol, native} {
+		must(t, os.WriteFile(filepath.Join(dir, "f"), nil, 0o644))
+	}
+	var before [2]unix.Stat_t
+	for i, dir := range []string{vol, native} {
+		must(t, unix.Lstat(filepath.Join(dir, "f"), &before[i]))
+	}
+	// The clock must move on for a new ctime to differ.
+	for {
+		var now unix.Timespec
+		must(t, unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now))
+		if now.Nano() > before[0].Ctim.Nano() && now.Nano() > before[1].Ctim.Nano() {
+			break
+		}
+	}
+	for i, dir := range []string{vol, native} {
+		p := filepath.Join(dir, "f")
+		must(t, unix.Lchown(p, -1, -1))
+		var after unix.Stat_t
+		must(t, unix.Lstat(p, &after))
+		changed := after.Ctim != before[i].Ctim
+		if dir == native && !changed {
+			t.Fatalf("the backing filesystem kept the ctime on chown -1:-1: the test's premise is wrong")
+		}
+		if dir == vol && !changed {
+			t.Errorf("chown -1:-1 through the mount left ctime at %v", after.Ctim)
+		}
+	}
+}

@@ -637,6 +637,11 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 
 var _ = (gofs.NodeSetattrer)((*volNode)(nil))
 
+// setattrChanges are the SETATTR fields that change something besides the
+// change time.
+const setattrChanges = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_SIZE |
+	fuse.FATTR_ATIME | fuse.FATTR_MTIME | fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW
+
 // Setattr copies a lower entry up first: metadata changes are writes.
 func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if n.ro {
@@ -644,6 +649,15 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
+	}
+	if in.Valid&setattrChanges == 0 {
+		// Nothing but the change time: chown(f, -1, -1), say. A local
+		// filesystem still stamps ctime (and clears set-id bits, which
+		// the kernel sends as a mode change when there are any); a
+		// chown that changes nothing does the same to the backing file.
+		if err := unix.Lchown(n.backingPath(), -1, -1); err != nil {
+			return toErrno(n.m.logger, err)
+		}
 	}
 	if errno := n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out); errno != 0 {
 		return errno
