@@ -39,6 +39,13 @@ import (
 //     reserves an inode for each new name; the last name's entry, and the
 //     content, are returned when the node is gone for good: at the last
 //     close of a file unlinked while open, as tmpfs does at eviction.
+//   - Two differences remain that the daemon cannot see past: an open with
+//     O_TRUNC of an empty file leaves its times (without
+//     FUSE_ATOMIC_O_TRUNC the kernel sends the same SETATTR as for a
+//     truncate(2) that keeps the size, which tmpfs leaves alone), and
+//     renameat2 RENAME_WHITEOUT gives EINVAL (go-fuse moves the node in
+//     its tree after the daemon answers, leaving no way to put the
+//     whiteout in its place).
 const (
 	memPageSize = 4096
 	// memEntrySpace is tmpfs's BOGO_INODE_SIZE: what one entry costs of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -505,5 +506,128 @@ func TestMemVolumeUnlinkedFileKeepsItsCharge(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "f")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("lstat of the unlinked name: got %v, want not-exist", err)
+	}
+}
+
+// memNobodyCases run as the nobody user, in a helper process, after a
+// setup as root: what the kernel and the volume refuse or drop for a
+// caller without capabilities.
+var memNobodyCases = map[string]struct {
+	setup func(t *testing.T, dir string, uid, gid int)
+	run   func(dir string) *transcript
+}{
+	"Mknod": {
+		setup: func(t *testing.T, dir string, uid, gid int) {},
+		run: func(dir string) *transcript {
+			tr := &transcript{}
+			p := func(n string) string { return filepath.Join(dir, n) }
+			tr.add("mknod char", unix.Mknod(p("null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+			tr.add("mknod block", unix.Mknod(p("loop"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
+			tr.add("mknod whiteout", unix.Mknod(p("wh"), unix.S_IFCHR, 0))
+			tr.add("mknod fifo", unix.Mknod(p("fifo"), unix.S_IFIFO|0o640, 0))
+			for _, n := range []string{"null", "loop", "wh", "fifo"} {
+				lstatLine(tr, dir, n)
+			}
+			ffreeLine(tr, dir)
+			return tr
+		},
+	},
+	"SetidBits": {
+		setup: func(t *testing.T, dir string, uid, gid int) {
+			for _, n := range []string{"w", "t", "c", "g"} {
+				p := filepath.Join(dir, n)
+				writeFile(t, p, "data")
+				if err := os.Chown(p, uid, gid); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Chmod(p, 0o6755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// g's group is one nobody is not in.
+			if err := os.Chown(filepath.Join(dir, "g"), uid, 4242); err != nil {
+				t.Fatal(err)
+			}
+		},
+		run: func(dir string) *transcript {
+			tr := &transcript{}
+			p := func(n string) string { return filepath.Join(dir, n) }
+			tr.add("write", func() error {
+				f, err := os.OpenFile(p("w"), os.O_WRONLY, 0)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				_, err = f.Write([]byte("x"))
+				return err
+			}())
+			tr.add("truncate", os.Truncate(p("t"), 2))
+			tr.add("chown -1 -1", os.Chown(p("c"), -1, -1))
+			tr.add("chmod g+s, not in the group", unix.Chmod(p("g"), 0o2755))
+			for _, n := range []string{"w", "t", "c", "g"} {
+				lstatLine(tr, dir, n)
+			}
+			return tr
+		},
+	},
+}
+
+// TestMemVolumeLikeTmpfsAsNobody runs memNobodyCases on both backends
+// and wants the same results.
+func TestMemVolumeLikeTmpfsAsNobody(t *testing.T) {
+	if name := os.Getenv("ALLOCFS_MEMCASE"); name != "" {
+		// The helper process: become nobody (Go applies it to every
+		// thread, and leaving uid 0 drops every capability), then run.
+		var uid, gid int
+		fmt.Sscanf(os.Getenv("ALLOCFS_MEMCASE_AS"), "%d:%d", &uid, &gid)
+		if err := unix.Setgroups(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Setgid(gid); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Setuid(uid); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("%s\n", memNobodyCases[name].run(os.Getenv("ALLOCFS_MEMCASE_DIR")))
+		return
+	}
+	nobody := allocdir.Nobody()
+	if nobody == nil {
+		t.Skip("no nobody user to run as")
+	}
+	backends := memBackends(t)
+	for name, c := range memNobodyCases {
+		t.Run(name, func(t *testing.T) {
+			var got [2]string
+			for i, b := range backends {
+				dir := b.fresh(t)
+				for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+					if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o005 != 0o005 {
+						if err := os.Chmod(p, fi.Mode().Perm()|0o005); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if err := os.Chown(dir, nobody.UID, nobody.GID); err != nil {
+					t.Fatal(err)
+				}
+				c.setup(t, dir, nobody.UID, nobody.GID)
+				cmd := exec.Command(os.Args[0], "-test.run=^TestMemVolumeLikeTmpfsAsNobody$")
+				cmd.Env = append(os.Environ(), "ALLOCFS_MEMCASE="+name, "ALLOCFS_MEMCASE_DIR="+dir,
+					fmt.Sprintf("ALLOCFS_MEMCASE_AS=%d:%d", nobody.UID, nobody.GID))
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("helper on %s: %v (output %q)", b.name, err, out)
+				}
+				// The helper's own test verdict follows the transcript.
+				got[i], _, _ = strings.Cut(string(out), "\nPASS")
+			}
+			if got[0] != got[1] {
+				t.Errorf("allocfs differs from tmpfs:\n--- tmpfs\n%s\n--- allocfs\n%s", got[0], got[1])
+			} else {
+				t.Logf("both:\n%s", got[1])
+			}
+		})
 	}
 }
