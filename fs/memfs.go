@@ -35,8 +35,17 @@ import (
 //     bounds (see defaultMemInodes). A volume filled with data to the last
 //     page therefore holds a page less than tmpfs, and a rename to a
 //     longer name can fail with ENOSPC.
-//   - Content is freed when the last name goes, not at the last close: a
-//     file unlinked while open reads empty, where tmpfs keeps it.
+//   - A hard link takes an entry of the budget, as tmpfs's shmem_link
+//     reserves an inode for each new name; the last name's entry, and the
+//     content, are returned when the node is gone for good: at the last
+//     close of a file unlinked while open, as tmpfs does at eviction.
+//   - Two differences remain that the daemon cannot see past: an open with
+//     O_TRUNC of an empty file leaves its times (without
+//     FUSE_ATOMIC_O_TRUNC the kernel sends the same SETATTR as for a
+//     truncate(2) that keeps the size, which tmpfs leaves alone), and
+//     renameat2 RENAME_WHITEOUT gives EINVAL (go-fuse moves the node in
+//     its tree after the daemon answers, leaving no way to put the
+//     whiteout in its place).
 const (
 	memPageSize = 4096
 	// memEntrySpace is tmpfs's BOGO_INODE_SIZE: what one entry costs of
@@ -205,6 +214,31 @@ func (a *memAttr) setattr(in *fuse.SetAttrIn) {
 		a.mtime = t
 		a.ctime = now
 	}
+	kill := in.Valid&fuse.FATTR_KILL_SUIDGID != 0
+	if in.Valid&^(fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 {
+		// Only chown(-1, -1) reaches a FUSE server as an empty SETATTR:
+		// tmpfs changes ctime and drops the set-id bits for it, as for
+		// any chown.
+		a.ctime = now
+		kill = true
+	}
+	if kill {
+		a.killSetid()
+	}
+}
+
+// killSetid drops the set-id bits of a non-directory as the kernel does
+// when a file is changed by someone without CAP_FSETID, or chowned:
+// set-user-ID always, set-group-ID only with group execute (without it
+// the bit means mandatory locking, not privilege).
+func (a *memAttr) killSetid() {
+	if a.mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return
+	}
+	a.mode &^= syscall.S_ISUID
+	if a.mode&syscall.S_IXGRP != 0 {
+		a.mode &^= syscall.S_ISGID
+	}
 }
 
 // memXattr is one extended attribute of a memory node.
@@ -230,7 +264,22 @@ type memNode struct {
 	attr   memAttr
 	size   uint64
 	nlink  uint32
+	rdev   uint32 // device number of a device node
 	xattrs []memXattr
+	// opens counts the open handles of a file: an unlinked file keeps
+	// its content and its entry until the last one is released.
+	opens int
+	// freed is set once the content and the entry have been returned.
+	freed bool
+}
+
+// node gives the memNode every memory node embeds.
+func (n *memNode) node() *memNode { return n }
+
+// memNoder is any node of a memory tree.
+type memNoder interface {
+	node() *memNode
+	memContent
 }
 
 // memContent is a node whose content can be freed when its volume goes.
@@ -253,14 +302,49 @@ func (n *memNode) clear() (bytes, entry int64) {
 	return bytes, entry
 }
 
-// releaseEntry returns to the volume what the entry name, holding node,
-// was charged, and frees the node's content.
-func (v *memVolume) releaseEntry(name string, node *gofs.Inode) {
-	var bytes, entry int64
-	if c, ok := node.Operations().(memContent); ok {
-		bytes, entry = c.clear()
+// dropName returns what the name of ch was charged and takes one link
+// from ch: a directory has no other, a node left with no link and no open
+// handle is freed, and one still open is freed at its last release.
+func (v *memVolume) dropName(name string, ch *gofs.Inode) {
+	ops := ch.Operations().(memNoder)
+	n := ops.node()
+	n.mu.Lock()
+	if ch.IsDir() || n.nlink == 0 {
+		n.nlink = 0
+	} else {
+		n.nlink--
 	}
-	v.release(bytes+int64(len(name)), entry+memEntrySpace)
+	n.attr.ctime = time.Now()
+	linked := n.nlink > 0
+	gone := n.takeFree()
+	n.mu.Unlock()
+	switch {
+	case linked:
+		// Another name keeps the node: this one's entry goes back, as
+		// tmpfs's unlink frees an inode of a node with more links.
+		v.release(int64(len(name)), memEntrySpace)
+	default:
+		v.release(int64(len(name)), 0)
+	}
+	if gone {
+		v.free(ops)
+	}
+}
+
+// takeFree reports whether the node is unreachable (no link, no open
+// handle) and not yet freed, and marks it freed; n.mu is held.
+func (n *memNode) takeFree() bool {
+	if n.nlink > 0 || n.opens > 0 || n.freed {
+		return false
+	}
+	n.freed = true
+	return true
+}
+
+// free returns a node's content and its entry to the volume.
+func (v *memVolume) free(ops memNoder) {
+	bytes, entry := ops.clear()
+	v.release(bytes, entry+memEntrySpace)
 }
 
 var _ = (gofs.NodeGetattrer)((*memNode)(nil))
@@ -269,6 +353,7 @@ func (n *memNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.attr.fill(&out.Attr, n.StableAttr().Ino, n.size, n.nlink)
+	out.Rdev = n.rdev
 	return 0
 }
 
@@ -279,6 +364,7 @@ func (n *memNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	defer n.mu.Unlock()
 	n.attr.setattr(in)
 	n.attr.fill(&out.Attr, n.StableAttr().Ino, n.size, n.nlink)
+	out.Rdev = n.rdev
 	return 0
 }
 
@@ -451,16 +537,62 @@ type memDir struct {
 	memNode
 }
 
+// A directory's nlink field is 2 while it has a name and 0 once removed;
+// what it reports adds its subdirectories.
 func newMemDir(v *memVolume, attr memAttr) *memDir {
-	return &memDir{memNode: memNode{v: v, attr: attr, size: 4096, nlink: 2}}
+	return &memDir{memNode: memNode{v: v, attr: attr, nlink: 2}}
 }
 
-func (d *memDir) touch() {
+// memDirentSize is tmpfs's BOGO_DIRENT_SIZE: a directory's st_size is
+// that for each entry, "." and ".." included.
+const memDirentSize = 20
+
+// fillDir reports what tmpfs reports of a directory: st_size from its
+// entries and nlink 2 plus its subdirectories. It walks the children, so
+// it costs one step per entry, bounded by the entry cap; d.mu is not
+// held, as go-fuse takes the inode's own lock to list them.
+func (d *memDir) fillDir(out *fuse.Attr) {
+	children := d.Children()
+	subdirs := 0
+	for _, ch := range children {
+		if ch.IsDir() {
+			subdirs++
+		}
+	}
 	d.mu.Lock()
-	now := time.Now()
+	defer d.mu.Unlock()
+	nlink := d.nlink
+	if nlink > 0 {
+		nlink += uint32(subdirs)
+	}
+	d.attr.fill(out, d.StableAttr().Ino, uint64(memDirentSize*(2+len(children))), nlink)
+}
+
+var _ = (gofs.NodeGetattrer)((*memDir)(nil))
+
+func (d *memDir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.fillDir(&out.Attr)
+	return 0
+}
+
+var _ = (gofs.NodeSetattrer)((*memDir)(nil))
+
+func (d *memDir) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	d.mu.Lock()
+	d.attr.setattr(in)
+	d.mu.Unlock()
+	d.fillDir(&out.Attr)
+	return 0
+}
+
+// touchAt sets d's mtime and ctime to now.
+func (d *memDir) touchAt(now time.Time) {
+	d.mu.Lock()
 	d.attr.mtime, d.attr.ctime = now, now
 	d.mu.Unlock()
 }
+
+func (d *memDir) touch() { d.touchAt(time.Now()) }
 
 // newEntry checks that name can be created in d and charges it.
 func (d *memDir) newEntry(name string) syscall.Errno {
@@ -489,8 +621,17 @@ func (d *memDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.
 	}
 	child := newMemDir(d.v, newMemAttr(ctx, syscall.S_IFDIR|mode&07777, d))
 	ch := d.add(ctx, name, child, syscall.S_IFDIR)
-	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 4096, 2)
+	child.fillDir(&out.Attr)
 	return ch, 0
+}
+
+// newFile makes an empty regular file called name in d; the entry is
+// charged.
+func (d *memDir) newFile(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *memFile) {
+	child := &memFile{memNode: memNode{v: d.v, attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d), nlink: 1}}
+	ch := d.add(ctx, name, child, syscall.S_IFREG)
+	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
+	return ch, child
 }
 
 var _ = (gofs.NodeCreater)((*memDir)(nil))
@@ -499,10 +640,11 @@ func (d *memDir) Create(ctx context.Context, name string, flags uint32, mode uin
 	if errno := d.newEntry(name); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	child := &memFile{memNode: memNode{v: d.v, attr: newMemAttr(ctx, syscall.S_IFREG|mode&07777, d), nlink: 1}}
-	ch := d.add(ctx, name, child, syscall.S_IFREG)
-	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
-	return ch, nil, fuse.FOPEN_DIRECT_IO, 0
+	ch, f := d.newFile(ctx, name, mode, out)
+	f.mu.Lock()
+	f.opens++
+	f.mu.Unlock()
+	return ch, &memHandle{}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 var _ = (gofs.NodeSymlinker)((*memDir)(nil))
@@ -523,20 +665,69 @@ func (d *memDir) Symlink(ctx context.Context, target, name string, out *fuse.Ent
 
 var _ = (gofs.NodeMknoder)((*memDir)(nil))
 
-// Mknod makes FIFOs and sockets (a task API socket may live in secrets/);
-// device nodes are refused: secrets/ is mounted nodev in Nomad too.
+// Mknod makes regular files, FIFOs, sockets and device nodes, as tmpfs
+// does. The kernel has already refused device nodes to callers without
+// CAP_MKNOD, and the mount is nodev, so a device node here is inert: the
+// kernel refuses to open it (EACCES) without asking the daemon, and FIFOs
+// and sockets are served by the kernel too.
 func (d *memDir) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	switch mode & syscall.S_IFMT {
-	case syscall.S_IFIFO, syscall.S_IFSOCK:
+	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
 	default:
+		return nil, syscall.EINVAL
+	}
+	if errno := d.newEntry(name); errno != 0 {
+		return nil, errno
+	}
+	if mode&syscall.S_IFMT == syscall.S_IFREG {
+		ch, _ := d.newFile(ctx, name, mode, out)
+		return ch, 0
+	}
+	child := &memNode{v: d.v, attr: newMemAttr(ctx, mode, d), nlink: 1}
+	if mode&syscall.S_IFMT == syscall.S_IFCHR || mode&syscall.S_IFMT == syscall.S_IFBLK {
+		child.rdev = rdev
+	}
+	ch := d.add(ctx, name, child, mode)
+	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
+	out.Attr.Rdev = child.rdev
+	return ch, 0
+}
+
+var _ = (gofs.NodeLinker)((*memDir)(nil))
+
+// Link gives target another name in d. The new name takes an entry of
+// the budget, as tmpfs's shmem_link reserves an inode for it; the kernel
+// has already refused directories and links across mounts.
+func (d *memDir) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	t, ok := target.(memNoder)
+	if !ok || t.node().v != d.v {
+		return nil, syscall.EXDEV
+	}
+	n := t.node()
+	if n.EmbeddedInode().IsDir() {
 		return nil, syscall.EPERM
 	}
 	if errno := d.newEntry(name); errno != 0 {
 		return nil, errno
 	}
-	child := &memNode{v: d.v, attr: newMemAttr(ctx, mode, d), nlink: 1}
-	ch := d.add(ctx, name, child, mode)
-	child.attr.fill(&out.Attr, ch.StableAttr().Ino, 0, 1)
+	now := time.Now()
+	n.mu.Lock()
+	if n.nlink == 0 {
+		// Unlinked while open: not linkable, as the kernel says of a
+		// tmpfs file that is not O_TMPFILE.
+		n.mu.Unlock()
+		d.v.release(int64(len(name)), memEntrySpace)
+		return nil, syscall.ENOENT
+	}
+	n.nlink++
+	n.attr.ctime = now
+	n.mu.Unlock()
+	ch := n.EmbeddedInode()
+	d.AddChild(name, ch, false)
+	d.touchAt(now)
+	var attr fuse.AttrOut
+	t.(gofs.NodeGetattrer).Getattr(ctx, nil, &attr)
+	out.Attr = attr.Attr
 	return ch, 0
 }
 
@@ -550,7 +741,7 @@ func (d *memDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if ch.IsDir() {
 		return syscall.EISDIR
 	}
-	d.v.releaseEntry(name, ch)
+	d.v.dropName(name, ch)
 	d.touch()
 	return 0
 }
@@ -568,7 +759,7 @@ func (d *memDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if len(ch.Children()) > 0 {
 		return syscall.ENOTEMPTY
 	}
-	d.v.releaseEntry(name, ch)
+	d.v.dropName(name, ch)
 	d.touch()
 	return 0
 }
@@ -577,11 +768,18 @@ var _ = (gofs.NodeRenamer)((*memDir)(nil))
 
 // Rename within one memory tree; the bridge moves the inode in the tree
 // once this returns OK. A longer name is charged first; an entry the
-// rename replaces is released.
+// rename replaces loses that name. Times change as tmpfs's
+// simple_rename_timestamp changes them: mtime and ctime of both
+// directories, ctime of the moved node and of the one it replaces.
 func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	dst, ok := newParent.(*memDir)
 	if !ok || dst.v != d.v {
 		return syscall.EXDEV
+	}
+	if flags&^(renameExchange|renameNoReplace) != 0 {
+		// RENAME_WHITEOUT would need go-fuse to put a new node where
+		// the moved one was, after its own move of the tree.
+		return syscall.EINVAL
 	}
 	if len(newName) > maxNameLen {
 		return syscall.ENAMETOOLONG
@@ -597,8 +795,7 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 			return syscall.ENOENT
 		}
 		// The two names trade places: nothing to charge.
-		d.touch()
-		dst.touch()
+		renamed(d, dst, src, existing)
 		return 0
 	case flags&renameNoReplace != 0 && existing != nil:
 		return syscall.EEXIST
@@ -616,8 +813,8 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 	switch grow := int64(len(newName) - len(name)); {
 	case existing != nil:
 		// The moved entry inherits the charge of the name it replaces;
-		// its old name goes, with the replaced entry and its content.
-		d.v.releaseEntry(name, existing)
+		// its old name goes, with one link of the replaced node.
+		d.v.dropName(name, existing)
 	case grow > 0:
 		if errno := d.v.charge(grow, 0); errno != 0 {
 			return errno
@@ -625,10 +822,30 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 	default:
 		d.v.release(-grow, 0)
 	}
-	d.touch()
-	dst.touch()
+	renamed(d, dst, src, existing)
 	return 0
 }
+
+// renamed sets the times a rename changes; existing may be nil.
+func renamed(from, to *memDir, moved, existing *gofs.Inode) {
+	now := time.Now()
+	from.touchAt(now)
+	to.touchAt(now)
+	for _, ch := range []*gofs.Inode{moved, existing} {
+		if ch == nil {
+			continue
+		}
+		n := ch.Operations().(memNoder).node()
+		n.mu.Lock()
+		n.attr.ctime = now
+		n.mu.Unlock()
+	}
+}
+
+// memHandle is the handle of an open memory file: reads and writes go to
+// the node, but go-fuse tells the node of a release only when the open
+// returned a handle, and the last release frees an unlinked file.
+type memHandle struct{ _ byte }
 
 // memFile is a regular file held in memory, in pages allocated on first
 // write; each page counts against the volume's byte cap.
@@ -651,15 +868,31 @@ func (f *memFile) clear() (bytes, entry int64) {
 
 var _ = (gofs.NodeOpener)((*memFile)(nil))
 
-// Open needs no handle: reads and writes go to the node. Direct I/O keeps
-// the kernel from caching secrets in the page cache of the mount.
+// Open returns a handle only so that go-fuse reports its release: reads
+// and writes go to the node. Direct I/O keeps the kernel from caching
+// secrets in the page cache of the mount.
 func (f *memFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if flags&syscall.O_TRUNC != 0 {
-		f.mu.Lock()
-		f.truncate(0)
-		f.mu.Unlock()
+		f.truncate(0, true)
 	}
-	return nil, fuse.FOPEN_DIRECT_IO, 0
+	f.opens++
+	return &memHandle{}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+var _ = (gofs.NodeReleaser)((*memFile)(nil))
+
+// Release frees a file unlinked while open at its last close.
+func (f *memFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
+	f.mu.Lock()
+	f.opens--
+	gone := f.takeFree()
+	f.mu.Unlock()
+	if gone {
+		f.v.free(f)
+	}
+	return 0
 }
 
 var _ = (gofs.NodeReader)((*memFile)(nil))
@@ -719,15 +952,25 @@ func (f *memFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, of
 	f.fileSize = max(f.fileSize, off+int64(n))
 	now := time.Now()
 	f.attr.mtime, f.attr.ctime = now, now
-	// Writing drops set-id bits, as the kernel would on a local file.
-	f.attr.mode &^= syscall.S_ISUID | syscall.S_ISGID
+	// The mount handles killpriv (HANDLE_KILLPRIV_V2), so the daemon
+	// drops the set-id bits on a write by a caller without
+	// CAP_FSETID, as tmpfs does. go-fuse does not pass on the write's
+	// KILL_SUIDGID flag, so ask /proc, only when there is a bit to drop.
+	if f.attr.mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 && !callerHasCap(ctx, capFsetid) {
+		f.attr.killSetid()
+	}
 	return uint32(n), 0
 }
 
 // truncate sets the file's size; f.mu is held. Growing allocates nothing
 // (the new range is a hole); shrinking frees the pages past the end and
-// zeroes the tail of the last one, so that growing again reads zeros.
-func (f *memFile) truncate(size int64) {
+// zeroes the tail of the last one, so that growing again reads zeros. As
+// on tmpfs, times change only when the size does, unless an open with
+// O_TRUNC asks (always).
+func (f *memFile) truncate(size int64, always bool) {
+	if size == f.fileSize && !always {
+		return
+	}
 	if size < f.fileSize {
 		keep := (size + memPageSize - 1) / memPageSize
 		freed := int64(0)
@@ -748,7 +991,7 @@ func (f *memFile) truncate(size int64) {
 }
 
 func (f *memFile) fillAttr(out *fuse.Attr) {
-	f.attr.fill(out, f.StableAttr().Ino, uint64(f.fileSize), 1)
+	f.attr.fill(out, f.StableAttr().Ino, uint64(f.fileSize), f.nlink)
 	out.Blocks = uint64(len(f.pages)) * (memPageSize / 512)
 }
 
@@ -767,12 +1010,75 @@ func (f *memFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if size, ok := in.GetSize(); ok {
-		f.truncate(int64(size))
+		f.truncate(int64(size), false)
 	}
 	f.attr.setattr(in)
 	f.fillAttr(&out.Attr)
 	return 0
 }
+
+var _ = (gofs.NodeAllocater)((*memFile)(nil))
+
+// Allocate is fallocate as tmpfs has it: allocating a range charges all
+// of its missing pages or, when they do not fit, none (ENOSPC, nothing
+// changed); punching a hole frees the pages it covers whole and zeroes
+// the rest. The kernel has already refused a punch without KEEP_SIZE.
+func (f *memFile) Allocate(ctx context.Context, fh gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	end := int64(off + size)
+	switch mode {
+	case 0, fallocKeepSize:
+		first, last := int64(off)/memPageSize, (end-1)/memPageSize
+		missing := int64(0)
+		for i := first; i <= last; i++ {
+			if f.pages[i] == nil {
+				missing++
+			}
+		}
+		if errno := f.v.charge(missing*memPageSize, 0); errno != 0 {
+			return errno
+		}
+		if f.pages == nil {
+			f.pages = make(map[int64][]byte)
+		}
+		for i := first; i <= last; i++ {
+			if f.pages[i] == nil {
+				f.pages[i] = make([]byte, memPageSize)
+			}
+		}
+		if mode == 0 && end > f.fileSize {
+			f.fileSize = end
+		}
+	case fallocPunchHole | fallocKeepSize:
+		end = min(end, f.fileSize)
+		freed := int64(0)
+		for pos := int64(off); pos < end; {
+			i, in := pos/memPageSize, pos%memPageSize
+			n := min(memPageSize-in, end-pos)
+			if pg := f.pages[i]; pg != nil {
+				if n == memPageSize {
+					delete(f.pages, i)
+					freed++
+				} else {
+					clear(pg[in : in+n])
+				}
+			}
+			pos += n
+		}
+		f.v.release(freed*memPageSize, 0)
+	default:
+		return syscall.EOPNOTSUPP
+	}
+	now := time.Now()
+	f.attr.mtime, f.attr.ctime = now, now
+	return 0
+}
+
+const (
+	fallocKeepSize  = 0x1 // FALLOC_FL_KEEP_SIZE
+	fallocPunchHole = 0x2 // FALLOC_FL_PUNCH_HOLE
+)
 
 var _ = (gofs.NodeFsyncer)((*memFile)(nil))
 
@@ -829,8 +1135,11 @@ func dropMemVolume(root *memDir) {
 	root.RmAllChildren()
 }
 
-// capSysAdmin is CAP_SYS_ADMIN's bit in a capability set.
-const capSysAdmin = 21
+// Bits of a capability set.
+const (
+	capFsetid   = 4  // CAP_FSETID
+	capSysAdmin = 21 // CAP_SYS_ADMIN
+)
 
 // callerHasCap reports whether the process that made the request has the
 // capability bit in its effective set, read from /proc: FUSE tells the

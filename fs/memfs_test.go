@@ -45,7 +45,8 @@ func mountTmpfs(t *testing.T, size, inodes int64) string {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,nr_inodes=%d", size, inodes)); err != nil {
+	// nosuid and nodev, as the allocfs mount is.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,nr_inodes=%d", size, inodes)); err != nil {
 		t.Fatalf("mount reference tmpfs: %v", err)
 	}
 	t.Cleanup(func() {
