@@ -67,7 +67,7 @@ func info(paths []string) error {
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
-		if err := unix.Statfs(p, &sfs); err != nil {
+		if err := unix.Statfs(filepath.Dir(p), &sfs); err != nil {
 			return err
 		}
 		// open_by_handle_at refuses an O_PATH mount fd (EBADF).
@@ -106,8 +106,17 @@ func gen0(mfd int, h unix.FileHandle) string {
 	if err != nil {
 		return "refused(" + err.Error() + ")"
 	}
-	unix.Close(fd)
-	return "accepted"
+	defer unix.Close(fd)
+	// The handle of what was opened carries the real generation: this is
+	// how a node ID with only its low bits is checked.
+	real, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return "accepted, but name_to_handle_at(AT_EMPTY_PATH): " + err.Error()
+	}
+	if hex.EncodeToString(real.Bytes()) != hex.EncodeToString(h.Bytes()) {
+		return "accepted, generation not recovered"
+	}
+	return "accepted,generation-recovered"
 }
 
 func mktree(args []string) error {
