@@ -61,6 +61,7 @@ func TestListingsHaveDots(t *testing.T) {
 	for _, rel := range []string{
 		".", "b", "b/alloc", "b/web", "b/web/alloc", "b/alloc/logs",
 		"b/alloc/data", "b/alloc/data/d", // an overlay volume and a lower directory in it
+		"b/web/secrets", "b/web/private", // memory volumes
 	} {
 		dir := filepath.Join(tm.dir, rel)
 		got := rawEntries(t, dir)

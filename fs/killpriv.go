@@ -28,9 +28,6 @@ import (
 // daemon clears them before the first write, fallocate or truncate of an
 // unprivileged caller, as ext4 does.
 
-// capFsetid is CAP_FSETID's bit in a capability set.
-const capFsetid = 4
-
 // modeSpecial are the mode bits beyond the permissions.
 const modeSpecial = syscall.S_ISUID | syscall.S_ISGID | syscall.S_ISVTX
 

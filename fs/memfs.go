@@ -575,6 +575,25 @@ func (d *memDir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrO
 	return 0
 }
 
+var _ = (gofs.NodeReaddirer)((*memDir)(nil))
+
+// Readdir lists the directory's children, sorted, after "." and "..",
+// as tmpfs lists them.
+func (d *memDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	children := d.Children()
+	names := make([]string, 0, len(children))
+	for name := range children {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	entries := make([]fuse.DirEntry, 0, len(names))
+	for _, name := range names {
+		sa := children[name].StableAttr()
+		entries = append(entries, fuse.DirEntry{Name: name, Mode: sa.Mode, Ino: sa.Ino})
+	}
+	return gofs.NewListDirStream(withDots(d.EmbeddedInode(), entries)), 0
+}
+
 var _ = (gofs.NodeSetattrer)((*memDir)(nil))
 
 func (d *memDir) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
