@@ -376,23 +376,113 @@ func BenchmarkRandRead4K(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer f.Close()
-		fd := int(f.Fd())
-		buf := make([]byte, benchRandBlock)
-		r := rand.New(rand.NewPCG(3, 4))
-		blocks := benchRandSize / benchRandBlock
 		b.ResetTimer()
 		b.StartTimer()
-		for i := 0; i < b.N; i++ {
-			for j := 0; j < benchRandReads; j++ {
-				off := int64(r.IntN(blocks)) * benchRandBlock
-				if n, err := unix.Pread(fd, buf, off); err != nil || n != benchRandBlock {
-					b.Fatalf("pread at %d: %d bytes, %v", off, n, err)
-				}
-			}
-		}
+		preadRandom(b, int(f.Fd()))
 		b.StopTimer()
 		reportRate(b, benchRandReads, "reads/s")
 	})
+}
+
+// preadRandom does benchRandReads 4 KiB preads per op at random aligned
+// offsets of the benchRandSize file open at fd.
+func preadRandom(b *testing.B, fd int) {
+	buf := make([]byte, benchRandBlock)
+	r := rand.New(rand.NewPCG(3, 4))
+	blocks := benchRandSize / benchRandBlock
+	for i := 0; i < b.N; i++ {
+		for j := 0; j < benchRandReads; j++ {
+			off := int64(r.IntN(blocks)) * benchRandBlock
+			if n, err := unix.Pread(fd, buf, off); err != nil || n != benchRandBlock {
+				b.Fatalf("pread at %d: %d bytes, %v", off, n, err)
+			}
+		}
+	}
+}
+
+// BenchmarkLowerSeqReadWarm is BenchmarkSeqReadWarm for a file that a
+// snapshot migration left in a lower layer of the volume: such a file is
+// read without passthrough (the kernel binds one backing file to an
+// inode, and a copy-up must be able to replace it), through the kernel's
+// page cache, which FOPEN_KEEP_CACHE keeps across opens.
+func BenchmarkLowerSeqReadWarm(b *testing.B) {
+	block := benchData(benchSeqBlock)
+	buf := make([]byte, benchSeqBlock)
+	benchLower(b, benchSeqSize, func(b *testing.B, path string) {
+		if err := readSeq(path, buf, benchSeqSize); err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(benchWarmPasses * benchSeqSize)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			for p := 0; p < benchWarmPasses; p++ {
+				if err := readSeq(path, buf, benchSeqSize); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}, block)
+}
+
+// BenchmarkLowerRandRead4K is BenchmarkRandRead4K for a file in a lower
+// layer (see BenchmarkLowerSeqReadWarm).
+func BenchmarkLowerRandRead4K(b *testing.B) {
+	benchLower(b, benchRandSize, func(b *testing.B, path string) {
+		if err := readSeq(path, make([]byte, benchSeqBlock), benchRandSize); err != nil {
+			b.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		b.ResetTimer()
+		preadRandom(b, int(f.Fd()))
+		b.StopTimer()
+		reportRate(b, benchRandReads, "reads/s")
+	}, benchData(benchSeqBlock))
+}
+
+// benchLower writes a file of size on each side, the mount's into an
+// allocation that is then stopped and snapshot-migrated, so that the
+// new allocation shows it from a lower layer, and runs read on each
+// side's path as the sub-benchmarks native and mount.
+func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), block []byte) {
+	env := newBenchEnv(b)
+	store := env.mount.store
+	web := []allocdir.Task{{Name: "web"}}
+	prev, err := store.Create("lowersrc", web)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := writeSeq(filepath.Join(store.LayerPath(prev.Volumes["alloc/data"].Upper), "lower"), size, block); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := writeSeq(filepath.Join(env.native, "lower"), size, block); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := store.Stop("lowersrc"); err != nil {
+		b.Fatal(err)
+	}
+	if _, _, err := store.CreateMigrated("lower", web, "lowersrc", true); err != nil {
+		b.Fatal(err)
+	}
+	mnt := filepath.Dir(filepath.Dir(filepath.Dir(env.vol)))
+	sides := []struct{ name, path string }{
+		{"native", filepath.Join(env.native, "lower")},
+		{"mount", filepath.Join(mnt, "lower", "alloc", "data", "lower")},
+	}
+	if os.Getenv("ALLOCFS_BENCH_ORDER") == "mount-first" {
+		sides[0], sides[1] = sides[1], sides[0]
+	}
+	for _, side := range sides {
+		b.Run(side.name, func(b *testing.B) {
+			b.StopTimer()
+			settle()
+			b.StartTimer()
+			read(b, side.path)
+		})
+	}
 }
 
 // BenchmarkAppendFollow appends 100,000 lines of 100 bytes with one

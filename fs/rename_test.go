@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -77,5 +78,41 @@ func TestOverlayRenameFailuresChangeNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(vol, "d", "x")); err != nil {
 		t.Errorf("after renaming d onto itself: %v", err)
+	}
+}
+
+// TestLowerFileCacheAfterCopyUp checks that a lower file whose pages the
+// kernel kept (lower files are opened with FOPEN_KEEP_CACHE) reads its new
+// content once a write copied it up, through every later open.
+func TestLowerFileCacheAfterCopyUp(t *testing.T) {
+	tm := newTestMount(t)
+	web := []allocdir.Task{{Name: "web"}}
+	if _, err := tm.store.Create("a", web); err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Repeat("old-", 4096)
+	must(t, os.WriteFile(filepath.Join(tm.dir, "a", "alloc", "data", "f"), []byte(old), 0o644))
+	if _, err := tm.store.Stop("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(tm.dir, "b", "alloc", "data", "f")
+	for range 2 {
+		if got, err := os.ReadFile(p); err != nil || string(got) != old {
+			t.Fatalf("lower file: %d bytes, %v", len(got), err)
+		}
+	}
+	updated := strings.Repeat("new!", 4096)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	must(t, err)
+	_, err = f.WriteAt([]byte(updated), 0)
+	must(t, err)
+	must(t, f.Close())
+	for i := range 2 {
+		if got, err := os.ReadFile(p); err != nil || string(got) != updated {
+			t.Errorf("read %d after the copy-up: %q..., %v; want the new content", i, got[:min(len(got), 8)], err)
+		}
 	}
 }

@@ -301,7 +301,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			// inode while any handle is open, and a writer opening the
 			// file after its copy-up would be given this lower file to
 			// write into.
-			return n.daemonFile(lowerFile{lf.(lowerHandle)}), 0, 0
+			return n.daemonFile(lowerFile{lf.(lowerHandle)}), fuse.FOPEN_KEEP_CACHE, 0
 		}
 		if errno := n.copyUp(); errno != 0 {
 			return nil, 0, errno
