@@ -298,7 +298,7 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 		}
 		vfs = layers[0]
 		if len(layers) > 1 {
-			vfs = &ovlReadFS{ovl: &overlay{roots: roots}, layers: layers}
+			vfs = &ovlReadFS{ovl: &overlay{roots: roots, logger: f.a.logger}, layers: layers}
 		}
 		if f.volumes == nil {
 			f.volumes = make(map[string]allocdir.ReadFS)

@@ -6,6 +6,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,6 +85,7 @@ func restoreMode(p string, want uint32, attr *fuse.Attr) error {
 // passthrough, so that it can clear the bits before an unprivileged write.
 type killprivFile struct {
 	*gofs.LoopbackFile
+	logger hclog.Logger
 }
 
 // fd returns the backing file's descriptor.
@@ -94,21 +96,21 @@ func (f *killprivFile) fd() int {
 
 // kill clears the set-id bits the caller's change must clear, if any.
 func (f *killprivFile) kill(ctx context.Context) syscall.Errno {
-	return killPrivFd(ctx, f.fd())
+	return killPrivFd(ctx, f.logger, f.fd())
 }
 
 // killPrivFd clears, through fd, the set-id bits that a change by the
 // caller of ctx must clear: none if the caller has CAP_FSETID.
-func killPrivFd(ctx context.Context, fd int) syscall.Errno {
+func killPrivFd(ctx context.Context, logger hclog.Logger, fd int) syscall.Errno {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return gofs.ToErrno(err)
+		return toErrno(logger, err)
 	}
 	kill := killBits(st.Mode)
 	if kill == 0 || callerHasCap(ctx, capFsetid) {
 		return 0
 	}
-	return gofs.ToErrno(unix.Fchmod(fd, st.Mode&0o7777&^kill))
+	return toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 }
 
 var _ = (gofs.FileWriter)((*killprivFile)(nil))
@@ -141,7 +143,7 @@ func (n *volNode) killprivHandle(fh gofs.FileHandle) (gofs.FileHandle, bool) {
 	if unix.Fstat(fd, &st) != nil || killBits(st.Mode) == 0 {
 		return fh, false
 	}
-	return n.daemonFile(&killprivFile{LoopbackFile: lf}), true
+	return n.daemonFile(&killprivFile{LoopbackFile: lf, logger: n.m.logger}), true
 }
 
 // killprivSetattr clears set-id bits when the kernel says a size change by
@@ -153,7 +155,7 @@ func (n *volNode) killprivSetattr(ctx context.Context, in *fuse.SetAttrIn) sysca
 	p := n.backingPath()
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil {
-		return gofs.ToErrno(err)
+		return toErrno(n.m.logger, err)
 	}
 	kill := killBits(st.Mode)
 	if kill == 0 {
@@ -163,7 +165,7 @@ func (n *volNode) killprivSetattr(ctx context.Context, in *fuse.SetAttrIn) sysca
 		// The same request sets the mode: a chmod wins over the rule.
 		return 0
 	}
-	return gofs.ToErrno(unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
+	return toErrno(n.m.logger, unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
 }
 
 // releaseHandle closes a handle an operation opened and then failed.

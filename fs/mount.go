@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -87,8 +89,13 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 		m.shared = fuseOwner{uint32(o.UID), uint32(o.GID)}
 	}
 	// The kernel has applied the caller's umask already; applying ours
-	// again would turn a requested 0620 into 0600.
-	syscall.Umask(0)
+	// again would turn a requested 0620 into 0600. Setting it is the
+	// program's business (before any goroutine), not a constructor's.
+	if u, err := processUmask(); err != nil {
+		return nil, fmt.Errorf("failed to read the process umask: %w", err)
+	} else if u != 0 {
+		return nil, fmt.Errorf("the process umask is %04o: a FUSE server must run with umask 0, or new files get the umask twice (the kernel applied the caller's); call syscall.Umask(0) first", u)
+	}
 
 	m.root = &rootNode{m: m}
 	stable := opts.StableTimeout
@@ -119,6 +126,15 @@ func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) 
 			ExtraCapabilities: capHandleKillprivV2,
 			Debug:             opts.Debug,
 		},
+	}
+	// go-fuse's own diagnostics, and a panic in a handler, go to the
+	// mount's log instead of the standard logger.
+	fuseLog := m.logger.Named("fuse").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
+	fopts.Logger = fuseLog
+	fopts.MountOptions.Logger = fuseLog
+	fopts.MountOptions.PanicHandler = func(p any) fuse.Status {
+		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return fuse.EIO
 	}
 	server, err := gofs.Mount(dir, m.root, fopts)
 	if err != nil {
@@ -266,4 +282,20 @@ func (m *Mount) Unmount() error {
 		m.server.Wait()
 	})
 	return m.unmountErr
+}
+
+// processUmask reads the process's umask without changing it, from
+// /proc/self/status (Linux 4.7 and later).
+func processUmask() (uint32, error) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			u, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			return uint32(u), err
+		}
+	}
+	return 0, errors.New("no Umask line in /proc/self/status")
 }

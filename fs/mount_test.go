@@ -26,6 +26,13 @@ type testMount struct {
 	dir   string
 }
 
+// TestMain gives the test binary, which serves the mounts it makes, the
+// umask a FUSE server needs (NewMount refuses any other).
+func TestMain(m *testing.M) {
+	syscall.Umask(0)
+	os.Exit(m.Run())
+}
+
 func newTestMount(t *testing.T) *testMount {
 	t.Helper()
 	fstest.RequireFUSE(t)
@@ -437,4 +444,22 @@ func mustState(t *testing.T, s *Store, id string) *State {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// TestNewMountRefusesUmask checks that NewMount refuses to serve with a
+// umask, which would be applied a second time to every new file, rather
+// than setting the process's umask itself.
+func TestNewMountRefusesUmask(t *testing.T) {
+	fstest.RequireFUSE(t)
+	store := openTestStore(t, filepath.Join(t.TempDir(), "data"))
+	dir := t.TempDir()
+	old := syscall.Umask(0o022)
+	_, err := NewMount(testLogger(t), store, dir, DefaultMountOptions())
+	after := syscall.Umask(old)
+	if err == nil || !strings.Contains(err.Error(), "umask") {
+		t.Fatalf("NewMount with umask 022: %v, want a refusal that names the umask", err)
+	}
+	if after != 0o022 {
+		t.Errorf("NewMount changed the umask to %04o", after)
+	}
 }

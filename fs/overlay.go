@@ -13,6 +13,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,6 +29,8 @@ const opaqueXattr = "trusted.overlay.opaque"
 // upper one. roots[0] is the upper layer, roots[1:] the lowers, top first.
 type overlay struct {
 	roots []string
+	// logger hears of errors the errno boundary cannot map.
+	logger hclog.Logger
 }
 
 func isWhiteout(st *syscall.Stat_t) bool {
@@ -57,7 +60,7 @@ func (o *overlay) visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, s
 			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
 				continue
 			}
-			return nil, shown, gofs.ToErrno(err)
+			return nil, shown, toErrno(o.logger, err)
 		}
 		if isWhiteout(&st) || (len(layers) > 0 && !isDir(&st)) {
 			break
@@ -85,12 +88,12 @@ func (o *overlay) list(rel string, dirLayers []int) ([]fuse.DirEntry, syscall.Er
 	for _, i := range dirLayers {
 		f, err := os.Open(filepath.Join(o.roots[i], rel))
 		if err != nil {
-			return nil, gofs.ToErrno(err)
+			return nil, toErrno(o.logger, err)
 		}
 		entries, err := f.ReadDir(-1)
 		f.Close()
 		if err != nil {
-			return nil, gofs.ToErrno(err)
+			return nil, toErrno(o.logger, err)
 		}
 		for _, e := range entries {
 			name := e.Name()
@@ -250,7 +253,7 @@ func (n *volNode) copyUp() syscall.Errno {
 	dst := filepath.Join(n.ovl.roots[0], rel)
 	if err := copyEntry(n.ovl.roots[n.layers[0]], rel, dst); err != nil {
 		n.m.logger.Error("copy-up failed", "from", src, "to", dst, "error", err)
-		return gofs.ToErrno(err)
+		return toErrno(n.m.logger, err)
 	}
 	if isDirPath(dst) {
 		n.layers = append([]int{0}, n.layers...)
@@ -393,7 +396,7 @@ func (n *volNode) copyUpTree() syscall.Errno {
 	rel := n.rel()
 	if err := n.ovl.materialize(rel, layers); err != nil {
 		n.m.logger.Error("copy-up of a directory tree failed", "path", rel, "error", err)
-		return gofs.ToErrno(err)
+		return toErrno(n.m.logger, err)
 	}
 	n.mu.Lock()
 	n.layers = []int{0}
@@ -464,7 +467,7 @@ func (n *volNode) inLowers(name string) bool {
 func (n *volNode) whiteout(name string) syscall.Errno {
 	p := filepath.Join(n.ovl.roots[0], n.rel(), name)
 	if err := syscall.Mknod(p, syscall.S_IFCHR, 0); err != nil {
-		return gofs.ToErrno(err)
+		return toErrno(n.m.logger, err)
 	}
 	return 0
 }
@@ -478,7 +481,7 @@ func (n *volNode) clearWhiteout(name string) (bool, syscall.Errno) {
 		return false, 0
 	}
 	if err := syscall.Unlink(p); err != nil {
-		return false, gofs.ToErrno(err)
+		return false, toErrno(n.m.logger, err)
 	}
 	return true, 0
 }
@@ -538,7 +541,7 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 			err = syscall.Unlink(upper)
 		}
 		if err != nil {
-			return gofs.ToErrno(err)
+			return toErrno(n.m.logger, err)
 		}
 	}
 	if lower {
@@ -619,7 +622,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 		}
 		if layers[0] == 0 {
 			if err := clearDir(filepath.Join(dst.ovl.roots[0], dst.rel(), newName)); err != nil {
-				return gofs.ToErrno(err)
+				return toErrno(n.m.logger, err)
 			}
 		}
 	}

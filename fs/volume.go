@@ -84,7 +84,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 	}
 	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
 	if len(v.Lowers) > 0 {
-		o := &overlay{roots: []string{dir}}
+		o := &overlay{roots: []string{dir}, logger: m.logger}
 		for _, l := range v.Lowers {
 			o.roots = append(o.roots, m.store.LayerPath(l))
 		}
@@ -290,7 +290,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			// Reading a lower file needs no copy: open it where it is.
 			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT)))
 			if err != nil {
-				return nil, 0, gofs.ToErrno(err)
+				return nil, 0, toErrno(n.m.logger, err)
 			}
 			lf := gofs.NewLoopbackFile(fd)
 			if n.ro {
@@ -316,7 +316,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		// truncate clears set-id bits as a write does.
 		if lf, ok := fh.(*gofs.LoopbackFile); ok {
 			fd, _ := lf.PassthroughFd()
-			if errno := killPrivFd(ctx, fd); errno != 0 {
+			if errno := killPrivFd(ctx, n.m.logger, fd); errno != 0 {
 				releaseHandle(ctx, fh)
 				return nil, 0, errno
 			}
@@ -391,7 +391,7 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 		// opaque, it shows none of that directory's entries.
 		if err := unix.Lsetxattr(filepath.Join(n.ovl.roots[0], n.rel(), name), opaqueXattr, []byte("y"), 0); err != nil {
 			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
-			return nil, gofs.ToErrno(err)
+			return nil, toErrno(n.m.logger, err)
 		}
 	}
 	if errno == 0 {
@@ -572,7 +572,7 @@ func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 	// a task swapped in for one of the directories on the way.
 	fd, err := openInLayer(n.RootData.Path, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
-		return nil, 0, gofs.ToErrno(err)
+		return nil, 0, toErrno(n.m.logger, err)
 	}
 	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
 	if errno != 0 {
@@ -611,7 +611,7 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	if n.lowerOnly() {
 		var st syscall.Stat_t
 		if err := syscall.Lstat(n.shownPath(), &st); err != nil {
-			return gofs.ToErrno(err)
+			return toErrno(n.m.logger, err)
 		}
 		out.FromStat(&st)
 		out.Ino = n.StableAttr().Ino
@@ -678,7 +678,7 @@ func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if n.lowerOnly() {
 		target, err := os.Readlink(n.shownPath())
 		if err != nil {
-			return nil, gofs.ToErrno(err)
+			return nil, toErrno(n.m.logger, err)
 		}
 		return []byte(target), 0
 	}
@@ -693,7 +693,7 @@ func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 		p = n.shownPath()
 	}
 	sz, err := unix.Lgetxattr(p, storedXattr(attr), dest)
-	return uint32(sz), gofs.ToErrno(err)
+	return uint32(sz), toErrno(n.m.logger, err)
 }
 
 var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
@@ -742,7 +742,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 	if n.lowerOnly() {
 		var st unix.Statx_t
 		if err := unix.Statx(unix.AT_FDCWD, n.shownPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
-			return gofs.ToErrno(err)
+			return toErrno(n.m.logger, err)
 		}
 		out.FromStatx(&st)
 		return 0
@@ -754,7 +754,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 	// (swapped in by a task, say) is never followed.
 	var st unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, n.backingPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
-		return gofs.ToErrno(err)
+		return toErrno(n.m.logger, err)
 	}
 	out.FromStatx(&st)
 	return 0

@@ -125,6 +125,9 @@ type serveConfig struct {
 // serve checks the machine, opens the store, mounts it, serves the API and
 // tears everything down on SIGINT or SIGTERM.
 func serve(logger hclog.Logger, cfg serveConfig) error {
+	// The FUSE server creates files for callers whose umask the kernel
+	// has applied already: its own must be 0 (fs.NewMount checks).
+	unix.Umask(0)
 	// SIGINT and SIGTERM start the shutdown below instead of killing the
 	// process. One that arrives while the mount comes up is acted on as
 	// soon as it is up.
@@ -353,8 +356,8 @@ func resolvePath(p string) (string, error) {
 //
 // The umask is set to 0177 around bind(2) so the socket never exists with
 // a wider mode, then chmod makes sure of it. This must happen before
-// fs.NewMount: that sets the umask to 0 for the FUSE server, which must
-// not see it change while it creates files.
+// fs.NewMount: the FUSE server, which runs with umask 0, must not see it
+// change while it creates files.
 func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
 	// sun_path holds 108 bytes including the terminating NUL.
 	if len(path) > 107 {
