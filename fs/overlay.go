@@ -339,9 +339,7 @@ func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
 	defer in.Close()
 	fill := func(out *os.File) error {
 		if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
-			if _, err := io.Copy(out, in); err != nil {
-				return err
-			}
+			return copySparse(out, in)
 		}
 		return nil
 	}
@@ -379,6 +377,79 @@ func copyFile(srcRoot, rel, dst string, perm uint32) (err error) {
 		return err
 	}
 	return unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+}
+
+// copySparse copies in's bytes into out, the empty file of a copy-up,
+// segment by segment between holes (SEEK_DATA, SEEK_HOLE), so that a
+// sparse file stays sparse and the copy costs what the file holds, not
+// its size; the size is set at the end, which keeps a trailing hole.
+// Segments go by copy_file_range, which the filesystem may turn into a
+// copy without reading the data through user space.
+func copySparse(out, in *os.File) error {
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	ifd, ofd := int(in.Fd()), int(out.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			// No SEEK_DATA here: everything is data.
+			data = off
+		}
+		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		if err := copyRange(ofd, ifd, data, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
+}
+
+// copyRange copies n bytes at off of ifd to the same offset of ofd, by
+// copy_file_range where the kernel can, else through a buffer.
+func copyRange(ofd, ifd int, off, n int64) error {
+	roff, woff := off, off
+	for n > 0 {
+		c, err := unix.CopyFileRange(ifd, &roff, ofd, &woff, int(min(n, 1<<30)), 0)
+		if err != nil {
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+				return copyRangeBuffered(ofd, ifd, roff, n)
+			}
+			return err
+		}
+		if c == 0 {
+			return io.ErrUnexpectedEOF // the file shrank under the copy
+		}
+		n -= int64(c)
+	}
+	return nil
+}
+
+func copyRangeBuffered(ofd, ifd int, off, n int64) error {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		r, err := unix.Pread(ifd, buf[:min(n, int64(len(buf)))], off)
+		if err != nil {
+			return err
+		}
+		if r == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		if _, err := unix.Pwrite(ofd, buf[:r], off); err != nil {
+			return err
+		}
+		off += int64(r)
+		n -= int64(r)
+	}
+	return nil
 }
 
 // copyUpTree copies a directory up with everything its lowers show in

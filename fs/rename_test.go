@@ -116,3 +116,54 @@ func TestLowerFileCacheAfterCopyUp(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyUpKeepsHoles checks that the copy-up of a sparse 1 GiB lower
+// file allocates what the file holds, not its size, and keeps its
+// content: data where it had data, zeros in the holes, the same size.
+func TestCopyUpKeepsHoles(t *testing.T) {
+	tm := newTestMount(t)
+	web := []allocdir.Task{{Name: "web"}}
+	if _, err := tm.store.Create("a", web); err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 30
+	lower := filepath.Join(tm.dir, "a", "alloc", "data", "sparse")
+	f, err := os.Create(lower)
+	must(t, err)
+	for _, off := range []int64{0, 512 << 20, size - 4096} {
+		_, err := f.WriteAt([]byte(strings.Repeat("d", 4096)), off)
+		must(t, err)
+	}
+	must(t, f.Close())
+	if _, err := tm.store.Stop("a"); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := tm.store.CreateMigrated("b", web, "a", true)
+	must(t, err)
+	p := filepath.Join(tm.dir, "b", "alloc", "data", "sparse")
+	g, err := os.OpenFile(p, os.O_WRONLY, 0) // copies it up
+	must(t, err)
+	_, err = g.WriteAt([]byte("w"), 100<<20)
+	must(t, err)
+	must(t, g.Close())
+
+	var ust unix.Stat_t
+	must(t, unix.Stat(filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "sparse"), &ust))
+	if ust.Size != size {
+		t.Errorf("copied-up size %d, want %d", ust.Size, size)
+	}
+	if used := ust.Blocks * 512; used > 4<<20 {
+		t.Errorf("the copy-up allocated %d bytes for a file holding 16 KiB: the holes were filled", used)
+	}
+	r, err := os.Open(p)
+	must(t, err)
+	defer r.Close()
+	for off, want := range map[int64]string{0: "dddd", 512 << 20: "dddd", size - 4: "dddd", 100 << 20: "w\x00\x00\x00", 300 << 20: "\x00\x00\x00\x00"} {
+		buf := make([]byte, 4)
+		_, err := r.ReadAt(buf, off)
+		must(t, err)
+		if string(buf) != want {
+			t.Errorf("at %d after the copy-up: %q, want %q", off, buf, want)
+		}
+	}
+}
