@@ -167,3 +167,33 @@ func TestCopyUpKeepsHoles(t *testing.T) {
 		}
 	}
 }
+
+// TestLowerFileUnlinkedWhileOpen checks that a lower file unlinked while
+// open still answers fstat, with no links, and reads its content.
+func TestLowerFileUnlinkedWhileOpen(t *testing.T) {
+	tm := newTestMount(t)
+	web := []allocdir.Task{{Name: "web"}}
+	if _, err := tm.store.Create("a", web); err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.WriteFile(filepath.Join(tm.dir, "a", "alloc", "data", "f"), []byte("hello"), 0o644))
+	if _, err := tm.store.Stop("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(tm.dir, "b", "alloc", "data", "f")
+	f, err := os.Open(p)
+	must(t, err)
+	defer f.Close()
+	must(t, os.Remove(p))
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Nlink != 0 || st.Size != 5 {
+		t.Errorf("fstat of the unlinked lower file: %v, nlink %d, size %d; want nlink 0, size 5", err, st.Nlink, st.Size)
+	}
+	buf := make([]byte, 5)
+	if n, err := f.ReadAt(buf, 0); err != nil || string(buf[:n]) != "hello" {
+		t.Errorf("read of the unlinked lower file: %q, %v", buf[:n], err)
+	}
+}

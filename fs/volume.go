@@ -611,7 +611,13 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	if n.lowerOnly() {
 		var st syscall.Stat_t
 		if err := syscall.Lstat(n.shownPath(), &st); err != nil {
-			return toErrno(n.m.logger, err)
+			// Unlinked while open: the handle still has the file,
+			// which a local filesystem shows with no links.
+			fd, ok := lowerFd(f)
+			if !ok || syscall.Fstat(fd, &st) != nil {
+				return toErrno(n.m.logger, err)
+			}
+			st.Nlink = 0
 		}
 		out.FromStat(&st)
 		out.Ino = n.StableAttr().Ino
@@ -815,6 +821,23 @@ func (lowerFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 
 func (lowerFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	return syscall.ENOSYS
+}
+
+// lowerFd is the descriptor of f if it is a handle on a lower file.
+func lowerFd(f gofs.FileHandle) (int, bool) {
+	df, ok := f.(*daemonFile)
+	if !ok {
+		return 0, false
+	}
+	lf, ok := df.daemonHandle.(lowerFile)
+	if !ok {
+		return 0, false
+	}
+	pf, ok := lf.lowerHandle.(gofs.FilePassthroughFder)
+	if !ok {
+		return 0, false
+	}
+	return pf.PassthroughFd()
 }
 
 // attrHandle is f unless it is a handle on a lower file, whose attributes
