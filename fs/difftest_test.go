@@ -1,0 +1,653 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/difftest"
+	"golang.org/x/sys/unix"
+)
+
+// The differential test: see the difftest package doc for what it
+// compares and every normalisation it applies.
+//
+// Environment:
+//
+//	ALLOCFS_DIFF_OPS=N   operations per seed, shape and identity (default 300)
+//	ALLOCFS_DIFF_SEED=N  run only seed N (to replay a failure); no ratchet check
+const (
+	diffDefaultOps = 300
+	diffUID        = 4321
+	diffGID        = 4321
+	diffChildEnv   = "ALLOCFS_DIFF_CHILD"
+)
+
+// diffFixedSeeds run on every run, with one fresh seed.
+var diffFixedSeeds = []uint64{1, 20261201, 777}
+
+// knownDivergence is a divergence of allocfs from ext4 that is known and
+// waiting for its fix: its signature and the item of issue 10 that fixes
+// it.
+type knownDivergence struct {
+	sig  string
+	item string
+}
+
+// knownDivergences is the ratchet. A divergence whose signature is not
+// listed fails the test; so does a listed signature that the fixed seeds
+// no longer produce, so that a fix removes its entry. A signature names
+// what differed (a field of the comparison, never a message) and where:
+//
+//   - "<op>[ on lower]: errno": the op's errno, by op kind (open with
+//     O_CREAT, each renameat2 flag and chown -1:-1 are kinds of their
+//     own);
+//   - "<class>, op result: <field>" and "<class>, tree: <field>": a
+//     field of the op's result (bytes, data, fstat) or of the tree after
+//     it, by class of op (create, write, metadata, chown -1:-1, rename,
+//     exchange, whiteout, remove, read, setup);
+//   - "lower object, op result|tree: <field>": the same for an object of
+//     the seeded tree of a snapshot-migrated volume, that is of its
+//     lower layer, whatever the op: a copy-up shows through every op
+//     that writes, and one entry per op class would list one cause many
+//     times;
+//   - "reading or listing changes times": the snapshot's own reads
+//     changed an mtime or ctime.
+var knownDivergences = []knownDivergence{}
+
+// diffShapes are the volume shapes the test runs on.
+var diffShapes = []string{"plain", "adopt", "snapshot"}
+
+// TestDifferential runs seeded random operations on allocfs volumes and on
+// a reference directory of the backing ext4, step by step, as root and as
+// an unprivileged uid, and checks every divergence against the ratchet of
+// knownDivergences.
+func TestDifferential(t *testing.T) {
+	tm := newTestMount(t)
+	refBase := t.TempDir()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(refBase, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type != unix.EXT4_SUPER_MAGIC {
+		t.Skipf("the reference directory %s is on a file system with magic %#x, not ext4: set TMPDIR to a directory on ext4", refBase, sfs.Type)
+	}
+	nops := diffDefaultOps
+	if v := os.Getenv("ALLOCFS_DIFF_OPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("ALLOCFS_DIFF_OPS=%q: want a positive number", v)
+		}
+		nops = n
+	}
+	seeds := append([]uint64{}, diffFixedSeeds...)
+	replay := false
+	if v := os.Getenv("ALLOCFS_DIFF_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("ALLOCFS_DIFF_SEED=%q: want a number", v)
+		}
+		seeds, replay = []uint64{n}, true
+	} else {
+		seeds = append(seeds, uint64(time.Now().UnixNano()))
+	}
+	t.Logf("seeds %v (the last one fresh unless replaying), %d ops each; replay one with ALLOCFS_DIFF_SEED=N", seeds, nops)
+
+	known := map[string]string{}
+	for _, k := range knownDivergences {
+		known[k.sig] = k.item
+	}
+	fixedCounts := map[string]int{}
+	allCounts := map[string]int{}
+	for _, shape := range diffShapes {
+		for _, asUser := range []bool{false, true} {
+			who := "root"
+			if asUser {
+				who = "user"
+			}
+			t.Run(shape+"/"+who, func(t *testing.T) {
+				for _, seed := range seeds {
+					run := &diffRun{t: t, tm: tm, shape: shape, who: who, seed: seed, nops: nops, refBase: refBase, known: known, counts: map[string]int{}, first: map[string]string{}}
+					run.run()
+					fixed := !replay && seed != seeds[len(seeds)-1]
+					for sig, n := range run.counts {
+						allCounts[sig] += n
+						if fixed {
+							fixedCounts[sig] += n
+						}
+					}
+				}
+			})
+		}
+	}
+	var sigs []string
+	for sig := range allCounts {
+		sigs = append(sigs, sig)
+	}
+	sort.Strings(sigs)
+	var report strings.Builder
+	for _, sig := range sigs {
+		fmt.Fprintf(&report, "\n%6d  %s", allCounts[sig], sig)
+		if item, ok := known[sig]; ok {
+			fmt.Fprintf(&report, "  [known: %s]", item)
+		} else {
+			report.WriteString("  [NEW]")
+		}
+	}
+	t.Logf("divergences by signature over all seeds, shapes and identities:%s", report.String())
+	if replay || nops < diffDefaultOps {
+		return
+	}
+	for _, k := range knownDivergences {
+		if fixedCounts[k.sig] == 0 {
+			t.Errorf("known divergence %q (%s) no longer occurs over the fixed seeds: remove it from knownDivergences", k.sig, k.item)
+		}
+	}
+}
+
+// diffRun is one seed's sequence on one shape as one identity.
+type diffRun struct {
+	t              *testing.T
+	tm             *testMount
+	shape, who     string
+	seed           uint64
+	nops           int
+	refBase        string
+	known          map[string]string
+	counts         map[string]int
+	first          map[string]string
+	volFd, refFd   int
+	lower          map[uint64]bool // reference inode numbers of the lower layer's objects
+	step           int
+	op             difftest.Op
+	prevStateDiffs map[string]bool
+	// taintedSlots are the fd slots whose object had already diverged,
+	// or whose results did: what they answer next is not compared.
+	taintedSlots [difftest.Slots]bool
+	// skipped counts the results not compared because what they depend
+	// on had already diverged.
+	skipped int
+}
+
+func (r *diffRun) run() {
+	t := r.t
+	id := fmt.Sprintf("%s-%s-%d", r.shape, r.who, r.seed)
+	web := []allocdir.Task{{Name: "web"}}
+	switch r.shape {
+	case "plain":
+		if _, err := r.tm.store.Create(id, web); err != nil {
+			t.Fatal(err)
+		}
+		r.populate(filepath.Join(r.tm.dir, id, "alloc/data"))
+	default:
+		prev := id + "-prev"
+		if _, err := r.tm.store.Create(prev, web); err != nil {
+			t.Fatal(err)
+		}
+		r.populate(filepath.Join(r.tm.dir, prev, "alloc/data"))
+		if _, err := r.tm.store.Stop(prev); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := r.tm.store.CreateMigrated(id, web, prev, r.shape == "snapshot"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	volRoot := filepath.Join(r.tm.dir, id, "alloc/data")
+	vol, err := os.Open(volRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(vol.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	refRoot := filepath.Join(r.refBase, id)
+	if err := os.Mkdir(refRoot, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(refRoot, os.FileMode(st.Mode&0o777)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(refRoot, int(st.Uid), int(st.Gid)); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := os.Open(refRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	if err := difftest.Populate(int(ref.Fd()), diffUID, diffGID); err != nil {
+		t.Fatal(err)
+	}
+	r.volFd, r.refFd = int(vol.Fd()), int(ref.Fd())
+
+	var ex diffExecutor
+	if r.who == "user" {
+		ex, err = startDiffChild(vol, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		ex = &localExecutor{vol: difftest.NewSide(r.volFd, false), ref: difftest.NewSide(r.refFd, true)}
+	}
+	defer func() {
+		if err := ex.close(); err != nil {
+			t.Errorf("seed %d: %v", r.seed, err)
+		}
+	}()
+
+	prevV, touchedV := difftest.Snapshot(r.volFd, nil)
+	prevR, touchedR := difftest.Snapshot(r.refFd, nil)
+	r.lower = map[uint64]bool{}
+	if r.shape == "snapshot" {
+		for _, e := range prevR {
+			r.lower[e.Ino] = true
+		}
+	}
+	r.op = difftest.Op{Kind: "setup"}
+	r.step = -1
+	r.compareTrees(prevV, prevR, nil, nil, touchedV, touchedR)
+	gen := difftest.NewGen(r.seed, r.who == "root", diffUID, diffGID)
+	for r.step = 0; r.step < r.nops; r.step++ {
+		r.op = gen.Next()
+		v, rr, err := ex.exec(r.op)
+		if err != nil {
+			t.Fatalf("seed %d step %d %v: %v", r.seed, r.step, r.op, err)
+		}
+		if r.resultTainted(rr.Ino, prevR) {
+			r.skipped++
+		} else {
+			diffs := difftest.CompareResults(v, rr)
+			for _, d := range diffs {
+				switch {
+				case d.Field == "errno":
+					r.record(r.label(rr.Ino)+": errno", d)
+				case r.lower[rr.Ino] && rr.Ino != 0:
+					r.record("lower object, op result: "+d.Field, d)
+				default:
+					r.record(opClass(r.op)+", op result: "+d.Field, d)
+				}
+			}
+			if len(diffs) > 0 && (r.op.Path == "" || r.op.Kind == "open") {
+				r.taintedSlots[r.op.Slot] = true
+			}
+		}
+		curV, touchedV := difftest.Snapshot(r.volFd, prevV)
+		curR, touchedR := difftest.Snapshot(r.refFd, prevR)
+		r.compareTrees(curV, curR, prevV, prevR, touchedV, touchedR)
+		prevV, prevR = curV, curR
+		// An inode number the reference no longer has may be reused
+		// by a new object, which is not from the lower layer.
+		present := map[uint64]bool{}
+		for _, e := range curR {
+			present[e.Ino] = true
+		}
+		for ino := range r.lower {
+			if !present[ino] {
+				delete(r.lower, ino)
+			}
+		}
+	}
+	t.Logf("%s as %s, seed %d: %d ops, %d divergences, %d results or tree differences not compared (they depend on an earlier divergence)", r.shape, r.who, r.seed, r.nops, total(r.counts), r.skipped)
+}
+
+func total(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
+}
+
+// resultTainted reports whether the current op's result depends on
+// something that had already diverged at the previous snapshot, so that
+// a difference in it would only repeat an earlier divergence: its path
+// (or, for the ops that depend on what is below it, its subtree), a
+// parent whose existence, type, mode or owner differs, or, for an fd, the
+// object it was opened on. ino is the reference object's inode number.
+func (r *diffRun) resultTainted(ino uint64, prevR difftest.Tree) bool {
+	op := r.op
+	switch op.Kind {
+	case "open":
+		t := r.pathTainted(op.Path, false)
+		r.taintedSlots[op.Slot] = t
+		return t
+	case "close":
+		t := r.taintedSlots[op.Slot]
+		r.taintedSlots[op.Slot] = false
+		return t
+	}
+	if op.Path == "" {
+		if r.taintedSlots[op.Slot] {
+			return true
+		}
+		for p, e := range prevR {
+			if ino != 0 && e.Ino == ino && r.pathTainted(p, false) {
+				return true
+			}
+		}
+		return false
+	}
+	subtree := false
+	switch op.Kind {
+	case "rename", "renameat2", "rmdir", "readdir":
+		subtree = true
+	}
+	if r.pathTainted(op.Path, subtree) {
+		return true
+	}
+	return op.Path2 != "" && op.Kind != "symlink" && r.pathTainted(op.Path2, subtree)
+}
+
+// ancestorFields are the differences of a directory that change what an
+// operation below it does.
+var ancestorFields = map[string]bool{"presence": true, "type": true, "mode permission bits": true, "mode set-id/sticky bits": true, "owner": true, "read error": true}
+
+func (r *diffRun) pathTainted(p string, subtree bool) bool {
+	for key := range r.prevStateDiffs {
+		q, field, _ := strings.Cut(key, "\x00")
+		if q == p || (subtree && under(q, p)) || (under(p, q) && ancestorFields[field]) {
+			return true
+		}
+	}
+	return false
+}
+
+// under reports whether q is strictly below p.
+func under(q, p string) bool {
+	return q != p && (p == "." || strings.HasPrefix(q, p+"/"))
+}
+
+// origin is where the object now at path p was before the current op,
+// for the ops that move or link names; "" for the others.
+func (r *diffRun) origin(p string) string {
+	op := r.op
+	moved := func(from, to string) string {
+		if p == to {
+			return from
+		}
+		if strings.HasPrefix(p, to+"/") {
+			return from + p[len(to):]
+		}
+		return ""
+	}
+	switch op.Kind {
+	case "rename", "renameat2":
+		if o := moved(op.Path, op.Path2); o != "" {
+			return o
+		}
+		if op.Flags == difftest.RenameExchange {
+			return moved(op.Path2, op.Path)
+		}
+	case "link":
+		if p == op.Path2 {
+			return op.Path
+		}
+	}
+	return ""
+}
+
+// opClass groups op kinds for the signatures of attribute and tree
+// differences: one cause (a copy-up, say) shows through many ops, and a
+// signature per op kind would list it many times.
+func opClass(op difftest.Op) string {
+	switch op.Kind {
+	case "open":
+		if op.Flags&unix.O_CREAT != 0 {
+			return "create"
+		}
+		return "read"
+	case "mkdir", "mkfifo", "mknod", "symlink", "link":
+		return "create"
+	case "write", "pwrite", "truncate", "ftruncate", "fallocate":
+		return "write"
+	case "chmod", "fchmod", "chown", "lchown", "fchown", "utimensat", "setxattr", "removexattr":
+		if (op.Kind == "chown" || op.Kind == "lchown" || op.Kind == "fchown") && op.UID == -1 && op.GID == -1 {
+			return "chown -1:-1"
+		}
+		return "metadata"
+	case "rename":
+		return "rename"
+	case "renameat2":
+		return map[int]string{difftest.RenameNoreplace: "rename", difftest.RenameExchange: "exchange", difftest.RenameWhiteout: "whiteout"}[op.Flags]
+	case "unlink", "rmdir":
+		return "remove"
+	case "setup":
+		return "setup"
+	}
+	return "read"
+}
+
+func (r *diffRun) onLower(ino uint64) string {
+	if ino != 0 && r.lower[ino] {
+		return " on lower"
+	}
+	return ""
+}
+
+// populate builds the starting tree in a volume through the mount.
+func (r *diffRun) populate(dir string) {
+	f, err := os.Open(dir)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer f.Close()
+	if err := difftest.Populate(int(f.Fd()), diffUID, diffGID); err != nil {
+		r.t.Fatalf("populate the volume: %v", err)
+	}
+}
+
+// label names the current op for a signature: its kind, the variant that
+// matters for classification, and whether it acted on a lower object.
+func (r *diffRun) label(ino uint64) string {
+	l := r.op.Kind
+	switch r.op.Kind {
+	case "open":
+		if r.op.Flags&unix.O_CREAT != 0 {
+			l = "open(O_CREAT)"
+		}
+	case "renameat2":
+		l = "renameat2(" + map[int]string{difftest.RenameNoreplace: "NOREPLACE", difftest.RenameExchange: "EXCHANGE", difftest.RenameWhiteout: "WHITEOUT"}[r.op.Flags] + ")"
+	case "chown", "lchown", "fchown":
+		if r.op.UID == -1 && r.op.GID == -1 {
+			l += " -1:-1"
+		}
+	}
+	return l + r.onLower(ino)
+}
+
+func (r *diffRun) compareTrees(curV, curR, prevV, prevR difftest.Tree, touchedV, touchedR []string) {
+	state := map[string]bool{}
+	for _, d := range difftest.CompareTrees(curV, curR, prevV, prevR) {
+		var ino uint64
+		if e := curR[d.Path]; e != nil {
+			ino = e.Ino
+		} else if e := prevR[d.Path]; e != nil {
+			ino = e.Ino
+		}
+		if !difftest.StepField(d.Field) {
+			key := d.Path + "\x00" + d.Field
+			state[key] = true
+			if r.prevStateDiffs[key] {
+				continue // still the same difference, reported when it appeared
+			}
+			if o := r.origin(d.Path); o != "" && r.prevStateDiffs[o+"\x00"+d.Field] {
+				r.skipped++
+				continue // an earlier difference, moved or linked here
+			}
+		}
+		if ino != 0 && r.lower[ino] {
+			r.record("lower object, tree: "+d.Field, d)
+		} else {
+			r.record(opClass(r.op)+", tree: "+d.Field, d)
+		}
+	}
+	r.prevStateDiffs = state
+	tv := strings.Join(touchedV, " ")
+	if tr := strings.Join(touchedR, " "); tv != tr {
+		r.record("reading or listing changes times", difftest.Diff{Field: "names whose times reading changed", Vol: "[" + tv + "]", Ref: "[" + tr + "]"})
+	}
+}
+
+func (r *diffRun) record(sig string, d difftest.Diff) {
+	r.counts[sig]++
+	if r.counts[sig] > 1 {
+		return
+	}
+	where := fmt.Sprintf("%s as %s, seed %d (ALLOCFS_DIFF_SEED=%d), step %d: %v: %v", r.shape, r.who, r.seed, r.seed, r.step, r.op, d)
+	if item, ok := r.known[sig]; ok {
+		r.t.Logf("known divergence %q (%s), first at %s", sig, item, where)
+		return
+	}
+	r.t.Errorf("NEW divergence %q at %s", sig, where)
+}
+
+// diffExecutor runs one op on both sides.
+type diffExecutor interface {
+	exec(op difftest.Op) (vol, ref difftest.Result, err error)
+	close() error
+}
+
+type localExecutor struct{ vol, ref *difftest.Side }
+
+func (l *localExecutor) exec(op difftest.Op) (difftest.Result, difftest.Result, error) {
+	return l.vol.Exec(op), l.ref.Exec(op), nil
+}
+
+func (l *localExecutor) close() error {
+	l.vol.Close()
+	l.ref.Close()
+	return nil
+}
+
+// childExecutor runs ops in a child process with an unprivileged uid.
+//
+// The child is this test binary run again (TestDifferentialChild), as
+// root, handed the two root directories as open fds; its first act is to
+// drop to diffUID:diffGID with setgroups, setresgid and setresuid, and it
+// checks that its effective capabilities are then empty before it runs
+// anything. Dropping in a fresh process, rather than in this one, keeps
+// the FUSE server (which must stay root) out of it, and Go's syscall
+// package applies set*id calls to every thread of the process (they go
+// through AllThreadsSyscall since Go 1.16), so no runtime thread is left
+// privileged. Starting the child with SysProcAttr.Credential would drop
+// before exec instead, but then the new uid must be able to execute the
+// test binary, which go test keeps in a 0700 directory. The fds make the
+// paths to the roots (under 0700 temp dirs) irrelevant: every operation
+// is relative to them, as in the root run.
+type childExecutor struct {
+	cmd    *exec.Cmd
+	enc    *json.Encoder
+	dec    *json.Decoder
+	cmdW   *os.File
+	resR   *os.File
+	stderr *bytes.Buffer
+}
+
+func startDiffChild(vol, ref *os.File) (*childExecutor, error) {
+	cmdR, cmdW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	resR, resW, err := os.Pipe()
+	if err != nil {
+		return nil, errors.Join(err, cmdR.Close(), cmdW.Close())
+	}
+	c := &childExecutor{cmdW: cmdW, resR: resR, stderr: &bytes.Buffer{}}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^TestDifferentialChild$", "-test.count=1")
+	c.cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", diffChildEnv, diffUID, diffGID))
+	c.cmd.ExtraFiles = []*os.File{vol, ref, cmdR, resW} // fds 3, 4, 5, 6
+	c.cmd.Stdout = c.stderr
+	c.cmd.Stderr = c.stderr
+	err = c.cmd.Start()
+	// The child holds its own copies now.
+	err = errors.Join(err, cmdR.Close(), resW.Close())
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("failed to start the unprivileged child: %w", err), cmdW.Close(), resR.Close())
+	}
+	c.enc = json.NewEncoder(cmdW)
+	c.dec = json.NewDecoder(bufio.NewReader(resR))
+	return c, nil
+}
+
+func (c *childExecutor) exec(op difftest.Op) (difftest.Result, difftest.Result, error) {
+	var res [2]difftest.Result
+	if err := c.enc.Encode(op); err != nil {
+		return res[0], res[1], fmt.Errorf("send op to the child: %w (child output: %s)", err, c.stderr)
+	}
+	if err := c.dec.Decode(&res); err != nil {
+		return res[0], res[1], fmt.Errorf("read the child's result: %w (child output: %s)", err, c.stderr)
+	}
+	return res[0], res[1], nil
+}
+
+func (c *childExecutor) close() error {
+	err := c.cmdW.Close()
+	if werr := c.cmd.Wait(); werr != nil {
+		err = errors.Join(err, fmt.Errorf("unprivileged child: %w (output: %s)", werr, c.stderr))
+	}
+	return errors.Join(err, c.resR.Close())
+}
+
+// TestDifferentialChild is the unprivileged side of TestDifferential: a
+// helper process, skipped when run directly.
+func TestDifferentialChild(t *testing.T) {
+	ids := os.Getenv(diffChildEnv)
+	if ids == "" {
+		t.Skip("helper process of TestDifferential")
+	}
+	var uid, gid int
+	if _, err := fmt.Sscanf(ids, "%d:%d", &uid, &gid); err != nil {
+		t.Fatalf("%s=%q: %v", diffChildEnv, ids, err)
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setresgid(gid, gid, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setresuid(uid, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nCapEff:\t0000000000000000\n") {
+		t.Fatalf("capabilities left after dropping to %d:%d:\n%s", uid, gid, status)
+	}
+	unix.Umask(0o022)
+	vol := difftest.NewSide(3, false)
+	ref := difftest.NewSide(4, true)
+	defer vol.Close()
+	defer ref.Close()
+	dec := json.NewDecoder(bufio.NewReader(os.NewFile(5, "ops")))
+	out := os.NewFile(6, "results")
+	enc := json.NewEncoder(out)
+	for {
+		var op difftest.Op
+		if err := dec.Decode(&op); err != nil {
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			t.Fatal(err)
+		}
+		if err := enc.Encode([2]difftest.Result{vol.Exec(op), ref.Exec(op)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
