@@ -1,0 +1,945 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/difftest"
+	"golang.org/x/sys/unix"
+)
+
+// The differential test: see the difftest package doc for what it
+// compares and every normalisation it applies.
+//
+// Environment:
+//
+//	ALLOCFS_DIFF_OPS=N   operations per seed, shape and identity (default 200)
+//	ALLOCFS_DIFF_SEED=N  run only seed N (to replay a failure); no ratchet check
+//	ALLOCFS_DIFF_ONLY=S/I  run only shape S as identity I (snapshot/user...)
+const (
+	diffDefaultOps = 200
+	diffUID        = 4321
+	diffGID        = 4321
+	diffChildEnv   = "ALLOCFS_DIFF_CHILD"
+)
+
+// diffFixedSeeds run on every run, with one fresh seed.
+var diffFixedSeeds = []uint64{201, 207, 208}
+
+// knownDivergence is a divergence of allocfs from ext4 that is known and
+// waiting for its fix: its signature and the item of issue 10 that fixes
+// it.
+type knownDivergence struct {
+	sig  string
+	item string
+	// witness is "<shape>/<identity>/<seed>", a sequence of the default
+	// number of ops that shows the divergence when the fixed seeds do
+	// not: the test runs it too, so that a stale entry is caught all the
+	// same.
+	witness string
+	// rare marks a divergence seen only in runs of 5,000 ops (with the
+	// seed in the item): it is listed so that a fresh seed that hits it
+	// does not fail, and it is NOT checked for staleness, since no short
+	// sequence is known to show it. Check these by hand with long runs
+	// (ALLOCFS_DIFF_OPS=5000 ALLOCFS_DIFF_SEED=N) when fixing their item.
+	rare bool
+}
+
+// knownDivergences is the ratchet. A divergence whose signature is not
+// listed fails the test; so does a listed signature (not marked rare)
+// that the fixed seeds and its witness no longer produce, so that a fix
+// removes its entry. A signature names
+// what differed (a field of the comparison, never a message) and where:
+//
+//   - "<op>[ on lower]: errno": the op's errno, by op kind (open with
+//     O_CREAT, each renameat2 flag and chown -1:-1 are kinds of their
+//     own);
+//   - "<class>, op result: <field>" and "<class>, tree: <field>": a
+//     field of the op's result (bytes, data, fstat) or of the tree after
+//     it, by class of op (create, write, metadata, chown -1:-1, rename,
+//     exchange, whiteout, remove, read, setup);
+//   - "lower object, op result|tree: <field>": the same for an object of
+//     the seeded tree of a snapshot-migrated volume, that is of its
+//     lower layer, whatever the op: a copy-up shows through every op
+//     that writes, and one entry per op class would list one cause many
+//     times;
+//   - "reading or listing changes times": the snapshot's own reads
+//     changed an mtime or ctime.
+var knownDivergences = []knownDivergence{
+	// Item 3, exact POSIX semantics.
+	{sig: "create, op result: mode set-id/sticky bits", item: "10.3: set-id and sticky bits on create and mkdir"},
+	{sig: "create, tree: mode set-id/sticky bits", item: "10.3: set-id and sticky bits on create and mkdir"},
+	{sig: "write, op result: mode set-id/sticky bits", item: "10.3: killpriv on write, truncate and fallocate as non-root"},
+	{sig: "write, tree: mode set-id/sticky bits", item: "10.3: killpriv on write, truncate and fallocate as non-root"},
+	{sig: "chown -1:-1, tree: ctime changed", item: "10.3: ctime on a no-op chown"},
+	{sig: "write, tree: mtime changed", item: "10.3: FIFO times on write", witness: "plain/user/211"},
+	{sig: "write, tree: ctime changed", item: "10.3: FIFO times on write", witness: "plain/user/211"},
+	{sig: "fallocate: errno", item: "10.3: open unlinked files (fallocate on one gives ENOENT)", witness: "plain/user/213"},
+	{sig: "lower object, op result: names", item: "10.3: . and .. in every listing"},
+	// Item 4, copy-up that a task cannot see.
+	{sig: "lower object, tree: xattrs", item: "10.4: xattrs survive copy-up"},
+	{sig: "lower object, tree: sparseness", item: "10.4: holes survive copy-up"},
+	{sig: "lower object, op result: sparseness", item: "10.4: holes survive copy-up", witness: "snapshot/user/212"},
+	{sig: "lower object, tree: st_ino changed", item: "10.4: st_ino stays across copy-up"},
+	{sig: "lower object, tree: nlink", item: "10.4: hard links across copy-up; nlink of merged directories"},
+	{sig: "lower object, op result: nlink", item: "10.4: hard links across copy-up; nlink of merged directories"},
+	{sig: "lower object, tree: hard-link group", item: "10.4: hard links across copy-up"},
+	{sig: "lower object, tree: ctime changed", item: "10.4: ctime as ext4 shows it, copy-up included"},
+	{sig: "lower object, tree: mtime changed", item: "10.4: reading or listing never changes times; a copy-up changes no parent's times"},
+	{sig: "reading or listing changes times", item: "10.4: reading or listing never changes times", witness: "snapshot/user/209"},
+	{sig: "lower object, tree: presence", item: "10.4: a task's mknod c 0 0 escaped in the layer format; hard links across copy-up"},
+	{sig: "create, tree: presence", item: "10.4: a task's mknod c 0 0 escaped in the layer format"},
+	{sig: "lower object, tree: type", item: "10.4: renameat2 EXCHANGE and WHITEOUT of lower entries"},
+	{sig: "lower object, tree: content", item: "10.4: renameat2 of lower entries; an fd opened before a copy-up"},
+	{sig: "lower object, tree: size", item: "10.4: renameat2 of lower entries; an fd opened before a copy-up"},
+	{sig: "lower object, tree: owner", item: "10.4: renameat2 of lower entries"},
+	{sig: "lower object, tree: mode permission bits", item: "10.4: renameat2 of lower entries"},
+	{sig: "lower object, tree: mode set-id/sticky bits", item: "10.3 and 10.4: killpriv on a lower file's copy-up"},
+	{sig: "renameat2(EXCHANGE) on lower: errno", item: "10.4: renameat2 EXCHANGE of lower entries (EBUSY)"},
+	{sig: "renameat2(NOREPLACE) on lower: errno", item: "10.4: renameat2 NOREPLACE of lower entries (EBUSY)"},
+	{sig: "renameat2(WHITEOUT) on lower: errno", item: "10.4: renameat2 WHITEOUT of lower entries (EBUSY)"},
+	{sig: "whiteout, tree: type", item: "10.4: renameat2 WHITEOUT"},
+	{sig: "whiteout, tree: mtime changed", item: "10.4: renameat2 WHITEOUT updates the parent's times"},
+	{sig: "whiteout, tree: ctime changed", item: "10.4: renameat2 WHITEOUT updates the parent's times"},
+	{sig: "rename on lower: errno", item: "10.4: hard links across copy-up (a lower name gives ENOENT)"},
+	{sig: "setxattr on lower: errno", item: "10.4: xattrs survive copy-up"},
+	{sig: "removexattr on lower: errno", item: "10.4: xattrs survive copy-up"},
+	// Rare: seen in the 5,000-op runs.
+	{sig: "chown -1:-1, tree: mode set-id/sticky bits", item: "10.3: chown clears set-id bits", rare: true},
+	{sig: "fchmod: errno", item: "10.3: open unlinked files (fchmod gives ENOENT)", rare: true},
+	{sig: "fchown: errno", item: "10.3: open unlinked files (fchown gives ENOENT)", rare: true},
+	{sig: "write, op result: fstat errno", item: "10.3: open unlinked files (fstat gives ENOENT)", rare: true},
+	{sig: "chmod: errno", item: "10.3: ENOTDIR for a path through a non-directory (allocfs: ENOENT)", rare: true},
+	{sig: "chown: errno", item: "10.3: ENOTDIR for a path through a non-directory (allocfs: ENOENT)", rare: true},
+	{sig: "truncate: errno", item: "10.3: ENOTDIR for a path through a non-directory (allocfs: ENOENT)", rare: true},
+	{sig: "unlink: errno", item: "10.3: ENOTDIR for a path through a non-directory (allocfs: ENOENT)", rare: true},
+	{sig: "mkdir: errno", item: "10.3: ENOTDIR for a path through a non-directory (allocfs: ENOENT)", rare: true},
+	{sig: "open(O_CREAT): errno", item: "10.3: open(O_CREAT) of an existing file as non-root gives EROFS", rare: true},
+	{sig: "read, op result: names", item: "10.3: . and .. in every listing", rare: true},
+	{sig: "getxattr on lower: errno", item: "10.4: xattrs survive copy-up", rare: true},
+	{sig: "lower object, op result: mode set-id/sticky bits", item: "10.3 and 10.4: killpriv on a lower file's copy-up", rare: true},
+	{sig: "renameat2(EXCHANGE): errno", item: "10.4: renameat2 EXCHANGE in merged directories (EBUSY)", rare: true},
+	{sig: "exchange, tree: type", item: "10.4: renameat2 EXCHANGE in merged directories", rare: true},
+	{sig: "exchange, tree: nlink", item: "10.4: renameat2 EXCHANGE in merged directories (seed 1796136717669742501)", rare: true},
+	{sig: "exchange, tree: mtime changed", item: "10.4: renameat2 EXCHANGE in merged directories (seed 1796136717669742501)", rare: true},
+	{sig: "exchange, tree: ctime changed", item: "10.4: renameat2 EXCHANGE in merged directories (seed 1796136717669742501)", rare: true},
+	{sig: "rename, tree: mtime changed", item: "10.4: rename into a merged directory updates its times (seed 208)", rare: true},
+	{sig: "rename, tree: ctime changed", item: "10.4: rename into a merged directory updates its times (seed 208)", rare: true},
+	{sig: "chown -1:-1, op result: mode set-id/sticky bits", item: "10.3: chown clears set-id bits (seed 201)", rare: true},
+	{sig: "lower object, tree: read error", item: "10.4: hard links across copy-up (a name lists but does not stat; seed 207)", rare: true},
+	{sig: "lower object, tree: symlink target", item: "10.4: renameat2 WHITEOUT of lower entries (seed 1796136717669742501)", rare: true},
+	{sig: "open on lower: errno", item: "10.4: a task's mknod c 0 0 escaped (seen through a symlink; seed 208)", rare: true},
+	{sig: "open(O_CREAT) on lower: errno", item: "10.4: a task's mknod c 0 0 escaped (seen through a symlink; seed 208)", rare: true},
+}
+
+// diffShapes are the volume shapes the test runs on.
+var diffShapes = []string{"plain", "adopt", "snapshot"}
+
+// TestDifferential runs seeded random operations on allocfs volumes and on
+// a reference directory of the backing ext4, step by step, as root and as
+// an unprivileged uid, and checks every divergence against the ratchet of
+// knownDivergences.
+//
+// For each of the fixed seeds and one fresh seed, each shape (a plain
+// volume; a volume adopt-migrated from a previous allocation; one
+// snapshot-migrated, so that the seeded tree is its lower layer) and each
+// identity, it builds the seeded tree (difftest.Populate) in the volume
+// through the mount (in the previous allocation's volume before the
+// migration) and in a fresh directory of the ext4 that holds the test's
+// temp dir, whose root gets the volume root's mode and owner. Then, for
+// every op: both sides run it, their results are compared, both trees are
+// snapshotted and compared, and whatever differs is recorded under its
+// signature, with the seed, the step and the op the first time.
+//
+// Resynchronisation: after a step with a divergence, both sides are
+// thrown away and the sequence goes on, from the next op, on a fresh
+// volume and a fresh reference holding the seeded tree. A divergence
+// therefore never causes further ones, each is reported once, and every
+// op is compared from equal states. The only differences that outlive a
+// restart are those of the seeded tree itself (a snapshot volume's lower
+// layer shows them): they are reported once per run, and an op's result
+// is not compared when it depends on one of them (its path, a parent
+// that differs in existence, type, mode or owner, its subtree for rename,
+// rmdir and readdir, or the object under an fd), nor is a tree
+// difference that a rename or link only carried from there.
+//
+// The unprivileged identity runs in a helper process (childExecutor);
+// its umask is 022, where root's is this process's (the mount library
+// sets 0).
+func TestDifferential(t *testing.T) {
+	tm := newTestMount(t)
+	// Durability is not what this test is about, and every restart
+	// makes and destroys allocations: the store's fsyncs would only
+	// slow each one down.
+	tm.store.writeMu.Lock()
+	tm.store.disk = noSyncDisk{}
+	tm.store.writeMu.Unlock()
+	refBase := t.TempDir()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(refBase, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type != unix.EXT4_SUPER_MAGIC {
+		if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
+			t.Fatalf("the reference directory %s is on a file system with magic %#x, not ext4", refBase, sfs.Type)
+		}
+		t.Skipf("the reference directory %s is on a file system with magic %#x, not ext4: set TMPDIR to a directory on ext4", refBase, sfs.Type)
+	}
+	nops := diffDefaultOps
+	if v := os.Getenv("ALLOCFS_DIFF_OPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("ALLOCFS_DIFF_OPS=%q: want a positive number", v)
+		}
+		nops = n
+	}
+	seeds := append([]uint64{}, diffFixedSeeds...)
+	replay := false
+	if v := os.Getenv("ALLOCFS_DIFF_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("ALLOCFS_DIFF_SEED=%q: want a number", v)
+		}
+		seeds, replay = []uint64{n}, true
+	} else {
+		seeds = append(seeds, uint64(time.Now().UnixNano()))
+	}
+	t.Logf("seeds %v (the last one fresh unless replaying), %d ops each; replay one with ALLOCFS_DIFF_SEED=N", seeds, nops)
+
+	known := map[string]string{}
+	for _, k := range knownDivergences {
+		known[k.sig] = k.item
+	}
+	fixedCounts := map[string]int{}
+	allCounts := map[string]int{}
+	only := os.Getenv("ALLOCFS_DIFF_ONLY")
+	runSeq := func(t *testing.T, shape, who string, seed uint64, nops int, fixed bool) {
+		if only != "" && only != shape+"/"+who {
+			return
+		}
+		run := &diffRun{t: t, tm: tm, shape: shape, who: who, seed: seed, nops: nops, refBase: refBase, known: known, counts: map[string]int{}}
+		run.run()
+		for sig, n := range run.counts {
+			allCounts[sig] += n
+			if fixed {
+				fixedCounts[sig] += n
+			}
+		}
+	}
+	for _, shape := range diffShapes {
+		for _, who := range []string{"root", "user"} {
+			t.Run(shape+"/"+who, func(t *testing.T) {
+				for i, seed := range seeds {
+					runSeq(t, shape, who, seed, nops, !replay && i < len(diffFixedSeeds))
+				}
+			})
+		}
+	}
+	checkStale := !replay && only == "" && nops >= diffDefaultOps
+	if checkStale {
+		witnessed := map[string]bool{}
+		for _, k := range knownDivergences {
+			if k.witness == "" || fixedCounts[k.sig] > 0 || witnessed[k.witness] {
+				continue
+			}
+			witnessed[k.witness] = true
+			parts := strings.Split(k.witness, "/")
+			seed, err := strconv.ParseUint(parts[len(parts)-1], 10, 64)
+			if len(parts) != 3 || err != nil {
+				t.Fatalf("witness %q of %q: want shape/identity/seed", k.witness, k.sig)
+			}
+			t.Run("witness/"+k.witness, func(t *testing.T) {
+				runSeq(t, parts[0], parts[1], seed, diffDefaultOps, true)
+			})
+		}
+	}
+	var sigs []string
+	for sig := range allCounts {
+		sigs = append(sigs, sig)
+	}
+	sort.Strings(sigs)
+	var report strings.Builder
+	for _, sig := range sigs {
+		fmt.Fprintf(&report, "\n%6d  %s", allCounts[sig], sig)
+		if item, ok := known[sig]; ok {
+			fmt.Fprintf(&report, "  [known: %s]", item)
+		} else {
+			report.WriteString("  [NEW]")
+		}
+	}
+	t.Logf("divergences by signature over all seeds, shapes and identities:%s", report.String())
+	if !checkStale {
+		return
+	}
+	for _, k := range knownDivergences {
+		if k.rare {
+			continue
+		}
+		if fixedCounts[k.sig] == 0 {
+			t.Errorf("known divergence %q (%s) no longer occurs over the fixed seeds and its witness %q: remove it from knownDivergences", k.sig, k.item, k.witness)
+		}
+	}
+}
+
+// noSyncDisk is the store's disk without its syncs.
+type noSyncDisk struct{ osDisk }
+
+func (noSyncDisk) fsync(string) error  { return nil }
+func (noSyncDisk) syncfs(string) error { return nil }
+
+// diffRun is one seed's sequence on one shape as one identity.
+type diffRun struct {
+	t              *testing.T
+	tm             *testMount
+	shape, who     string
+	seed           uint64
+	nops           int
+	refBase        string
+	known          map[string]string
+	counts         map[string]int
+	volFd, refFd   int
+	vol, ref       *os.File
+	refRoot        string
+	allocs         []string // the allocations of the current volume, oldest first
+	gen            int      // how many times the sides were set up
+	resets         int
+	ex             diffExecutor
+	lower          map[uint64]bool // reference inode numbers of the lower layer's objects
+	step           int
+	op             difftest.Op
+	prevStateDiffs map[string]bool
+	// taintedSlots are the fd slots whose object had already diverged,
+	// or whose results did: what they answer next is not compared.
+	taintedSlots [difftest.Slots]bool
+	// skipped counts the results not compared because what they depend
+	// on had already diverged.
+	skipped int
+}
+
+func (r *diffRun) run() {
+	t := r.t
+	r.setup()
+	defer func() {
+		if err := r.teardown(true); err != nil {
+			t.Errorf("%s as %s, seed %d: %v", r.shape, r.who, r.seed, err)
+		}
+	}()
+	prevV, prevR := r.snapshotSetup(true)
+	gen := difftest.NewGen(r.seed, r.who == "root", diffUID, diffGID)
+	for r.step = 0; r.step < r.nops; r.step++ {
+		r.op = gen.Next()
+		before := total(r.counts)
+		v, rr, err := r.ex.exec(r.op)
+		if err != nil {
+			t.Fatalf("%s as %s, seed %d step %d %v: %v", r.shape, r.who, r.seed, r.step, r.op, err)
+		}
+		tainted := r.resultTainted(rr.Ino, prevR)
+		if tainted {
+			r.skipped++
+		} else {
+			diffs := difftest.CompareResults(v, rr)
+			for _, d := range diffs {
+				switch {
+				case d.Field == "errno":
+					r.record(r.label(rr.Ino)+": errno", d)
+				case r.lower[rr.Ino] && rr.Ino != 0:
+					r.record("lower object, op result: "+d.Field, d)
+				default:
+					r.record(opClass(r.op)+", op result: "+d.Field, d)
+				}
+			}
+			if len(diffs) > 0 && (r.op.Path == "" || r.op.Kind == "open") {
+				r.taintedSlots[r.op.Slot] = true
+			}
+		}
+		curV, touchedV := difftest.Snapshot(r.volFd, prevV)
+		curR, touchedR := difftest.Snapshot(r.refFd, prevR)
+		r.compareTrees(curV, curR, prevV, prevR, touchedV, touchedR, tainted)
+		prevV, prevR = curV, curR
+		if total(r.counts) > before {
+			// Resynchronise: both sides start again from the seeded
+			// tree, so that what follows is compared from equal states
+			// and one cause is reported once, not in every later op
+			// that depends on it.
+			r.resets++
+			if err := r.teardown(false); err != nil {
+				t.Fatalf("%s as %s, seed %d: %v", r.shape, r.who, r.seed, err)
+			}
+			r.setup()
+			prevV, prevR = r.snapshotSetup(false)
+			continue
+		}
+		// An inode number the reference no longer has may be reused
+		// by a new object, which is not from the lower layer.
+		present := map[uint64]bool{}
+		for _, e := range curR {
+			present[e.Ino] = true
+		}
+		for ino := range r.lower {
+			if !present[ino] {
+				delete(r.lower, ino)
+			}
+		}
+	}
+	t.Logf("%s as %s, seed %d: %d ops, %d divergences in %d steps (each followed by a restart from the seeded tree), %d results or tree differences not compared (they depend on a divergence of the seeded tree)", r.shape, r.who, r.seed, r.nops, total(r.counts), r.resets, r.skipped)
+}
+
+// setup makes a fresh volume of the run's shape and a fresh reference
+// directory, both holding the seeded tree, and starts the executor.
+func (r *diffRun) setup() {
+	t := r.t
+	r.gen++
+	id := fmt.Sprintf("%s-%s-%d-%d", r.shape, r.who, r.seed, r.gen)
+	web := []allocdir.Task{{Name: "web"}}
+	r.allocs = nil
+	switch r.shape {
+	case "plain":
+		if _, err := r.tm.store.Create(id, web); err != nil {
+			t.Fatal(err)
+		}
+		r.allocs = append(r.allocs, id)
+		r.populate(filepath.Join(r.tm.dir, id, "alloc/data"))
+	default:
+		prev := id + "-prev"
+		if _, err := r.tm.store.Create(prev, web); err != nil {
+			t.Fatal(err)
+		}
+		r.allocs = append(r.allocs, prev)
+		r.populate(filepath.Join(r.tm.dir, prev, "alloc/data"))
+		if _, err := r.tm.store.Stop(prev); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := r.tm.store.CreateMigrated(id, web, prev, r.shape == "snapshot"); err != nil {
+			t.Fatal(err)
+		}
+		r.allocs = append(r.allocs, id)
+	}
+	vol, err := os.Open(filepath.Join(r.tm.dir, id, "alloc/data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.vol = vol
+	var st unix.Stat_t
+	if err := unix.Fstat(int(vol.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	r.refRoot = filepath.Join(r.refBase, id)
+	if err := os.Mkdir(r.refRoot, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(r.refRoot, os.FileMode(st.Mode&0o777)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(r.refRoot, int(st.Uid), int(st.Gid)); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := os.Open(r.refRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ref = ref
+	if err := difftest.Populate(int(ref.Fd()), diffUID, diffGID); err != nil {
+		t.Fatal(err)
+	}
+	r.volFd, r.refFd = int(vol.Fd()), int(ref.Fd())
+	switch {
+	case r.ex != nil:
+		err = r.ex.reset(vol, ref)
+	case r.who == "user":
+		r.ex, err = startDiffChild(vol, ref)
+	default:
+		r.ex = &localExecutor{}
+		err = r.ex.reset(vol, ref)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.taintedSlots = [difftest.Slots]bool{}
+}
+
+// snapshotSetup takes the first snapshots of a fresh pair of sides. The
+// differences of the seeded tree itself are recorded only the first time
+// (record); after a restart they are the baseline, as they were before.
+func (r *diffRun) snapshotSetup(record bool) (difftest.Tree, difftest.Tree) {
+	prevV, touchedV := difftest.Snapshot(r.volFd, nil)
+	prevR, touchedR := difftest.Snapshot(r.refFd, nil)
+	r.lower = map[uint64]bool{}
+	if r.shape == "snapshot" {
+		for _, e := range prevR {
+			r.lower[e.Ino] = true
+		}
+	}
+	op, step := r.op, r.step
+	r.op, r.step = difftest.Op{Kind: "setup"}, -1
+	if record {
+		r.compareTrees(prevV, prevR, nil, nil, touchedV, touchedR, false)
+	} else {
+		r.prevStateDiffs = map[string]bool{}
+		for _, d := range difftest.CompareTrees(prevV, prevR, nil, nil) {
+			r.prevStateDiffs[d.Path+"\x00"+d.Field] = true
+		}
+	}
+	r.op, r.step = op, step
+	return prevV, prevR
+}
+
+// teardown removes both sides; at the end of the run (final) it also
+// stops the executor.
+func (r *diffRun) teardown(final bool) error {
+	var err error
+	if final {
+		err = r.ex.close()
+	}
+	err = errors.Join(err, r.vol.Close(), r.ref.Close(), os.RemoveAll(r.refRoot))
+	for i := len(r.allocs) - 1; i >= 0; i-- {
+		err = errors.Join(err, r.tm.store.Destroy(r.allocs[i]))
+	}
+	return err
+}
+
+func total(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
+}
+
+// resultTainted reports whether the current op's result depends on
+// something that had already diverged at the previous snapshot, so that
+// a difference in it would only repeat an earlier divergence: its path
+// (or, for the ops that depend on what is below it, its subtree), a
+// parent whose existence, type, mode or owner differs, or, for an fd, the
+// object it was opened on. ino is the reference object's inode number.
+func (r *diffRun) resultTainted(ino uint64, prevR difftest.Tree) bool {
+	op := r.op
+	switch op.Kind {
+	case "open":
+		t := r.pathTainted(op.Path, false)
+		r.taintedSlots[op.Slot] = t
+		return t
+	case "close":
+		t := r.taintedSlots[op.Slot]
+		r.taintedSlots[op.Slot] = false
+		return t
+	}
+	if op.Path == "" {
+		if r.taintedSlots[op.Slot] {
+			return true
+		}
+		for p, e := range prevR {
+			if ino != 0 && e.Ino == ino && r.pathTainted(p, false) {
+				return true
+			}
+		}
+		return false
+	}
+	subtree := false
+	switch op.Kind {
+	case "rename", "renameat2", "rmdir", "readdir":
+		subtree = true
+	}
+	if r.pathTainted(op.Path, subtree) {
+		return true
+	}
+	return op.Path2 != "" && op.Kind != "symlink" && r.pathTainted(op.Path2, subtree)
+}
+
+// ancestorFields are the differences of a directory that change what an
+// operation below it does.
+var ancestorFields = map[string]bool{"presence": true, "type": true, "mode permission bits": true, "mode set-id/sticky bits": true, "owner": true, "read error": true}
+
+func (r *diffRun) pathTainted(p string, subtree bool) bool {
+	for key := range r.prevStateDiffs {
+		q, field, _ := strings.Cut(key, "\x00")
+		if q == p || (subtree && under(q, p)) || (under(p, q) && ancestorFields[field]) {
+			return true
+		}
+	}
+	return false
+}
+
+// under reports whether q is strictly below p.
+func under(q, p string) bool {
+	return q != p && (p == "." || strings.HasPrefix(q, p+"/"))
+}
+
+// origin is where the object now at path p was before the current op,
+// for the ops that move or link names; "" for the others.
+func (r *diffRun) origin(p string) string {
+	op := r.op
+	moved := func(from, to string) string {
+		if p == to {
+			return from
+		}
+		if strings.HasPrefix(p, to+"/") {
+			return from + p[len(to):]
+		}
+		return ""
+	}
+	switch op.Kind {
+	case "rename", "renameat2":
+		if o := moved(op.Path, op.Path2); o != "" {
+			return o
+		}
+		if op.Flags == difftest.RenameExchange {
+			return moved(op.Path2, op.Path)
+		}
+	case "link":
+		if p == op.Path2 {
+			return op.Path
+		}
+	}
+	return ""
+}
+
+// opClass groups op kinds for the signatures of attribute and tree
+// differences: one cause (a copy-up, say) shows through many ops, and a
+// signature per op kind would list it many times.
+func opClass(op difftest.Op) string {
+	switch op.Kind {
+	case "open":
+		if op.Flags&unix.O_CREAT != 0 {
+			return "create"
+		}
+		if op.Flags&unix.O_TRUNC != 0 {
+			return "write"
+		}
+		return "read"
+	case "mkdir", "mkfifo", "mknod", "symlink", "link":
+		return "create"
+	case "write", "pwrite", "truncate", "ftruncate", "fallocate":
+		return "write"
+	case "chmod", "fchmod", "chown", "lchown", "fchown", "utimensat", "setxattr", "removexattr":
+		if (op.Kind == "chown" || op.Kind == "lchown" || op.Kind == "fchown") && op.UID == -1 && op.GID == -1 {
+			return "chown -1:-1"
+		}
+		return "metadata"
+	case "rename":
+		return "rename"
+	case "renameat2":
+		return map[int]string{difftest.RenameNoreplace: "rename", difftest.RenameExchange: "exchange", difftest.RenameWhiteout: "whiteout"}[op.Flags]
+	case "unlink", "rmdir":
+		return "remove"
+	case "setup":
+		return "setup"
+	}
+	return "read"
+}
+
+func (r *diffRun) onLower(ino uint64) string {
+	if ino != 0 && r.lower[ino] {
+		return " on lower"
+	}
+	return ""
+}
+
+// populate builds the starting tree in a volume through the mount.
+func (r *diffRun) populate(dir string) {
+	f, err := os.Open(dir)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer f.Close()
+	if err := difftest.Populate(int(f.Fd()), diffUID, diffGID); err != nil {
+		r.t.Fatalf("populate the volume: %v", err)
+	}
+}
+
+// label names the current op for a signature: its kind, the variant that
+// matters for classification, and whether it acted on a lower object.
+func (r *diffRun) label(ino uint64) string {
+	l := r.op.Kind
+	switch r.op.Kind {
+	case "open":
+		if r.op.Flags&unix.O_CREAT != 0 {
+			l = "open(O_CREAT)"
+		}
+	case "renameat2":
+		l = "renameat2(" + map[int]string{difftest.RenameNoreplace: "NOREPLACE", difftest.RenameExchange: "EXCHANGE", difftest.RenameWhiteout: "WHITEOUT"}[r.op.Flags] + ")"
+	case "chown", "lchown", "fchown":
+		if r.op.UID == -1 && r.op.GID == -1 {
+			l += " -1:-1"
+		}
+	}
+	return l + r.onLower(ino)
+}
+
+// compareTrees records how the trees differ after the current op. When
+// the op itself depended on a divergence of the seeded tree (tainted),
+// what it changed is not compared either: the new differences join the
+// baseline.
+func (r *diffRun) compareTrees(curV, curR, prevV, prevR difftest.Tree, touchedV, touchedR []string, tainted bool) {
+	state := map[string]bool{}
+	for _, d := range difftest.CompareTrees(curV, curR, prevV, prevR) {
+		var ino uint64
+		if e := curR[d.Path]; e != nil {
+			ino = e.Ino
+		} else if e := prevR[d.Path]; e != nil {
+			ino = e.Ino
+		}
+		if !difftest.StepField(d.Field) {
+			key := d.Path + "\x00" + d.Field
+			state[key] = true
+			if r.prevStateDiffs[key] {
+				continue // still the same difference, reported when it appeared
+			}
+			if o := r.origin(d.Path); o != "" && r.prevStateDiffs[o+"\x00"+d.Field] {
+				r.skipped++
+				continue // an earlier difference, moved or linked here
+			}
+		}
+		if tainted {
+			r.skipped++
+			continue
+		}
+		if ino != 0 && r.lower[ino] {
+			r.record("lower object, tree: "+d.Field, d)
+		} else {
+			r.record(opClass(r.op)+", tree: "+d.Field, d)
+		}
+	}
+	r.prevStateDiffs = state
+	tv := strings.Join(touchedV, " ")
+	if tr := strings.Join(touchedR, " "); tv != tr {
+		r.record("reading or listing changes times", difftest.Diff{Field: "names whose times reading changed", Vol: "[" + tv + "]", Ref: "[" + tr + "]"})
+	}
+}
+
+func (r *diffRun) record(sig string, d difftest.Diff) {
+	r.counts[sig]++
+	if r.counts[sig] > 1 {
+		return
+	}
+	where := fmt.Sprintf("%s as %s, seed %d (ALLOCFS_DIFF_SEED=%d), step %d: %v: %v", r.shape, r.who, r.seed, r.seed, r.step, r.op, d)
+	if item, ok := r.known[sig]; ok {
+		r.t.Logf("known divergence %q (%s), first at %s", sig, item, where)
+		return
+	}
+	r.t.Errorf("NEW divergence %q at %s", sig, where)
+}
+
+// diffExecutor runs one op on both sides.
+type diffExecutor interface {
+	exec(op difftest.Op) (vol, ref difftest.Result, err error)
+	// reset closes the fds of the current sides and starts new ones on
+	// the two root directories.
+	reset(vol, ref *os.File) error
+	close() error
+}
+
+type localExecutor struct{ vol, ref *difftest.Side }
+
+func (l *localExecutor) exec(op difftest.Op) (difftest.Result, difftest.Result, error) {
+	return l.vol.Exec(op), l.ref.Exec(op), nil
+}
+
+func (l *localExecutor) reset(vol, ref *os.File) error {
+	l.close()
+	l.vol, l.ref = difftest.NewSide(int(vol.Fd()), false), difftest.NewSide(int(ref.Fd()), true)
+	return nil
+}
+
+func (l *localExecutor) close() error {
+	if l.vol != nil {
+		l.vol.Close()
+		l.ref.Close()
+	}
+	return nil
+}
+
+// childExecutor runs ops in a child process with an unprivileged uid.
+//
+// The child is this test binary run again (TestDifferentialChild), as
+// root, handed the two root directories as open fds; its first act is to
+// drop to diffUID:diffGID with setgroups, setresgid and setresuid, and it
+// checks that its effective capabilities are then empty before it runs
+// anything. Dropping in a fresh process, rather than in this one, keeps
+// the FUSE server (which must stay root) out of it, and Go's syscall
+// package applies set*id calls to every thread of the process (they go
+// through AllThreadsSyscall since Go 1.16), so no runtime thread is left
+// privileged. Starting the child with SysProcAttr.Credential would drop
+// before exec instead, but then the new uid must be able to execute the
+// test binary, which go test keeps in a 0700 directory. The fds make the
+// paths to the roots (under 0700 temp dirs) irrelevant: every operation
+// is relative to them, as in the root run.
+//
+// After a divergence the sides start again on new directories: the
+// child gets their fds over a unix socket (SCM_RIGHTS), so that one
+// child serves the whole run.
+type childExecutor struct {
+	cmd    *exec.Cmd
+	enc    *json.Encoder
+	dec    *json.Decoder
+	cmdW   *os.File
+	resR   *os.File
+	ctl    *os.File // our end of the socket that passes root fds
+	stderr *bytes.Buffer
+}
+
+// diffResetKind is the op that makes the child take new root fds.
+const diffResetKind = "reset"
+
+func startDiffChild(vol, ref *os.File) (*childExecutor, error) {
+	cmdR, cmdW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	resR, resW, err := os.Pipe()
+	if err != nil {
+		return nil, errors.Join(err, cmdR.Close(), cmdW.Close())
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Join(err, cmdR.Close(), cmdW.Close(), resR.Close(), resW.Close())
+	}
+	ctl, childCtl := os.NewFile(uintptr(pair[0]), "ctl"), os.NewFile(uintptr(pair[1]), "child ctl")
+	c := &childExecutor{cmdW: cmdW, resR: resR, ctl: ctl, stderr: &bytes.Buffer{}}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^TestDifferentialChild$", "-test.count=1")
+	c.cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", diffChildEnv, diffUID, diffGID))
+	c.cmd.ExtraFiles = []*os.File{vol, ref, cmdR, resW, childCtl} // fds 3 to 7
+	c.cmd.Stdout = c.stderr
+	c.cmd.Stderr = c.stderr
+	err = c.cmd.Start()
+	// The child holds its own copies now.
+	err = errors.Join(err, cmdR.Close(), resW.Close(), childCtl.Close())
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("failed to start the unprivileged child: %w", err), cmdW.Close(), resR.Close(), ctl.Close())
+	}
+	c.enc = json.NewEncoder(cmdW)
+	c.dec = json.NewDecoder(bufio.NewReader(resR))
+	return c, nil
+}
+
+func (c *childExecutor) exec(op difftest.Op) (difftest.Result, difftest.Result, error) {
+	var res [2]difftest.Result
+	if err := c.enc.Encode(op); err != nil {
+		return res[0], res[1], fmt.Errorf("send op to the child: %w (child output: %s)", err, c.stderr)
+	}
+	if err := c.dec.Decode(&res); err != nil {
+		return res[0], res[1], fmt.Errorf("read the child's result: %w (child output: %s)", err, c.stderr)
+	}
+	return res[0], res[1], nil
+}
+
+func (c *childExecutor) reset(vol, ref *os.File) error {
+	if err := c.enc.Encode(difftest.Op{Kind: diffResetKind}); err != nil {
+		return fmt.Errorf("send reset to the child: %w (child output: %s)", err, c.stderr)
+	}
+	rights := unix.UnixRights(int(vol.Fd()), int(ref.Fd()))
+	if err := unix.Sendmsg(int(c.ctl.Fd()), []byte{0}, rights, nil, 0); err != nil {
+		return fmt.Errorf("pass the new roots to the child: %w", err)
+	}
+	var res [2]difftest.Result
+	if err := c.dec.Decode(&res); err != nil {
+		return fmt.Errorf("read the child's reset: %w (child output: %s)", err, c.stderr)
+	}
+	return nil
+}
+
+func (c *childExecutor) close() error {
+	err := c.cmdW.Close()
+	if werr := c.cmd.Wait(); werr != nil {
+		err = errors.Join(err, fmt.Errorf("unprivileged child: %w (output: %s)", werr, c.stderr))
+	}
+	return errors.Join(err, c.resR.Close(), c.ctl.Close())
+}
+
+// receiveRoots takes the two root fds the parent passes on the socket
+// at fd ctl.
+func receiveRoots(ctl int) (int, int, error) {
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	_, oobn, _, _, err := unix.Recvmsg(ctl, make([]byte, 1), oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return -1, -1, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, -1, fmt.Errorf("control messages %v: %w", msgs, err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 2 {
+		return -1, -1, fmt.Errorf("rights %v: %w", fds, err)
+	}
+	return fds[0], fds[1], nil
+}
+
+// TestDifferentialChild is the unprivileged side of TestDifferential: a
+// helper process, skipped when run directly.
+func TestDifferentialChild(t *testing.T) {
+	ids := os.Getenv(diffChildEnv)
+	if ids == "" {
+		t.Skip("helper process of TestDifferential")
+	}
+	var uid, gid int
+	if _, err := fmt.Sscanf(ids, "%d:%d", &uid, &gid); err != nil {
+		t.Fatalf("%s=%q: %v", diffChildEnv, ids, err)
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setresgid(gid, gid, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setresuid(uid, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nCapEff:\t0000000000000000\n") {
+		t.Fatalf("capabilities left after dropping to %d:%d:\n%s", uid, gid, status)
+	}
+	unix.Umask(0o022)
+	volRoot, refRoot := 3, 4
+	vol := difftest.NewSide(volRoot, false)
+	ref := difftest.NewSide(refRoot, true)
+	defer func() {
+		vol.Close()
+		ref.Close()
+	}()
+	dec := json.NewDecoder(bufio.NewReader(os.NewFile(5, "ops")))
+	out := os.NewFile(6, "results")
+	enc := json.NewEncoder(out)
+	for {
+		var op difftest.Op
+		if err := dec.Decode(&op); err != nil {
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			t.Fatal(err)
+		}
+		if op.Kind == diffResetKind {
+			vol.Close()
+			ref.Close()
+			unix.Close(volRoot)
+			unix.Close(refRoot)
+			if volRoot, refRoot, err = receiveRoots(7); err != nil {
+				t.Fatal(err)
+			}
+			vol, ref = difftest.NewSide(volRoot, false), difftest.NewSide(refRoot, true)
+			if err := enc.Encode([2]difftest.Result{}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := enc.Encode([2]difftest.Result{vol.Exec(op), ref.Exec(op)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
