@@ -60,9 +60,11 @@ type knownDivergence struct {
 }
 
 // knownDivergences is the ratchet. A divergence whose signature is not
-// listed fails the test; so does a listed signature (not marked rare)
-// that the fixed seeds and its witness no longer produce, so that a fix
-// removes its entry. A signature names
+// listed fails the test (for the fresh seed only under
+// ALLOCFS_DIFF_STRICT=1: otherwise it is logged with its replay line, so
+// that exploring never fails an unrelated change); so does a listed
+// signature (not marked rare) that the fixed seeds and its witness no
+// longer produce, so that a fix removes its entry. A signature names
 // what differed (a field of the comparison, never a message) and where:
 //
 //   - "<op>[ on lower]: errno": the op's errno, by op kind (open with
@@ -81,26 +83,16 @@ type knownDivergence struct {
 //     changed an mtime or ctime.
 var knownDivergences = []knownDivergence{
 	// Item 3, exact POSIX semantics.
-	{sig: "create, op result: mode set-id/sticky bits", item: "10.3: set-id and sticky bits on create and mkdir"},
-	{sig: "create, tree: mode set-id/sticky bits", item: "10.3: set-id and sticky bits on create and mkdir"},
-	{sig: "write, op result: mode set-id/sticky bits", item: "10.3: killpriv on write, truncate and fallocate as non-root"},
-	{sig: "write, tree: mode set-id/sticky bits", item: "10.3: killpriv on write, truncate and fallocate as non-root"},
-	{sig: "chown -1:-1, tree: ctime changed", item: "10.3: ctime on a no-op chown"},
 	{sig: "write, tree: mtime changed", item: "10.3: FIFO times on write", witness: "plain/user/211"},
 	{sig: "write, tree: ctime changed", item: "10.3: FIFO times on write", witness: "plain/user/211"},
-	{sig: "fallocate: errno", item: "10.3: open unlinked files (fallocate on one gives ENOENT)", witness: "plain/user/213"},
-	{sig: "lower object, op result: names", item: "10.3: . and .. in every listing"},
 	// Item 4, copy-up that a task cannot see.
 	{sig: "lower object, tree: xattrs", item: "10.4: xattrs survive copy-up"},
-	{sig: "lower object, tree: sparseness", item: "10.4: holes survive copy-up"},
-	{sig: "lower object, op result: sparseness", item: "10.4: holes survive copy-up", witness: "snapshot/user/212"},
 	{sig: "lower object, tree: st_ino changed", item: "10.4: st_ino stays across copy-up"},
 	{sig: "lower object, tree: nlink", item: "10.4: hard links across copy-up; nlink of merged directories"},
 	{sig: "lower object, op result: nlink", item: "10.4: hard links across copy-up; nlink of merged directories"},
 	{sig: "lower object, tree: hard-link group", item: "10.4: hard links across copy-up"},
 	{sig: "lower object, tree: ctime changed", item: "10.4: ctime as ext4 shows it, copy-up included"},
 	{sig: "lower object, tree: mtime changed", item: "10.4: reading or listing never changes times; a copy-up changes no parent's times"},
-	{sig: "reading or listing changes times", item: "10.4: reading or listing never changes times", witness: "snapshot/user/209"},
 	{sig: "lower object, tree: presence", item: "10.4: a task's mknod c 0 0 escaped in the layer format; hard links across copy-up"},
 	{sig: "create, tree: presence", item: "10.4: a task's mknod c 0 0 escaped in the layer format"},
 	{sig: "lower object, tree: type", item: "10.4: renameat2 EXCHANGE and WHITEOUT of lower entries"},
@@ -116,8 +108,6 @@ var knownDivergences = []knownDivergence{
 	{sig: "whiteout, tree: mtime changed", item: "10.4: renameat2 WHITEOUT updates the parent's times"},
 	{sig: "whiteout, tree: ctime changed", item: "10.4: renameat2 WHITEOUT updates the parent's times"},
 	{sig: "rename on lower: errno", item: "10.4: hard links across copy-up (a lower name gives ENOENT)"},
-	{sig: "setxattr on lower: errno", item: "10.4: xattrs survive copy-up"},
-	{sig: "removexattr on lower: errno", item: "10.4: xattrs survive copy-up"},
 	// Rare: seen in the 5,000-op runs.
 	{sig: "chown -1:-1, tree: mode set-id/sticky bits", item: "10.3: chown clears set-id bits", rare: true},
 	{sig: "fchmod: errno", item: "10.3: open unlinked files (fchmod gives ENOENT)", rare: true},
@@ -231,7 +221,7 @@ func TestDifferential(t *testing.T) {
 		if only != "" && only != shape+"/"+who {
 			return
 		}
-		run := &diffRun{t: t, tm: tm, shape: shape, who: who, seed: seed, nops: nops, refBase: refBase, known: known, counts: map[string]int{}}
+		run := &diffRun{t: t, tm: tm, shape: shape, who: who, seed: seed, nops: nops, refBase: refBase, known: known, counts: map[string]int{}, fresh: !fixed && !replay}
 		run.run()
 		for sig, n := range run.counts {
 			allCounts[sig] += n
@@ -303,6 +293,8 @@ func (noSyncDisk) syncfs(string) error { return nil }
 
 // diffRun is one seed's sequence on one shape as one identity.
 type diffRun struct {
+	// fresh marks the run of the fresh seed: see record.
+	fresh          bool
 	t              *testing.T
 	tm             *testMount
 	shape, who     string
@@ -728,6 +720,15 @@ func (r *diffRun) record(sig string, d difftest.Diff) {
 	where := fmt.Sprintf("%s as %s, seed %d (ALLOCFS_DIFF_SEED=%d), step %d: %v: %v", r.shape, r.who, r.seed, r.seed, r.step, r.op, d)
 	if item, ok := r.known[sig]; ok {
 		r.t.Logf("known divergence %q (%s), first at %s", sig, item, where)
+		return
+	}
+	if r.fresh && os.Getenv("ALLOCFS_DIFF_STRICT") != "1" {
+		// The fresh seed explores: while issue 10's fixes are under
+		// way, a divergence no fixed seed has shown yet is a finding to
+		// replay and list (or fix), not a failure of an unrelated
+		// change's CI. ALLOCFS_DIFF_STRICT=1 makes it one; the fixed
+		// seeds and the witnesses always are.
+		r.t.Logf("NEW divergence %q found by the fresh seed at %s", sig, where)
 		return
 	}
 	r.t.Errorf("NEW divergence %q at %s", sig, where)

@@ -132,10 +132,20 @@ func (f *killprivFile) Allocate(ctx context.Context, off uint64, size uint64, mo
 }
 
 // killprivHandle makes fh, an open handle of the node's file, a
-// daemon-served one if the file carries set-id bits.
+// daemon-served one if the file carries set-id bits. While a handle the
+// kernel serves by passthrough is open (the bits were set on an open
+// file), the kernel would refuse a daemon-served one with EIO: the new
+// handle stays with passthrough, and the bits with it until that file is
+// closed and opened again.
 func (n *volNode) killprivHandle(fh gofs.FileHandle) (gofs.FileHandle, bool) {
 	lf, ok := fh.(*gofs.LoopbackFile)
 	if !ok {
+		return fh, false
+	}
+	n.mu.Lock()
+	pt := n.passthroughOpen
+	n.mu.Unlock()
+	if pt > 0 && n.m.passthrough.Load() {
 		return fh, false
 	}
 	fd, _ := lf.PassthroughFd()
@@ -147,25 +157,52 @@ func (n *volNode) killprivHandle(fh gofs.FileHandle) (gofs.FileHandle, bool) {
 }
 
 // killprivSetattr clears set-id bits when the kernel says a size change by
-// an unprivileged caller must (FATTR_KILL_SUIDGID), after the change.
-func (n *volNode) killprivSetattr(ctx context.Context, in *fuse.SetAttrIn) syscall.Errno {
+// an unprivileged caller must (FATTR_KILL_SUIDGID), after the change,
+// through the handle f when there is one (the file may have no name any
+// more). It reports whether it cleared any.
+func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn) (bool, syscall.Errno) {
+	if in.Valid&fuse.FATTR_MODE != 0 {
+		// The same request sets the mode: a chmod wins over the rule.
+		return false, 0
+	}
 	if in.Valid&fuse.FATTR_KILL_SUIDGID == 0 && !(in.Valid&fuse.FATTR_SIZE != 0 && !callerHasCap(ctx, capFsetid)) {
-		return 0
+		return false, 0
+	}
+	var st unix.Stat_t
+	if fd, ok := handleFd(f); ok {
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false, toErrno(n.m.logger, err)
+		}
+		kill := killBits(st.Mode)
+		if kill == 0 {
+			return false, 0
+		}
+		return true, toErrno(n.m.logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 	}
 	p := n.backingPath()
-	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil {
-		return toErrno(n.m.logger, err)
+		return false, toErrno(n.m.logger, err)
 	}
 	kill := killBits(st.Mode)
 	if kill == 0 {
-		return 0
+		return false, 0
 	}
-	if in.Valid&fuse.FATTR_MODE != 0 {
-		// The same request sets the mode: a chmod wins over the rule.
-		return 0
+	return true, toErrno(n.m.logger, unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
+}
+
+// handleFd is the backing descriptor of an open handle of the node's own
+// file (not of a lower file), if f is one.
+func handleFd(f gofs.FileHandle) (int, bool) {
+	if df, ok := f.(*daemonFile); ok {
+		if _, lower := df.daemonHandle.(lowerFile); lower {
+			return 0, false
+		}
+		f = df.daemonHandle
 	}
-	return toErrno(n.m.logger, unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
+	if pf, ok := f.(gofs.FilePassthroughFder); ok {
+		return pf.PassthroughFd()
+	}
+	return 0, false
 }
 
 // releaseHandle closes a handle an operation opened and then failed.

@@ -35,8 +35,11 @@ type volNode struct {
 	mu       sync.Mutex
 	openDirs map[*volDir]struct{}
 	// daemonServed counts the open handles of this file whose data the
-	// daemon serves (no passthrough); see daemonFile.
-	daemonServed int
+	// daemon serves (no passthrough); see daemonFile. passthroughOpen
+	// counts those the kernel serves: the kernel refuses a handle of one
+	// kind while one of the other is open.
+	daemonServed    int
+	passthroughOpen int
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
@@ -262,6 +265,7 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		if kfh, ok := child.killprivHandle(fh); ok {
 			return ch, kfh, fuseFlags, 0
 		}
+		return ch, child.passthroughFile(fh), fuseFlags, 0
 	}
 	return ch, n.m.wrapFile(fh), fuseFlags, 0
 }
@@ -295,7 +299,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			lf := gofs.NewLoopbackFile(fd)
 			if n.ro {
 				// Nothing in a frozen volume is ever copied up.
-				return n.m.wrapFile(lf), 0, 0
+				return n.passthroughFile(lf), 0, 0
 			}
 			// No passthrough: the kernel keeps one backing file per
 			// inode while any handle is open, and a writer opening the
@@ -334,7 +338,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		// they are closed.
 		return n.daemonFile(fh), fuseFlags, 0
 	}
-	return n.m.wrapFile(fh), fuseFlags, 0
+	return n.passthroughFile(fh), fuseFlags, 0
 }
 
 // volFile is an open regular file of a volume. Its fd is offered to the
@@ -345,6 +349,32 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 type volFile struct {
 	*gofs.LoopbackFile
 	m *Mount
+	// node counts the handle in its passthroughOpen while it is open.
+	node *volNode
+}
+
+// passthroughFile is m.wrapFile for a handle of n's file, counted in
+// n.passthroughOpen until it is released.
+func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
+	wrapped := n.m.wrapFile(fh)
+	if vf, ok := wrapped.(*volFile); ok {
+		n.mu.Lock()
+		n.passthroughOpen++
+		n.mu.Unlock()
+		vf.node = n
+	}
+	return wrapped
+}
+
+var _ = (gofs.FileReleaser)((*volFile)(nil))
+
+func (f *volFile) Release(ctx context.Context) syscall.Errno {
+	if f.node != nil {
+		f.node.mu.Lock()
+		f.node.passthroughOpen--
+		f.node.mu.Unlock()
+	}
+	return f.LoopbackFile.Release(ctx)
 }
 
 func (m *Mount) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
@@ -668,11 +698,12 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out); errno != 0 {
 		return errno
 	}
-	if errno := n.killprivSetattr(ctx, in); errno != 0 {
+	killed, errno := n.killprivSetattr(ctx, f, in)
+	if errno != 0 {
 		return errno
 	}
-	if in.Valid&fuse.FATTR_SIZE != 0 {
-		// The mode may have lost its set-id bits since out was filled.
+	if killed {
+		// The mode lost its set-id bits since out was filled.
 		return n.Getattr(ctx, attrHandle(f), out)
 	}
 	return 0
@@ -777,6 +808,11 @@ func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *f
 		return nil, nil, 0, errno
 	}
 	ch, fh, fuseFlags, errno := n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
+	if errno == 0 {
+		if child, ok := ch.Operations().(*volNode); ok {
+			return ch, child.passthroughFile(fh), fuseFlags, 0
+		}
+	}
 	return ch, n.m.wrapFile(fh), fuseFlags, errno
 }
 
