@@ -122,7 +122,18 @@
 // offers its fd for passthrough: when the kernel accepts it (root, kernel
 // 6.9 or later), reads and writes never reach the daemon. NewMount reports
 // whether the kernel offered passthrough. HANDLE_KILLPRIV_V2 stops the
-// kernel from asking for security.capability before every write.
+// kernel from asking for security.capability before every write, and
+// leaves the set-id rule to us: a file with set-id bits is served by the
+// daemon, which clears them before an unprivileged write, truncate or
+// fallocate (killpriv.go). A lower file of a writable overlay is served by
+// the daemon too (the kernel binds one backing file to an inode, and a
+// copy-up must replace it), with its page cache kept across opens. The
+// kernel refuses passthrough and daemon-served handles of one inode at
+// once, so each node counts both.
+//
+// Extended attributes of the layer format (trusted.overlay.*) never show
+// through the mount; a task's own trusted.overlay.* are stored escaped
+// (xattr.go).
 //
 // # Errors
 //
