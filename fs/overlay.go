@@ -675,7 +675,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 				return errno
 			}
 		}
-		return n.LoopbackNode.Rename(ctx, name, dst, newName, flags)
+		return n.backingRename(name, dst, newName, flags)
 	}
 	if errno := dst.copyUp(); errno != 0 {
 		return errno
@@ -701,7 +701,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 		return errno
 	}
 	oldLower := n.inLowers(name)
-	if errno := n.LoopbackNode.Rename(ctx, name, dst, newName, flags); errno != 0 {
+	if errno := n.backingRename(name, dst, newName, flags); errno != 0 {
 		return errno
 	}
 	if oldLower {
@@ -744,4 +744,16 @@ func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscal
 		}
 	}
 	return 0
+}
+
+// backingRename renames name in this directory to newName in dst on the
+// upper layer, where copyUp has put both. go-fuse's loopback would do it
+// for a rename with flags through fds of the two directories, after
+// checking that their inode numbers are still the nodes' own; a node
+// shown from a lower layer keeps the lower inode's number after its
+// copy-up, so that check answered EBUSY.
+func (n *volNode) backingRename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+	err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(n.backingPath(), name),
+		unix.AT_FDCWD, filepath.Join(dst.backingPath(), newName), uint(flags))
+	return toErrno(n.m.logger, err)
 }
