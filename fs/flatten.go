@@ -567,21 +567,8 @@ func copyDirAttrs(src, dst string, opaque bool) error {
 	if err := unix.Lstat(src, &st); err != nil {
 		return &os.PathError{Op: "lstat", Path: src, Err: err}
 	}
-	names, err := listXattrs(src)
-	if err != nil {
+	if err := copyXattrs(src, dst); err != nil {
 		return err
-	}
-	for _, name := range names {
-		if name == opaqueXattr {
-			continue
-		}
-		val, err := getXattr(src, name)
-		if err != nil {
-			return err
-		}
-		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
-			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
-		}
 	}
 	if opaque {
 		if err := unix.Lsetxattr(dst, opaqueXattr, []byte("y"), 0); err != nil {

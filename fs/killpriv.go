@@ -102,15 +102,23 @@ func (f *killprivFile) kill(ctx context.Context) syscall.Errno {
 // killPrivFd clears, through fd, the set-id bits that a change by the
 // caller of ctx must clear: none if the caller has CAP_FSETID.
 func killPrivFd(ctx context.Context, logger hclog.Logger, fd int) syscall.Errno {
+	_, errno := clearKillBits(logger, fd, func() bool { return !callerHasCap(ctx, capFsetid) })
+	return errno
+}
+
+// clearKillBits clears, through fd, the bits killBits names, if any and
+// if must says so (asked only when there are some: it may read /proc).
+// It reports whether it cleared any.
+func clearKillBits(logger hclog.Logger, fd int, must func() bool) (bool, syscall.Errno) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return toErrno(logger, err)
+		return false, toErrno(logger, err)
 	}
 	kill := killBits(st.Mode)
-	if kill == 0 || callerHasCap(ctx, capFsetid) {
-		return 0
+	if kill == 0 || !must() {
+		return false, 0
 	}
-	return toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
+	return true, toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 }
 
 var _ = (gofs.FileWriter)((*killprivFile)(nil))
@@ -168,17 +176,10 @@ func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fu
 	if in.Valid&fuse.FATTR_KILL_SUIDGID == 0 && !(in.Valid&fuse.FATTR_SIZE != 0 && !callerHasCap(ctx, capFsetid)) {
 		return false, 0
 	}
-	var st unix.Stat_t
 	if fd, ok := handleFd(f); ok {
-		if err := unix.Fstat(fd, &st); err != nil {
-			return false, toErrno(n.m.logger, err)
-		}
-		kill := killBits(st.Mode)
-		if kill == 0 {
-			return false, 0
-		}
-		return true, toErrno(n.m.logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
+		return clearKillBits(n.m.logger, fd, func() bool { return true })
 	}
+	var st unix.Stat_t
 	p := n.backingPath()
 	if err := unix.Lstat(p, &st); err != nil {
 		return false, toErrno(n.m.logger, err)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -50,28 +48,10 @@ type loggedServer struct {
 
 func newLoggedServer(t *testing.T) *loggedServer {
 	t.Helper()
-	store, err := fs.OpenStore(hclog.NewNullLogger(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	st, err := store.Create("a1", []allocdir.Task{{Name: "web"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &logBuffer{}
-	logger := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace})
-	fsys := allocdir.FS(fs.NewAllocDir(hclog.NewNullLogger(), store, nil, "/mnt", "a1"))
-	h := NewHandler(logger, func(id string) (allocdir.FS, error) {
-		if id != "a1" {
-			return nil, allocdir.ErrUnknownAlloc
-		}
-		return fsys, nil
-	})
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	url, store, st, _ := serveA1(t, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}), nil)
 	return &loggedServer{
-		url:    srv.URL,
+		url:    url,
 		data:   store.LayerPath(st.Volumes["alloc/data"].Upper),
 		logDir: store.LayerPath(st.Volumes["alloc/logs"].Upper),
 		logs:   logs,

@@ -34,8 +34,16 @@ type storeServer struct {
 
 func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServer {
 	t.Helper()
-	logger := hclog.NewNullLogger()
-	store, err := fs.OpenStore(logger, t.TempDir())
+	url, store, st, fsys := serveA1(t, hclog.NewNullLogger(), wrap)
+	return &storeServer{url: url, logs: store.LayerPath(st.Volumes["alloc/logs"].Upper), fsys: fsys}
+}
+
+// serveA1 serves allocation a1 (task web) of a fresh store, without a
+// mount, through a handler that logs to logger; wrap, if set, stands
+// between the handler and the allocation's read side.
+func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *fs.Store, *fs.State, allocdir.FS) {
+	t.Helper()
+	store, err := fs.OpenStore(hclog.NewNullLogger(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +52,7 @@ func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServ
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsys := allocdir.FS(fs.NewAllocDir(logger, store, nil, "/mnt", "a1"))
+	fsys := allocdir.FS(fs.NewAllocDir(hclog.NewNullLogger(), store, nil, "/mnt", "a1"))
 	if wrap != nil {
 		fsys = wrap(fsys)
 	}
@@ -56,7 +64,7 @@ func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServ
 	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &storeServer{url: srv.URL, logs: store.LayerPath(st.Volumes["alloc/logs"].Upper), fsys: fsys}
+	return srv.URL, store, st, fsys
 }
 
 // frameStream reads the frames of one request in the background.
