@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
@@ -454,10 +456,10 @@ type merger struct {
 // hide them.
 func (m *merger) build(upper, lower string, through bool) error {
 	srcs := []string{upper}
-	opaque := isOpaque(upper)
+	opaque := layer.IsOpaque(upper)
 	if !opaque {
 		srcs = append(srcs, lower)
-		opaque = isOpaque(lower)
+		opaque = layer.IsOpaque(lower)
 	}
 	return m.dir("", srcs, opaque, through)
 }
@@ -488,8 +490,8 @@ func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
 			if err := syscall.Lstat(filepath.Join(src, child), &st); err != nil {
 				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
 			}
-			if !isDir(&st) {
-				if isWhiteout(&st) && !childThrough {
+			if !layer.IsDir(&st) {
+				if layer.IsWhiteout(&st) && !childThrough {
 					continue // hides nothing any more
 				}
 				if err := m.link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
@@ -520,7 +522,7 @@ func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
 // directory must then be opaque.
 func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 	top := filepath.Join(srcs[k], child)
-	if isOpaque(top) {
+	if layer.IsOpaque(top) {
 		return []string{srcs[k]}, true, nil
 	}
 	if k+1 >= len(srcs) {
@@ -533,8 +535,8 @@ func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 		return []string{srcs[k]}, false, nil
 	case err != nil:
 		return nil, false, err
-	case isDir(&st):
-		return []string{srcs[k], srcs[k+1]}, isOpaque(under), nil
+	case layer.IsDir(&st):
+		return []string{srcs[k], srcs[k+1]}, layer.IsOpaque(under), nil
 	default:
 		return []string{srcs[k]}, true, nil
 	}
@@ -567,12 +569,12 @@ func copyDirAttrs(src, dst string, opaque bool) error {
 	if err := unix.Lstat(src, &st); err != nil {
 		return &os.PathError{Op: "lstat", Path: src, Err: err}
 	}
-	if err := copyXattrs(src, dst); err != nil {
+	if err := layer.CopyXattrs(src, dst); err != nil {
 		return err
 	}
 	if opaque {
-		if err := unix.Lsetxattr(dst, opaqueXattr, []byte("y"), 0); err != nil {
-			return &os.PathError{Op: "setxattr " + opaqueXattr, Path: dst, Err: err}
+		if err := layer.MarkOpaque(dst); err != nil {
+			return err
 		}
 	}
 	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
@@ -586,43 +588,4 @@ func copyDirAttrs(src, dst string, opaque bool) error {
 		return &os.PathError{Op: "utimes", Path: dst, Err: err}
 	}
 	return nil
-}
-
-// listXattrs returns the names of p's extended attributes.
-func listXattrs(p string) ([]string, error) {
-	for size := 256; ; size *= 2 {
-		buf := make([]byte, size)
-		n, err := unix.Llistxattr(p, buf)
-		if errors.Is(err, unix.ERANGE) {
-			continue
-		}
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "listxattr", Path: p, Err: err}
-		}
-		var out []string
-		for _, name := range strings.Split(string(buf[:n]), "\x00") {
-			if name != "" {
-				out = append(out, name)
-			}
-		}
-		return out, nil
-	}
-}
-
-// getXattr returns the value of p's extended attribute name.
-func getXattr(p, name string) ([]byte, error) {
-	for size := 256; ; size *= 2 {
-		buf := make([]byte, size)
-		n, err := unix.Lgetxattr(p, name, buf)
-		if errors.Is(err, unix.ERANGE) {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "getxattr " + name, Path: p, Err: err}
-		}
-		return buf[:n], nil
-	}
 }

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
@@ -173,7 +175,7 @@ func rootsView(t *testing.T, roots []string) map[string]string {
 			t.Fatalf("%v: visible %q: %v", roots, rel, errno)
 		}
 		out["/"+rel] = describe(t, filepath.Join(o.roots[shown[0]], rel), &st)
-		if !isDir(&st) {
+		if !layer.IsDir(&st) {
 			return
 		}
 		entries, errno := o.list(rel, shown)
@@ -191,7 +193,7 @@ func rootsView(t *testing.T, roots []string) map[string]string {
 func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 	t.Helper()
 	d := fmt.Sprintf("mode=%o uid=%d gid=%d mtime=%d", st.Mode, st.Uid, st.Gid, st.Mtim.Nano())
-	if isDir(st) {
+	if layer.IsDir(st) {
 		return d
 	}
 	d += fmt.Sprintf(" ino=%d size=%d", st.Ino, st.Size)
@@ -210,7 +212,7 @@ func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 		}
 		d += " target=" + target
 	}
-	names, err := listXattrs(p)
+	names, err := layer.ListXattrs(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +221,7 @@ func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 		if strings.HasPrefix(n, "trusted.overlay.") {
 			continue
 		}
-		val, err := getXattr(p, n)
+		val, err := layer.GetXattr(p, n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -695,7 +697,7 @@ func layerSpec(t *testing.T, root string, spec ...string) {
 		switch {
 		case strings.HasSuffix(e, "/!"):
 			must(t, os.MkdirAll(filepath.Join(root, strings.TrimSuffix(e, "/!")), 0o750))
-			must(t, unix.Setxattr(filepath.Join(root, strings.TrimSuffix(e, "/!")), opaqueXattr, []byte("y"), 0))
+			must(t, unix.Setxattr(filepath.Join(root, strings.TrimSuffix(e, "/!")), layer.OpaqueXattr, []byte("y"), 0))
 		case strings.HasSuffix(e, "/"):
 			must(t, os.MkdirAll(filepath.Join(root, e), 0o750))
 			must(t, unix.Setxattr(filepath.Join(root, e), "user.dir", []byte(e), 0))
@@ -758,7 +760,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 				}
 				var st syscall.Stat_t
 				must(t, syscall.Lstat(p, &st))
-				if isWhiteout(&st) || (d.IsDir() && isOpaque(p)) {
+				if layer.IsWhiteout(&st) || (d.IsDir() && layer.IsOpaque(p)) {
 					marks++
 				}
 				if !d.IsDir() && st.Nlink < 2 {

@@ -11,19 +11,13 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
-
-// Layers use the on-disk format of the kernel's overlayfs, so that an
-// operator can always recover a volume with `mount -t overlay` and
-// ordinary tools: a whiteout (a name deleted in an upper layer) is a
-// character device 0/0, and an opaque directory (one that hides whatever
-// lower layers hold at its path) carries trusted.overlay.opaque=y. Both
-// need root, as does everything else about snapshot-mode volumes.
-const opaqueXattr = "trusted.overlay.opaque"
 
 // overlay is a volume with read-only lower layers under its writable
 // upper one. roots[0] is the upper layer, roots[1:] the lowers, top first.
@@ -31,18 +25,6 @@ type overlay struct {
 	roots []string
 	// logger hears of errors the errno boundary cannot map.
 	logger hclog.Logger
-}
-
-func isWhiteout(st *syscall.Stat_t) bool {
-	return st.Mode&syscall.S_IFMT == syscall.S_IFCHR && st.Rdev == 0
-}
-
-func isDir(st *syscall.Stat_t) bool { return st.Mode&syscall.S_IFMT == syscall.S_IFDIR }
-
-func isOpaque(p string) bool {
-	buf := make([]byte, 1)
-	n, err := unix.Lgetxattr(p, opaqueXattr, buf)
-	return err == nil && n == 1 && buf[0] == 'y'
 }
 
 // visible computes where rel, inside a directory visible in dirLayers, is
@@ -62,14 +44,14 @@ func (o *overlay) visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, s
 			}
 			return nil, shown, toErrno(o.logger, err)
 		}
-		if isWhiteout(&st) || (len(layers) > 0 && !isDir(&st)) {
+		if layer.IsWhiteout(&st) || (len(layers) > 0 && !layer.IsDir(&st)) {
 			break
 		}
 		if len(layers) == 0 {
 			shown = st
 		}
 		layers = append(layers, i)
-		if !isDir(&st) || isOpaque(p) {
+		if !layer.IsDir(&st) || layer.IsOpaque(p) {
 			break
 		}
 	}
@@ -103,7 +85,7 @@ func (o *overlay) list(rel string, dirLayers []int) ([]fuse.DirEntry, syscall.Er
 			seen[name] = true
 			if e.Type()&os.ModeCharDevice != 0 {
 				if fi, err := e.Info(); err == nil {
-					if st, ok := fi.Sys().(*syscall.Stat_t); ok && isWhiteout(st) {
+					if st, ok := fi.Sys().(*syscall.Stat_t); ok && layer.IsWhiteout(st) {
 						continue
 					}
 				}
@@ -265,7 +247,7 @@ func (n *volNode) copyUp() syscall.Errno {
 
 func isDirPath(p string) bool {
 	var st syscall.Stat_t
-	return syscall.Lstat(p, &st) == nil && isDir(&st)
+	return syscall.Lstat(p, &st) == nil && layer.IsDir(&st)
 }
 
 // copyEntry copies one entry (not a directory's content) from src to dst,
@@ -278,7 +260,7 @@ func copyEntry(srcRoot, rel, dst string) error {
 		return err
 	}
 	var dstSt syscall.Stat_t
-	if err := syscall.Lstat(dst, &dstSt); err == nil && !isWhiteout(&dstSt) {
+	if err := syscall.Lstat(dst, &dstSt); err == nil && !layer.IsWhiteout(&dstSt) {
 		return nil
 	} else if err == nil {
 		if err := syscall.Unlink(dst); err != nil {
@@ -318,7 +300,7 @@ func copyEntry(srcRoot, rel, dst string) error {
 		}
 	}
 	// After the chown, which would drop security.capability.
-	if err := copyXattrs(src, dst); err != nil {
+	if err := layer.CopyXattrs(src, dst); err != nil {
 		return err
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
@@ -515,7 +497,7 @@ func (o *overlay) materialize(rel string, layers []int) error {
 			}
 		}
 	}
-	return unix.Lsetxattr(filepath.Join(o.roots[0], rel), opaqueXattr, []byte("y"), 0)
+	return layer.MarkOpaque(filepath.Join(o.roots[0], rel))
 }
 
 // inLowers reports whether name in the directory n is visible from a
@@ -548,7 +530,7 @@ func (n *volNode) whiteout(name string) syscall.Errno {
 func (n *volNode) clearWhiteout(name string) (bool, syscall.Errno) {
 	p := filepath.Join(n.ovl.roots[0], n.rel(), name)
 	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil || !isWhiteout(&st) {
+	if err := syscall.Lstat(p, &st); err != nil || !layer.IsWhiteout(&st) {
 		return false, 0
 	}
 	if err := syscall.Unlink(p); err != nil {
@@ -581,7 +563,7 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
-	if dir != isDir(&st) {
+	if dir != layer.IsDir(&st) {
 		if dir {
 			return syscall.ENOTDIR
 		}
@@ -683,7 +665,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 	// A target that a lower layer shows: a directory must be empty in
 	// the merged view, and whatever is replaced is hidden by the renamed
 	// entry (a directory is opaque after copyUpTree).
-	if layers, st, errno := dst.ovl.visible(filepath.Join(dst.rel(), newName), dst.nodeLayers()); errno == 0 && isDir(&st) {
+	if layers, st, errno := dst.ovl.visible(filepath.Join(dst.rel(), newName), dst.nodeLayers()); errno == 0 && layer.IsDir(&st) {
 		entries, errno := dst.ovl.list(filepath.Join(dst.rel(), newName), layers)
 		if errno != 0 {
 			return errno
@@ -730,9 +712,9 @@ func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscal
 	}
 	srcDir := src.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR
 	switch {
-	case srcDir && !isDir(&st):
+	case srcDir && !layer.IsDir(&st):
 		return syscall.ENOTDIR
-	case !srcDir && isDir(&st):
+	case !srcDir && layer.IsDir(&st):
 		return syscall.EISDIR
 	case srcDir && src.EmbeddedInode() != n.GetChild(newName):
 		entries, errno := n.ovl.list(rel, layers)

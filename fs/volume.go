@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -419,7 +421,7 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if errno == 0 && hid {
 		// The new directory replaces one a lower layer still holds:
 		// opaque, it shows none of that directory's entries.
-		if err := unix.Lsetxattr(filepath.Join(n.ovl.roots[0], n.rel(), name), opaqueXattr, []byte("y"), 0); err != nil {
+		if err := layer.MarkOpaque(filepath.Join(n.ovl.roots[0], n.rel(), name)); err != nil {
 			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
 			return nil, toErrno(n.m.logger, err)
 		}
@@ -729,7 +731,7 @@ func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 	if n.lowerOnly() {
 		p = n.shownPath()
 	}
-	sz, err := unix.Lgetxattr(p, storedXattr(attr), dest)
+	sz, err := unix.Lgetxattr(p, layer.StoredXattr(attr), dest)
 	return uint32(sz), toErrno(n.m.logger, err)
 }
 
@@ -742,7 +744,7 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Setxattr(ctx, storedXattr(attr), data, flags)
+	return n.LoopbackNode.Setxattr(ctx, layer.StoredXattr(attr), data, flags)
 }
 
 var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
@@ -754,7 +756,7 @@ func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Removexattr(ctx, storedXattr(attr))
+	return n.LoopbackNode.Removexattr(ctx, layer.StoredXattr(attr))
 }
 
 var _ = (gofs.NodeListxattrer)((*volNode)(nil))
@@ -766,7 +768,7 @@ func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.E
 	if n.lowerOnly() {
 		p = n.shownPath()
 	}
-	sz, err := listShownXattrs(p, dest)
+	sz, err := layer.ListShownXattrs(p, dest)
 	if err != nil {
 		return 0, toErrno(n.m.logger, err)
 	}

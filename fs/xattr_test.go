@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
@@ -15,7 +17,7 @@ import (
 // mountedXattrs lists p's extended attributes through the mount, sorted.
 func mountedXattrs(t *testing.T, p string) []string {
 	t.Helper()
-	names, err := listXattrs(p)
+	names, err := layer.ListXattrs(p)
 	if err != nil {
 		t.Fatalf("listxattr %s: %v", p, err)
 	}
@@ -65,8 +67,8 @@ func TestXattrsSurviveCopyUp(t *testing.T) {
 	if got := mountedXattrs(t, filepath.Join(data("b"), "d")); len(got) != 0 {
 		t.Errorf("a directory made over a deleted lower one lists %v, want nothing", got)
 	}
-	if _, err := unix.Getxattr(filepath.Join(data("b"), "d"), opaqueXattr, nil); !errors.Is(err, unix.ENODATA) {
-		t.Errorf("getxattr %s through the mount: %v, want ENODATA", opaqueXattr, err)
+	if _, err := unix.Getxattr(filepath.Join(data("b"), "d"), layer.OpaqueXattr, nil); !errors.Is(err, unix.ENODATA) {
+		t.Errorf("getxattr %s through the mount: %v, want ENODATA", layer.OpaqueXattr, err)
 	}
 }
 
@@ -90,25 +92,25 @@ func TestTaskOverlayXattrsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := filepath.Join(data("b"), "d")
-	must(t, unix.Setxattr(d, opaqueXattr, []byte("y"), 0))
+	must(t, unix.Setxattr(d, layer.OpaqueXattr, []byte("y"), 0))
 	must(t, unix.Setxattr(d, "trusted.overlay.redirect", []byte("/x"), 0))
 	if got, want := mountedXattrs(t, d), []string{"trusted.overlay.opaque", "trusted.overlay.redirect"}; strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("the task's trusted.overlay.* attributes list as %v, want %v", got, want)
 	}
 	buf := make([]byte, 16)
-	if n, err := unix.Getxattr(d, opaqueXattr, buf); err != nil || string(buf[:n]) != "y" {
-		t.Errorf("getxattr of the task's %s: %q, %v", opaqueXattr, buf[:max(n, 0)], err)
+	if n, err := unix.Getxattr(d, layer.OpaqueXattr, buf); err != nil || string(buf[:n]) != "y" {
+		t.Errorf("getxattr of the task's %s: %q, %v", layer.OpaqueXattr, buf[:max(n, 0)], err)
 	}
 	st, err := tm.store.Get("b")
 	must(t, err)
 	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "d")
-	if isOpaque(backing) {
+	if layer.IsOpaque(backing) {
 		t.Errorf("the task's attribute made the backing directory opaque")
 	}
 	if _, err := os.Lstat(filepath.Join(d, "below")); err != nil {
 		t.Errorf("the lower entry under a directory the task marked: %v, want it shown", err)
 	}
-	must(t, unix.Removexattr(d, opaqueXattr))
+	must(t, unix.Removexattr(d, layer.OpaqueXattr))
 	if got := mountedXattrs(t, d); strings.Join(got, ",") != "trusted.overlay.redirect" {
 		t.Errorf("after removing the task's mark: %v", got)
 	}
