@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -298,7 +299,7 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 		}
 		vfs = layers[0]
 		if len(layers) > 1 {
-			vfs = &ovlReadFS{ovl: &overlay{roots: roots, logger: f.a.logger}, layers: layers}
+			vfs = &ovlReadFS{ovl: &layer.Stack{Roots: roots}, layers: layers}
 		}
 		if f.volumes == nil {
 			f.volumes = make(map[string]allocdir.ReadFS)
@@ -523,7 +524,7 @@ func memReadDir(w *where) ([]iofs.DirEntry, error) {
 // directories included), and that layer's beneath-only ReadFS reads it,
 // so no symbolic link planted meanwhile is followed.
 type ovlReadFS struct {
-	ovl    *overlay
+	ovl    *layer.Stack
 	layers []allocdir.ReadFS
 }
 
@@ -543,9 +544,9 @@ func (o *ovlReadFS) shown(op, name string) ([]int, error) {
 	if name == "." {
 		return all, nil
 	}
-	layers, _, errno := o.ovl.visible(ovlRel(name), all)
-	if errno != 0 {
-		return nil, &iofs.PathError{Op: op, Path: name, Err: errno}
+	layers, _, err := o.ovl.Visible(ovlRel(name), all)
+	if err != nil {
+		return nil, &iofs.PathError{Op: op, Path: name, Err: err}
 	}
 	return layers, nil
 }
@@ -579,9 +580,9 @@ func (o *ovlReadFS) ReadDir(name string) ([]iofs.DirEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	entries, errno := o.ovl.list(ovlRel(name), layers)
-	if errno != 0 {
-		return nil, &iofs.PathError{Op: "readdir", Path: name, Err: errno}
+	entries, err := o.ovl.List(ovlRel(name), layers)
+	if err != nil {
+		return nil, &iofs.PathError{Op: "readdir", Path: name, Err: err}
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
 	out := make([]iofs.DirEntry, 0, len(entries))

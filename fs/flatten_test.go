@@ -162,25 +162,22 @@ func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
 // rootsView is volumeView for a stack of layer roots, top first.
 func rootsView(t *testing.T, roots []string) map[string]string {
 	t.Helper()
-	o := &overlay{roots: roots}
-	var all []int
-	for i := range roots {
-		all = append(all, i)
-	}
+	o := &layer.Stack{Roots: roots}
+	all := o.All()
 	out := make(map[string]string)
 	var walk func(rel string, layers []int)
 	walk = func(rel string, layers []int) {
-		shown, st, errno := o.visible(rel, layers)
-		if errno != 0 {
-			t.Fatalf("%v: visible %q: %v", roots, rel, errno)
+		shown, st, err := o.Visible(rel, layers)
+		if err != nil {
+			t.Fatalf("%v: visible %q: %v", roots, rel, err)
 		}
-		out["/"+rel] = describe(t, filepath.Join(o.roots[shown[0]], rel), &st)
+		out["/"+rel] = describe(t, o.Path(shown[0], rel), &st)
 		if !layer.IsDir(&st) {
 			return
 		}
-		entries, errno := o.list(rel, shown)
-		if errno != 0 {
-			t.Fatalf("%v: list %q: %v", roots, rel, errno)
+		entries, err := o.List(rel, shown)
+		if err != nil {
+			t.Fatalf("%v: list %q: %v", roots, rel, err)
 		}
 		for _, e := range entries {
 			walk(filepath.Join(rel, e.Name), shown)

@@ -195,7 +195,7 @@ func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fu
 // file (not of a lower file), if f is one.
 func handleFd(f gofs.FileHandle) (int, bool) {
 	if df, ok := f.(*daemonFile); ok {
-		if _, lower := df.daemonHandle.(lowerFile); lower {
+		if _, lower := df.daemonHandle.(*lowerFile); lower {
 			return 0, false
 		}
 		f = df.daemonHandle

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -59,6 +60,10 @@ type Mount struct {
 	agent, shared fuseOwner
 	mem           memRoots
 	slots         slots
+	// links finds the names of hard-linked lower files for copy-up;
+	// ctimes hides copy-ups from change times.
+	links  layer.Links
+	ctimes layer.Ctimes
 
 	// passthrough is whether the kernel negotiated passthrough; it is
 	// learnt after the mount is up, when requests are already served.

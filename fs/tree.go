@@ -21,6 +21,7 @@ const (
 
 	renameNoReplace = 0x1 // RENAME_NOREPLACE
 	renameExchange  = 0x2 // RENAME_EXCHANGE
+	renameWhiteout  = 0x4 // RENAME_WHITEOUT
 
 	// syntheticBit marks inode numbers of nodes that have no backing file
 	// (the skeleton). Backing inode numbers never reach it.

@@ -28,8 +28,14 @@ type volNode struct {
 	// ovl is set for a volume with lower layers; layers then says where
 	// the node is visible, the layer it is shown from first (0 is the
 	// upper layer). Guarded by mu.
-	ovl    *overlay
+	ovl    *layer.Stack
 	layers []int
+
+	// nlink caches a merged directory's link count (mergedNlink).
+	nlink *mergedCount
+	// lowerFiles are the open handles on the node's lower file, which
+	// follow it to its copy-up (lowerFile).
+	lowerFiles map[*lowerFile]struct{}
 
 	// openDirs are this directory's open handles: after the directory
 	// is renamed over or removed its path is gone, and fstat of an open
@@ -89,18 +95,16 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, 
 	}
 	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
 	if len(v.Lowers) > 0 {
-		o := &overlay{roots: []string{dir}, logger: m.logger}
+		o := &layer.Stack{Roots: []string{dir}, Links: &m.links, Ctimes: &m.ctimes}
 		for _, l := range v.Lowers {
-			o.roots = append(o.roots, m.store.LayerPath(l))
+			o.Roots = append(o.Roots, m.store.LayerPath(l))
 		}
 		node.ovl = o
-		node.layers = nil
-		for i := range o.roots {
-			node.layers = append(node.layers, i)
-		}
+		node.layers = o.All()
 	}
 	root.RootNode = node
 	out.Attr.FromStat(&rst)
+	node.mergedNlink("", node.layers, &out.Attr)
 	ino := rst.Ino ^ slot<<viewShift
 	out.Attr.Ino = ino
 	m.stableTimeouts(out)
@@ -307,7 +311,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			// inode while any handle is open, and a writer opening the
 			// file after its copy-up would be given this lower file to
 			// write into.
-			return n.daemonFile(lowerFile{lf.(lowerHandle)}), fuse.FOPEN_KEEP_CACHE, 0
+			return n.daemonFile(n.newLowerFile(lf.(lowerHandle))), fuse.FOPEN_KEEP_CACHE, 0
 		}
 		if errno := n.copyUp(); errno != 0 {
 			return nil, 0, errno
@@ -421,7 +425,7 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if errno == 0 && hid {
 		// The new directory replaces one a lower layer still holds:
 		// opaque, it shows none of that directory's entries.
-		if err := layer.MarkOpaque(filepath.Join(n.ovl.roots[0], n.rel(), name)); err != nil {
+		if err := layer.MarkOpaque(n.ovl.Path(0, filepath.Join(n.rel(), name))); err != nil {
 			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
 			return nil, toErrno(n.m.logger, err)
 		}
@@ -448,6 +452,9 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 		}
 	}
 	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	if errno == 0 && mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 {
+		errno = n.markRealDevice(name)
+	}
 	if errno == 0 {
 		n.inheritGroup(name, &out.Attr)
 		errno = n.restoreMode(name, mode, &out.Attr)
@@ -485,15 +492,8 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	if n.ovl != nil {
-		if t, ok := target.(*volNode); ok {
-			if errno := t.copyUp(); errno != 0 {
-				return nil, errno
-			}
-		}
-		if _, errno := n.prepareCreate(name); errno != 0 {
-			return nil, errno
-		}
+	if t, ok := target.(*volNode); ok && n.ovl != nil && t.ovl == n.ovl {
+		return n.ovlLink(t, name, out)
 	}
 	return n.LoopbackNode.Link(ctx, target, name, out)
 }
@@ -517,7 +517,11 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
 		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
-	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+	errno := n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+	if errno == 0 && flags&renameWhiteout != 0 {
+		return n.markRealDevice(name)
+	}
+	return errno
 }
 
 // backingPath is the node's path on the backing store.
@@ -602,7 +606,7 @@ func (n *volNode) mapDirent(e *fuse.DirEntry) {
 func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 	// Opened beneath the layer root, never through a symbolic link that
 	// a task swapped in for one of the directories on the way.
-	fd, err := openInLayer(n.RootData.Path, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
+	fd, err := layer.OpenBeneath(n.RootData.Path, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
 		return nil, 0, toErrno(n.m.logger, err)
 	}
@@ -653,11 +657,26 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		}
 		out.FromStat(&st)
 		out.Ino = n.StableAttr().Ino
+		n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
 		return 0
 	}
 	errno := n.LoopbackNode.Getattr(ctx, attrHandle(f), out)
+	if errno == 0 {
+		n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
+		n.shownCtime(&out.Attr)
+	}
 	if errno != syscall.ENOENT {
 		return errno
+	}
+	if fd, ok := lowerFd(f); ok {
+		// Copied up, then unlinked while open.
+		var st syscall.Stat_t
+		if syscall.Fstat(fd, &st) == nil {
+			out.FromStat(&st)
+			n.shownCtime(&out.Attr)
+			out.Ino = n.StableAttr().Ino
+			return 0
+		}
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -667,6 +686,7 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 			continue
 		}
 		out.FromStat(&st)
+		n.shownCtime(&out.Attr)
 		out.Ino = n.StableAttr().Ino
 		return 0
 	}
@@ -708,6 +728,8 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 		// The mode lost its set-id bits since out was filled.
 		return n.Getattr(ctx, attrHandle(f), out)
 	}
+	n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
+	n.shownCtime(&out.Attr)
 	return 0
 }
 
@@ -787,7 +809,11 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 		return 0
 	}
 	if h, ok := attrHandle(f).(gofs.FileStatxer); ok {
-		return h.Statx(ctx, flags, mask, out)
+		errno := h.Statx(ctx, flags, mask, out)
+		if errno == 0 {
+			n.shownStatxCtime(out)
+		}
+		return errno
 	}
 	// By path: the node is the entry itself, so a final symbolic link
 	// (swapped in by a task, say) is never followed.
@@ -796,6 +822,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 		return toErrno(n.m.logger, err)
 	}
 	out.FromStatx(&st)
+	n.shownStatxCtime(out)
 	return 0
 }
 
@@ -845,31 +872,119 @@ type lowerHandle interface {
 }
 
 // lowerFile is a loopback file on a lower layer, reduced to lowerHandle.
-type lowerFile struct{ lowerHandle }
+// Once its node is copied up it reads the upper copy instead (upper): an
+// fd opened before a copy-up reads what one opened after it reads, as on
+// a local filesystem, where there is only one file.
+type lowerFile struct {
+	lowerHandle
+	node *volNode
+	// upper is the copied-up file, opened by repoint; -1 before. Guarded
+	// by node.mu.
+	upper int
+}
 
-func (lowerFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+// newLowerFile wraps fh, open on n's lower file, and counts it in
+// n.lowerFiles until it is released.
+func (n *volNode) newLowerFile(fh lowerHandle) *lowerFile {
+	f := &lowerFile{lowerHandle: fh, node: n, upper: -1}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lowerFiles == nil {
+		n.lowerFiles = make(map[*lowerFile]struct{})
+	}
+	n.lowerFiles[f] = struct{}{}
+	return f
+}
+
+// repointLocked opens the upper copy for every open lower handle of the
+// node, just copied up. n.mu is held. A handle whose copy cannot be
+// opened reads on from the lower file, which holds the same bytes until
+// a write changes the copy; the failure is logged.
+func (n *volNode) repointLocked() {
+	if len(n.lowerFiles) == 0 {
+		return
+	}
+	rel := n.rel()
+	for f := range n.lowerFiles {
+		if f.upper >= 0 {
+			continue
+		}
+		fd, err := layer.OpenBeneath(n.ovl.Roots[0], rel, syscall.O_RDONLY)
+		if err != nil {
+			n.m.logger.Error("an fd opened before a copy-up cannot follow it", "path", rel, "error", err)
+			continue
+		}
+		f.upper = fd
+	}
+}
+
+// current is the descriptor the handle reads from now.
+func (f *lowerFile) current() (int, bool) {
+	f.node.mu.Lock()
+	defer f.node.mu.Unlock()
+	return f.upper, f.upper >= 0
+}
+
+func (f *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	fd, ok := f.current()
+	if !ok {
+		return f.lowerHandle.Read(ctx, dest, off)
+	}
+	n, err := unix.Pread(fd, dest, off)
+	if err != nil {
+		return nil, toErrno(f.node.m.logger, err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (f *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	fd, ok := f.current()
+	if !ok {
+		return f.lowerHandle.Lseek(ctx, off, whence)
+	}
+	n, err := unix.Seek(fd, int64(off), int(whence))
+	return uint64(n), toErrno(f.node.m.logger, err)
+}
+
+func (f *lowerFile) Release(ctx context.Context) syscall.Errno {
+	f.node.mu.Lock()
+	delete(f.node.lowerFiles, f)
+	upper := f.upper
+	f.upper = -1
+	f.node.mu.Unlock()
+	if upper >= 0 {
+		syscall.Close(upper)
+	}
+	return f.lowerHandle.Release(ctx)
+}
+
+func (*lowerFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	return 0, syscall.EBADF
 }
 
 // Getattr and Setattr are never called (see attrHandle); they exist to
 // complete daemonHandle.
-func (lowerFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+func (*lowerFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	return syscall.ENOSYS
 }
 
-func (lowerFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (*lowerFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	return syscall.ENOSYS
 }
 
-// lowerFd is the descriptor of f if it is a handle on a lower file.
+// lowerFd is the descriptor of f, if it is a handle opened on a lower
+// file: the copied-up file's once it has one.
 func lowerFd(f gofs.FileHandle) (int, bool) {
 	df, ok := f.(*daemonFile)
 	if !ok {
 		return 0, false
 	}
-	lf, ok := df.daemonHandle.(lowerFile)
+	lf, ok := df.daemonHandle.(*lowerFile)
 	if !ok {
 		return 0, false
+	}
+	if fd, ok := lf.current(); ok {
+		return fd, true
 	}
 	pf, ok := lf.lowerHandle.(gofs.FilePassthroughFder)
 	if !ok {
@@ -882,14 +997,14 @@ func lowerFd(f gofs.FileHandle) (int, bool) {
 // are not the node's once it has been copied up.
 func attrHandle(f gofs.FileHandle) gofs.FileHandle {
 	if df, ok := f.(*daemonFile); ok {
-		if _, lower := df.daemonHandle.(lowerFile); lower {
+		if _, lower := df.daemonHandle.(*lowerFile); lower {
 			return nil
 		}
 	}
 	return f
 }
 
-func (lowerFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+func (*lowerFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	return syscall.EBADF
 }
 

@@ -66,6 +66,16 @@
 //     reference directory is not, and opening is what nodev forbids.
 //   - Every open adds O_NONBLOCK and O_CLOEXEC, so that a FIFO neither
 //     blocks the test nor leaks into the unprivileged helper.
+//   - After a renameat2 with RENAME_WHITEOUT that fails, the times of the
+//     two parent directories are not compared: ext4 (Linux 6.18) stamps
+//     them even then (it makes the whiteout before it finds, say, that
+//     the target directory is not empty), and allocfs keeps the rule
+//     that a failed operation changes nothing.
+//   - A FIFO's mtime and ctime are not compared after a read or write
+//     through an fd: the kernel marks every FUSE inode but a regular file
+//     S_NOCMTIME (fs/fuse/inode.c, fuse_iget) and serves pipe I/O itself,
+//     so the server never learns of it and no FUSE filesystem can show
+//     it (kernel overlayfs cannot either: its inodes are S_NOCMTIME too).
 //   - A snapshot also reports the names whose mtime or ctime its own
 //     reading changed; reading and listing must change neither.
 package difftest

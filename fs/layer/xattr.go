@@ -68,6 +68,17 @@ func ListShownXattrs(p string, dest []byte) (uint32, error) {
 // CopyXattrs gives dst every extended attribute of src but the format's
 // own, so that a copy-up keeps what the task set.
 func CopyXattrs(src, dst string) error {
+	return copyXattrs(src, func(name string, val []byte) error {
+		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
+			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
+		}
+		return nil
+	})
+}
+
+// copyXattrs hands set every extended attribute of src but the format's
+// own.
+func copyXattrs(src string, set func(name string, val []byte) error) error {
 	names, err := ListXattrs(src)
 	if err != nil {
 		return err
@@ -80,8 +91,8 @@ func CopyXattrs(src, dst string) error {
 		if err != nil {
 			return err
 		}
-		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
-			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
+		if err := set(name, val); err != nil {
+			return err
 		}
 	}
 	return nil

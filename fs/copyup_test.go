@@ -1,0 +1,130 @@
+package fs
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// snapshotVolume makes allocation "old", lets fill write its alloc/data
+// through the mount, and snapshot-migrates it to "new", whose alloc/data
+// then shows that content from a lower layer. It returns new's data dir.
+func snapshotVolume(t *testing.T, tm *testMount, fill func(data string)) string {
+	t.Helper()
+	web := []allocdir.Task{{Name: "web"}}
+	if _, err := tm.store.Create("old", web); err != nil {
+		t.Fatal(err)
+	}
+	fill(filepath.Join(tm.dir, "old/alloc/data"))
+	if _, err := tm.store.Stop("old"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tm.store.CreateMigrated("new", web, "old", true); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(tm.dir, "new/alloc/data")
+	if n := len(mustState(t, tm.store, "new").Volumes["alloc/data"].Lowers); n != 1 {
+		t.Fatalf("new alloc/data stacks %d lower layers, want 1", n)
+	}
+	return data
+}
+
+func lstatT(t *testing.T, p string) syscall.Stat_t {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestMountHardLinksAcrossCopyUp checks, through the mount, that the
+// names of a lower file stay one file when a chmod through one of them
+// copies it up: every name opens and reads, shows the same st_ino as
+// before the copy-up and the right link count; link() of a lower file
+// joins the group and unlink() leaves it.
+func TestMountHardLinksAcrossCopyUp(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, os.WriteFile(filepath.Join(d, "f1"), []byte("shared\n"), 0o644))
+		must(t, os.Mkdir(filepath.Join(d, "sub"), 0o755))
+		must(t, os.Link(filepath.Join(d, "f1"), filepath.Join(d, "h1")))
+		must(t, os.Link(filepath.Join(d, "f1"), filepath.Join(d, "sub/h2")))
+		must(t, os.WriteFile(filepath.Join(d, "solo"), []byte("one name\n"), 0o644))
+	})
+	before := lstatT(t, filepath.Join(data, "h1"))
+	if before.Nlink != 3 {
+		t.Fatalf("lower h1 has %d links, want 3", before.Nlink)
+	}
+	must(t, os.Chmod(filepath.Join(data, "f1"), 0o600))
+	for _, n := range []string{"f1", "h1", "sub/h2"} {
+		st := lstatT(t, filepath.Join(data, n))
+		if st.Ino != before.Ino || st.Nlink != 3 || st.Mode&0o777 != 0o600 {
+			t.Errorf("%s after a chmod of f1: ino %d nlink %d mode %o; want ino %d, 3 links, 0600", n, st.Ino, st.Nlink, st.Mode&0o777, before.Ino)
+		}
+		if b, err := os.ReadFile(filepath.Join(data, n)); err != nil || string(b) != "shared\n" {
+			t.Errorf("read %s after the copy-up: %q, %v", n, b, err)
+		}
+	}
+	must(t, os.WriteFile(filepath.Join(data, "h1"), []byte("written through h1\n"), 0o600))
+	if b, err := os.ReadFile(filepath.Join(data, "sub/h2")); err != nil || string(b) != "written through h1\n" {
+		t.Errorf("sub/h2 after a write through h1: %q, %v", b, err)
+	}
+	must(t, os.Remove(filepath.Join(data, "sub/h2")))
+	if st := lstatT(t, filepath.Join(data, "f1")); st.Nlink != 2 {
+		t.Errorf("f1 after unlinking sub/h2: %d links, want 2", st.Nlink)
+	}
+
+	// link() of a lower file with one name copies it up and joins it.
+	solo := lstatT(t, filepath.Join(data, "solo"))
+	must(t, os.Link(filepath.Join(data, "solo"), filepath.Join(data, "solo2")))
+	for _, n := range []string{"solo", "solo2"} {
+		if st := lstatT(t, filepath.Join(data, n)); st.Ino != solo.Ino || st.Nlink != 2 {
+			t.Errorf("%s after link(): ino %d nlink %d, want ino %d and 2 links", n, st.Ino, st.Nlink, solo.Ino)
+		}
+	}
+	// The frozen view of the old allocation never changed.
+	if st := lstatT(t, filepath.Join(tm.dir, "old/alloc/data/h1")); st.Nlink != 3 || st.Mode&0o777 != 0o644 {
+		t.Errorf("old's h1: nlink %d mode %o, want the lower file untouched (3, 0644)", st.Nlink, st.Mode&0o777)
+	}
+}
+
+// TestMountStaleFdFollowsCopyUp checks that an fd opened on a lower file
+// before its copy-up reads what a path opened after it reads: the data
+// and size a later write gave the copy.
+func TestMountStaleFdFollowsCopyUp(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, os.WriteFile(filepath.Join(d, "f"), []byte("lower content\n"), 0o644))
+	})
+	p := filepath.Join(data, "f")
+	old, err := os.Open(p)
+	must(t, err)
+	defer old.Close()
+	ino := lstatT(t, p).Ino
+	want := []byte("the copy, longer than the lower file was\n")
+	must(t, os.WriteFile(p, want, 0o644))
+	got := make([]byte, 100)
+	n, err := old.ReadAt(got, 0)
+	if !bytes.Equal(got[:n], want) {
+		t.Errorf("the fd opened before the copy-up reads %q (%v), want %q", got[:n], err, want)
+	}
+	fi, err := old.Stat()
+	must(t, err)
+	if fi.Size() != int64(len(want)) || fi.Sys().(*syscall.Stat_t).Ino != ino {
+		t.Errorf("fstat of the old fd: size %d ino %d, want %d and %d", fi.Size(), fi.Sys().(*syscall.Stat_t).Ino, len(want), ino)
+	}
+	// Unlinked while open, it still reads and shows no links.
+	must(t, os.Remove(p))
+	fi, err = old.Stat()
+	if err != nil || fi.Sys().(*syscall.Stat_t).Nlink != 0 {
+		t.Errorf("fstat of the old fd after unlink: %v, %v; want nlink 0", fi, err)
+	}
+	if n, err := old.ReadAt(got, 0); !bytes.Equal(got[:n], want) {
+		t.Errorf("the old fd after unlink reads %q (%v)", got[:n], err)
+	}
+}

@@ -1,0 +1,412 @@
+package layer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// OriginXattr records, on an entry copied up into the upper layer, the
+// inode number of the lower entry it was copied from: the mount keeps
+// showing that number, so st_ino does not change under a task when a
+// write copies a file up. It lives under trusted.overlay., so it is
+// never shown to a task nor carried by a later copy-up.
+const OriginXattr = "trusted.overlay.allocfs.origin"
+
+// Origin returns the lower inode number the upper entry p was copied up
+// from, and false for an entry made in the upper layer.
+func Origin(p string) (uint64, bool) {
+	var buf [24]byte
+	n, err := unix.Lgetxattr(p, OriginXattr, buf[:])
+	if err != nil {
+		return 0, false
+	}
+	ino, err := strconv.ParseUint(string(buf[:n]), 10, 64)
+	return ino, err == nil
+}
+
+// CopyUp makes rel, shown from the lower layer at position from, exist in
+// the upper layer, with its type, data (holes kept), mode, owner, times
+// and extended attributes, and its origin recorded. rel's directory must
+// be in the upper layer already; a directory copied up keeps merging with
+// its lowers. An entry already in the upper layer is left as it is.
+//
+// A regular file with more than one name copies up once: every other
+// name of it that the stack shows from the same layer is linked to the
+// copy (their directories copied up as needed), so that the names stay
+// one file with the right link count, as they were below.
+func (s *Stack) CopyUp(rel string, from int) error {
+	src := s.Path(from, rel)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(src, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: src, Err: err}
+	}
+	dst := s.Path(0, rel)
+	if done, err := s.upperHolds(dst); done || err != nil {
+		return err
+	}
+	if err := s.copyInto(from, rel, &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink < 2 || s.Links == nil {
+		return nil
+	}
+	names, err := s.Links.Names(s.Roots[from], st.Ino)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if name == rel {
+			continue
+		}
+		layers, other, err := s.Resolve(name)
+		if err != nil || layers[0] != from || other.Ino != st.Ino {
+			continue // hidden or replaced above: no longer a name of it
+		}
+		if err := s.EnsureUpperDir(filepath.Dir(name)); err != nil {
+			return err
+		}
+		restoreDir := s.quietly(s.Path(0, filepath.Dir(name)), true)
+		restoreFile := s.quietly(dst, false)
+		err = unix.Linkat(unix.AT_FDCWD, dst, unix.AT_FDCWD, s.Path(0, name), 0)
+		if err != nil {
+			return &os.PathError{Op: "link", Path: s.Path(0, name), Err: err}
+		}
+		if err := errors.Join(restoreFile(), restoreDir()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyInto copies rel from the layer at from into the upper layer (see
+// copyEntry), leaving the times of the upper directory it lands in as
+// they were: a copy-up is not a change a task made to that directory.
+func (s *Stack) copyInto(from int, rel string, st *syscall.Stat_t) error {
+	restore := s.quietly(s.Path(0, filepath.Dir(rel)), true)
+	dst := s.Path(0, rel)
+	if err := s.copyEntry(from, rel, dst, st); err != nil {
+		return err
+	}
+	// The copy shows the lower entry's ctime, as the task saw it.
+	return errors.Join(s.Ctimes.seal(dst, st.Ctim), restore())
+}
+
+// upperHolds reports whether dst already holds a copied-up entry, and
+// removes a whiteout there.
+func (s *Stack) upperHolds(dst string) (bool, error) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dst, &st); err != nil {
+		return false, nil
+	}
+	if !IsWhiteoutAt(dst, &st) {
+		return true, nil
+	}
+	if err := syscall.Unlink(dst); err != nil {
+		return false, &os.PathError{Op: "unlink whiteout", Path: dst, Err: err}
+	}
+	return false, nil
+}
+
+// Resolve looks rel up from the volume's root, component by component,
+// as a lookup through the mount would.
+func (s *Stack) Resolve(rel string) ([]int, syscall.Stat_t, error) {
+	layers := s.All()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(s.Roots[0], &st); err != nil {
+		return nil, st, err
+	}
+	if rel == "" || rel == "." {
+		return layers, st, nil
+	}
+	cur := ""
+	for _, c := range strings.Split(filepath.Clean(rel), "/") {
+		if !IsDir(&st) {
+			return nil, st, syscall.ENOTDIR
+		}
+		cur = filepath.Join(cur, c)
+		var err error
+		if layers, st, err = s.Visible(cur, layers); err != nil {
+			return nil, st, err
+		}
+	}
+	return layers, st, nil
+}
+
+// EnsureUpperDir copies the directory rel and its parents up into the
+// upper layer where they are only in lower ones.
+func (s *Stack) EnsureUpperDir(rel string) error {
+	if rel == "" || rel == "." {
+		return nil
+	}
+	layers := s.All()
+	cur := ""
+	for _, c := range strings.Split(filepath.Clean(rel), "/") {
+		cur = filepath.Join(cur, c)
+		var err error
+		var st syscall.Stat_t
+		if layers, st, err = s.Visible(cur, layers); err != nil {
+			return err
+		}
+		if !IsDir(&st) {
+			return &os.PathError{Op: "copy up", Path: cur, Err: syscall.ENOTDIR}
+		}
+		if layers[0] != 0 {
+			if err := s.copyInto(layers[0], cur, &st); err != nil {
+				return err
+			}
+			layers = append([]int{0}, layers...)
+		}
+	}
+	return nil
+}
+
+// copyEntry copies one entry (not a directory's content) of the layer
+// at from, whose lstat is st, to dst in the upper layer.
+func (s *Stack) copyEntry(from int, rel, dst string, st *syscall.Stat_t) error {
+	perm := st.Mode & 07777
+	origin := strconv.FormatUint(st.Ino, 10)
+	src := s.Path(from, rel)
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		// Complete, metadata included, before it gets its name.
+		return copyFile(s.Roots[from], rel, dst, st, origin)
+	case syscall.S_IFDIR:
+		if err := syscall.Mkdir(dst, perm&0o777); err != nil {
+			return &os.PathError{Op: "mkdir", Path: dst, Err: err}
+		}
+	case syscall.S_IFLNK:
+		target, err := os.Readlink(src)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(target, dst); err != nil {
+			return err
+		}
+	default:
+		if err := syscall.Mknod(dst, st.Mode, int(st.Rdev)); err != nil {
+			return &os.PathError{Op: "mknod", Path: dst, Err: err}
+		}
+		if IsWhiteout(st) {
+			// A visible device 0/0 is a task's own: it stays one.
+			if err := MarkRealDevice(dst); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		// chown cleared set-id bits: put the mode back.
+		if err := syscall.Chmod(dst, perm); err != nil {
+			return &os.PathError{Op: "chmod", Path: dst, Err: err}
+		}
+	}
+	// After the chown, which would drop security.capability.
+	if err := CopyXattrs(src, dst); err != nil {
+		return err
+	}
+	if err := unix.Lsetxattr(dst, OriginXattr, []byte(origin), 0); err != nil {
+		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst, Err: err}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimes", Path: dst, Err: err}
+	}
+	return nil
+}
+
+// copyFile copies a regular file into an unnamed file (O_TMPFILE) in
+// dst's directory, gives it owner, mode, extended attributes, origin and
+// times, and links it in under dst only then, so that a crash never
+// leaves a partial file, or a temporary name, behind. Its bytes are
+// cloned where the filesystem can (FICLONE), else copied segment by
+// segment around holes.
+func copyFile(srcRoot, rel, dst string, st *syscall.Stat_t, origin string) error {
+	fd, err := OpenBeneath(srcRoot, rel, unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	in := os.NewFile(uintptr(fd), filepath.Join(srcRoot, rel))
+	defer in.Close()
+	tfd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, st.Mode&0o777)
+	if err != nil {
+		return &os.PathError{Op: "open O_TMPFILE", Path: filepath.Dir(dst), Err: err}
+	}
+	out := os.NewFile(uintptr(tfd), dst)
+	defer out.Close()
+	if unix.IoctlFileClone(tfd, fd) != nil {
+		if err := copySparse(out, in); err != nil {
+			return err
+		}
+	}
+	if err := unix.Fchown(tfd, int(st.Uid), int(st.Gid)); err != nil {
+		return &os.PathError{Op: "chown", Path: dst, Err: err}
+	}
+	if err := unix.Fchmod(tfd, st.Mode&07777); err != nil {
+		return &os.PathError{Op: "chmod", Path: dst, Err: err}
+	}
+	fdPath := fmt.Sprintf("/proc/self/fd/%d", tfd)
+	err = copyXattrs(in.Name(), func(name string, val []byte) error {
+		if err := unix.Fsetxattr(tfd, name, val, 0); err != nil {
+			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := unix.Fsetxattr(tfd, OriginXattr, []byte(origin), 0); err != nil {
+		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst, Err: err}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath, ts, 0); err != nil {
+		return &os.PathError{Op: "utimes", Path: dst, Err: err}
+	}
+	if err := unix.Linkat(unix.AT_FDCWD, fdPath, unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW); err != nil {
+		return &os.PathError{Op: "link", Path: dst, Err: err}
+	}
+	return nil
+}
+
+// OpenBeneath opens rel beneath the layer root with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: a task that swaps a directory on
+// the way for a symbolic link to /etc gets an error, not /etc.
+func OpenBeneath(root, rel string, flags int) (int, error) {
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(dir)
+	if rel == "" {
+		rel = "."
+	}
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+	for {
+		fd, err := unix.Openat2(dir, rel, &how)
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "openat2", Path: filepath.Join(root, rel), Err: err}
+		}
+		return fd, nil
+	}
+}
+
+// copySparse copies in's bytes into out, the empty file of a copy-up,
+// segment by segment between holes (SEEK_DATA, SEEK_HOLE), so that a
+// sparse file stays sparse and the copy costs what the file holds, not
+// its size; the size is set at the end, which keeps a trailing hole.
+// Segments go by copy_file_range, which the filesystem may turn into a
+// copy without reading the data through user space.
+func copySparse(out, in *os.File) error {
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	ifd, ofd := int(in.Fd()), int(out.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			// No SEEK_DATA here: everything is data.
+			data = off
+		}
+		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		if err := copyRange(ofd, ifd, data, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
+}
+
+// copyRange copies n bytes at off of ifd to the same offset of ofd, by
+// copy_file_range where the kernel can, else through a buffer.
+func copyRange(ofd, ifd int, off, n int64) error {
+	roff, woff := off, off
+	for n > 0 {
+		c, err := unix.CopyFileRange(ifd, &roff, ofd, &woff, int(min(n, 1<<30)), 0)
+		if err != nil {
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+				return copyRangeBuffered(ofd, ifd, roff, n)
+			}
+			return err
+		}
+		if c == 0 {
+			return io.ErrUnexpectedEOF // the file shrank under the copy
+		}
+		n -= int64(c)
+	}
+	return nil
+}
+
+func copyRangeBuffered(ofd, ifd int, off, n int64) error {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		r, err := unix.Pread(ifd, buf[:min(n, int64(len(buf)))], off)
+		if err != nil {
+			return err
+		}
+		if r == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		if _, err := unix.Pwrite(ofd, buf[:r], off); err != nil {
+			return err
+		}
+		off += int64(r)
+		n -= int64(r)
+	}
+	return nil
+}
+
+// Materialize copies into the upper layer every entry visible at rel (a
+// directory present in the upper layer and merged over layers[1:]),
+// recursively, and marks each directory opaque: it is about to move
+// away from the lower paths it merged with.
+func (s *Stack) Materialize(rel string, layers []int) error {
+	entries, err := s.List(rel, layers)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		childRel := filepath.Join(rel, e.Name)
+		childLayers, _, err := s.Visible(childRel, layers)
+		if err != nil {
+			return err
+		}
+		if childLayers[0] != 0 {
+			if err := s.CopyUp(childRel, childLayers[0]); err != nil {
+				return err
+			}
+			if e.Mode == syscall.S_IFDIR {
+				childLayers = append([]int{0}, childLayers...)
+			}
+		}
+		if e.Mode == syscall.S_IFDIR && len(childLayers) > 1 {
+			if err := s.Materialize(childRel, childLayers); err != nil {
+				return err
+			}
+		}
+	}
+	restore := s.quietly(s.Path(0, rel), false)
+	if err := MarkOpaque(s.Path(0, rel)); err != nil {
+		return err
+	}
+	return restore()
+}

@@ -1,0 +1,193 @@
+package layer
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Stack is a volume's layers by root path: Roots[0] is the upper layer,
+// the rest are the read-only lowers, top first. All of them live on the
+// data dir's one filesystem.
+type Stack struct {
+	Roots []string
+	// Links, when set, keeps a lower file's names one file across its
+	// copy-up.
+	Links *Links
+	// Ctimes, when set, hides allocfs's own changes from the change
+	// times of upper entries.
+	Ctimes *Ctimes
+}
+
+// Entry is one name of a merged directory listing.
+type Entry struct {
+	Name string
+	// Mode holds the st_mode type bits.
+	Mode uint32
+}
+
+// All returns the positions of every layer of the stack, for the root of
+// the volume, which every layer holds.
+func (s *Stack) All() []int {
+	all := make([]int, len(s.Roots))
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
+
+// Path is rel's backing path in the layer at position i.
+func (s *Stack) Path(i int, rel string) string { return filepath.Join(s.Roots[i], rel) }
+
+// Visible computes where rel, inside a directory visible in dirLayers, is
+// visible: the layers holding it, the shown one first, and its lstat in
+// that one. For a directory the rest are the lower directories merged
+// under it, down to the first opaque one; a non-directory is shown from
+// one layer only. A whiteout, or a non-directory under a directory, hides
+// everything below it. A name visible nowhere gives ENOENT.
+func (s *Stack) Visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, error) {
+	var layers []int
+	var shown syscall.Stat_t
+	for _, i := range dirLayers {
+		var st syscall.Stat_t
+		p := s.Path(i, rel)
+		if err := syscall.Lstat(p, &st); err != nil {
+			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+				continue
+			}
+			return nil, shown, &os.PathError{Op: "lstat", Path: p, Err: err}
+		}
+		if IsWhiteoutAt(p, &st) || (len(layers) > 0 && !IsDir(&st)) {
+			break
+		}
+		if len(layers) == 0 {
+			shown = st
+		}
+		layers = append(layers, i)
+		if !IsDir(&st) || IsOpaque(p) {
+			break
+		}
+	}
+	if len(layers) == 0 {
+		return nil, shown, syscall.ENOENT
+	}
+	return layers, shown, nil
+}
+
+// Lowers is dirLayers without the upper layer.
+func Lowers(dirLayers []int) []int {
+	var lowers []int
+	for _, i := range dirLayers {
+		if i != 0 {
+			lowers = append(lowers, i)
+		}
+	}
+	return lowers
+}
+
+// InLowers reports whether rel, in a directory visible in dirLayers, is
+// visible from a lower layer, so that removing or renaming it needs a
+// whiteout.
+func (s *Stack) InLowers(rel string, dirLayers []int) bool {
+	lowers := Lowers(dirLayers)
+	if len(lowers) == 0 {
+		return false
+	}
+	_, _, err := s.Visible(rel, lowers)
+	return err == nil
+}
+
+// List returns the merged entries of the directory rel visible in
+// dirLayers: upper names first, whiteouts and names already seen left
+// out.
+func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
+	seen := make(map[string]bool)
+	var out []Entry
+	for _, i := range dirLayers {
+		dir := s.Path(i, rel)
+		f, err := os.Open(dir)
+		if err != nil {
+			return nil, err
+		}
+		entries, err := f.ReadDir(-1)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			if e.Type()&os.ModeCharDevice != 0 {
+				if fi, err := e.Info(); err == nil {
+					if st, ok := fi.Sys().(*syscall.Stat_t); ok && IsWhiteoutAt(filepath.Join(dir, name), st) {
+						continue
+					}
+				}
+			}
+			out = append(out, Entry{Name: name, Mode: FileTypeBits(e.Type())})
+		}
+	}
+	return out, nil
+}
+
+// FileTypeBits turns a directory entry's type into st_mode type bits.
+func FileTypeBits(t os.FileMode) uint32 {
+	switch {
+	case t.IsDir():
+		return syscall.S_IFDIR
+	case t&os.ModeSymlink != 0:
+		return syscall.S_IFLNK
+	case t&os.ModeNamedPipe != 0:
+		return syscall.S_IFIFO
+	case t&os.ModeSocket != 0:
+		return syscall.S_IFSOCK
+	case t&os.ModeCharDevice != 0:
+		return syscall.S_IFCHR
+	case t&os.ModeDevice != 0:
+		return syscall.S_IFBLK
+	}
+	return syscall.S_IFREG
+}
+
+// Whiteout hides rel in the lower layers: rel's directory must be in the
+// upper layer.
+func (s *Stack) Whiteout(rel string) error {
+	p := s.Path(0, rel)
+	if err := syscall.Mknod(p, syscall.S_IFCHR, 0); err != nil {
+		return &os.PathError{Op: "mknod whiteout", Path: p, Err: err}
+	}
+	return nil
+}
+
+// ClearWhiteout removes a whiteout at rel in the upper layer before an
+// entry is made there, and reports whether there was one.
+func (s *Stack) ClearWhiteout(rel string) (bool, error) {
+	p := s.Path(0, rel)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil || !IsWhiteoutAt(p, &st) {
+		return false, nil
+	}
+	if err := syscall.Unlink(p); err != nil {
+		return false, &os.PathError{Op: "unlink whiteout", Path: p, Err: err}
+	}
+	return true, nil
+}
+
+// ClearDir removes what is left in an upper directory whose merged view
+// is empty: only whiteouts can be.
+func ClearDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
