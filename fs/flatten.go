@@ -10,13 +10,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/allocfs/allocfs/fs/layer"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"golang.org/x/sys/unix"
 )
 
 // maxLowers bounds the lower layers of a volume. Every snapshot migration
@@ -263,8 +261,8 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 			err = errors.Join(err, fmt.Errorf("failed to remove staging dir %q: %w", stage, rerr))
 		}
 	}()
-	m := &merger{disk: s.disk, dst: stage}
-	if err := m.build(s.LayerPath(p.upper), s.LayerPath(p.lower), p.through); err != nil {
+	made, err := layer.Merge(mergeDisk{s.disk}, stage, s.LayerPath(p.upper), s.LayerPath(p.lower), p.through)
+	if err != nil {
 		return fmt.Errorf("failed to merge layer %s onto %s: %w", p.upper, p.lower, err)
 	}
 	// The links and directories must be on disk before a record names
@@ -278,7 +276,7 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 	}
 	s.logger.Info("flattened layers",
 		"upper", p.upper, "lower", p.lower, "merged", merged, "volume", p.key,
-		"allocs", strings.Join(allocs, ","), "links", m.links, "dirs", m.dirs,
+		"allocs", strings.Join(allocs, ","), "links", made.Links, "dirs", made.Dirs,
 		"duration", time.Since(start))
 	return nil
 }
@@ -438,154 +436,9 @@ func countEntries(root string) (int, error) {
 	return n, err
 }
 
-// merger builds, under dst, one layer that reads like an upper layer
-// stacked on a lower one, in the overlayfs format. Files and every other
-// non-directory are hard links to the pair's own inodes, so no byte is
-// copied and an open file stays the same file; directories are made anew
-// with their source's mode, owner, times and extended attributes.
-type merger struct {
-	disk disk
-	dst  string
-	// links and dirs count what the merge made, for the log.
-	links, dirs int
-}
+// mergeDisk takes a merge's steps on the store's disk.
+type mergeDisk struct{ d disk }
 
-// build fills m.dst, an empty directory, from the layer roots upper and
-// lower. through says that layers below the pair may show through the
-// merged one, which then keeps the whiteouts and opaque marks needed to
-// hide them.
-func (m *merger) build(upper, lower string, through bool) error {
-	srcs := []string{upper}
-	opaque := layer.IsOpaque(upper)
-	if !opaque {
-		srcs = append(srcs, lower)
-		opaque = layer.IsOpaque(lower)
-	}
-	return m.dir("", srcs, opaque, through)
-}
+func (m mergeDisk) Mkdir(p string, mode uint32) error { return m.d.mkdir(p, mode) }
 
-// dir fills the directory rel of the merged layer, already created, with
-// the entries of the directories rel in srcs (layer roots, upper first: a
-// name in the first hides the same name in the second), then gives it
-// the attributes of srcs[0]'s, which is the one the pair showed. opaque
-// says that nothing below the merged layer may show through rel; through
-// that something would, were it not opaque, so the mark is needed.
-func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
-	dst := filepath.Join(m.dst, rel)
-	childThrough := through && !opaque
-	seen := make(map[string]bool)
-	for k, src := range srcs {
-		entries, err := os.ReadDir(filepath.Join(src, rel))
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			name := e.Name()
-			if seen[name] {
-				continue
-			}
-			seen[name] = true
-			child := filepath.Join(rel, name)
-			var st syscall.Stat_t
-			if err := syscall.Lstat(filepath.Join(src, child), &st); err != nil {
-				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
-			}
-			if !layer.IsDir(&st) {
-				if layer.IsWhiteout(&st) && !childThrough {
-					continue // hides nothing any more
-				}
-				if err := m.link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
-					return err
-				}
-				continue
-			}
-			csrcs, copaque, err := childSources(srcs, k, child)
-			if err != nil {
-				return err
-			}
-			if err := m.mkdir(filepath.Join(m.dst, child)); err != nil {
-				return err
-			}
-			if err := m.dir(child, csrcs, copaque, childThrough); err != nil {
-				return err
-			}
-		}
-	}
-	return copyDirAttrs(filepath.Join(srcs[0], rel), dst, opaque && through)
-}
-
-// childSources returns, for a directory child found in srcs[k], the
-// layers whose directories merge into it and whether it hides everything
-// below. The upper's directory merges with the lower's only when it is
-// not opaque and the lower holds a directory there too; a whiteout or a
-// non-directory in the lower hides the layers below it, so the merged
-// directory must then be opaque.
-func childSources(srcs []string, k int, child string) ([]string, bool, error) {
-	top := filepath.Join(srcs[k], child)
-	if layer.IsOpaque(top) {
-		return []string{srcs[k]}, true, nil
-	}
-	if k+1 >= len(srcs) {
-		return []string{srcs[k]}, false, nil
-	}
-	under := filepath.Join(srcs[k+1], child)
-	var st syscall.Stat_t
-	switch err := syscall.Lstat(under, &st); {
-	case errors.Is(err, syscall.ENOENT):
-		return []string{srcs[k]}, false, nil
-	case err != nil:
-		return nil, false, err
-	case layer.IsDir(&st):
-		return []string{srcs[k], srcs[k+1]}, layer.IsOpaque(under), nil
-	default:
-		return []string{srcs[k]}, true, nil
-	}
-}
-
-func (m *merger) link(src, dst string) error {
-	if err := m.disk.link(src, dst); err != nil {
-		return err
-	}
-	m.links++
-	return nil
-}
-
-func (m *merger) mkdir(dst string) error {
-	if err := m.disk.mkdir(dst, 0o700); err != nil {
-		return err
-	}
-	m.dirs++
-	return nil
-}
-
-// copyDirAttrs gives the directory dst the extended attributes, owner,
-// mode and times of src, in that order: chown may clear set-id bits, so
-// the mode follows it, and the times come last because setting anything
-// else would move them. The opaque mark is set only when asked, since the
-// merged directory may need it where its source had none, or not need it
-// where its source had one.
-func copyDirAttrs(src, dst string, opaque bool) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(src, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: src, Err: err}
-	}
-	if err := layer.CopyXattrs(src, dst); err != nil {
-		return err
-	}
-	if opaque {
-		if err := layer.MarkOpaque(dst); err != nil {
-			return err
-		}
-	}
-	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
-		return &os.PathError{Op: "chown", Path: dst, Err: err}
-	}
-	if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
-		return &os.PathError{Op: "chmod", Path: dst, Err: err}
-	}
-	ts := []unix.Timespec{st.Atim, st.Mtim}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "utimes", Path: dst, Err: err}
-	}
-	return nil
-}
+func (m mergeDisk) Link(oldpath, newpath string) error { return m.d.link(oldpath, newpath) }

@@ -745,8 +745,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
 			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
 			must(t, os.Mkdir(merged, 0o700))
-			m := &merger{disk: osDisk{}, dst: merged}
-			must(t, m.build(upper, lower, through))
+			must(t, errOnly(layer.Merge(mergeDisk{osDisk{}}, merged, upper, lower, through)))
 			pair, flat := []string{upper, lower}, []string{merged}
 			if through {
 				pair, flat = append(pair, below), append(flat, below)
@@ -803,51 +802,5 @@ func TestCollectorFlattens(t *testing.T) {
 	ids := []string{chainID(chainLen - 1), chainID(chainLen)}
 	if d := maxDepth(t, s, ids); d > maxLowers {
 		t.Errorf("deepest stack after a collection: %d lowers, want at most %d", d, maxLowers)
-	}
-}
-
-// BenchmarkFlatten measures one merge of two layers of 5,000 files each
-// (10,000 links) under a third layer, so that whiteouts are kept.
-func BenchmarkFlatten(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("whiteouts need root")
-	}
-	dir := b.TempDir()
-	upper, lower := filepath.Join(dir, "u"), filepath.Join(dir, "l")
-	for _, root := range []string{upper, lower} {
-		for d := range 50 {
-			sub := filepath.Join(root, fmt.Sprintf("d%02d", d))
-			if err := os.MkdirAll(sub, 0o755); err != nil {
-				b.Fatal(err)
-			}
-			for f := range 100 {
-				name := fmt.Sprintf("%s-%03d", filepath.Base(root), f)
-				if err := os.WriteFile(filepath.Join(sub, name), []byte(name), 0o644); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		merged := filepath.Join(dir, fmt.Sprintf("m%d", i))
-		if err := os.Mkdir(merged, 0o700); err != nil {
-			b.Fatal(err)
-		}
-		m := &merger{disk: osDisk{}, dst: merged}
-		if err := m.build(upper, lower, true); err != nil {
-			b.Fatal(err)
-		}
-		if err := (osDisk{}).syncfs(merged); err != nil {
-			b.Fatal(err)
-		}
-		if m.links != 10000 {
-			b.Fatalf("%d links, want 10000", m.links)
-		}
-		b.StopTimer()
-		if err := os.RemoveAll(merged); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
 	}
 }
