@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"encoding/json"
@@ -17,14 +17,14 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 )
 
-// maxLowers bounds the lower layers of a volume. Every snapshot migration
+// MaxLowers bounds the lower layers of a volume. Every snapshot migration
 // adds one, and a name missing from the upper layer costs one lstat per
 // lower on lookup, so without a bound a long-lived job's lookups slow down
 // with every deploy. Four keeps a miss within five backing lookups (about
 // what a plain path of that depth costs) while leaving room for the
 // layers a stopped previous allocation still needs on its own: below it,
 // each flatten relinks little more than a generation's changes.
-const maxLowers = 4
+const MaxLowers = 4
 
 // errFlattenRaced reports that the store changed while a merged layer was
 // being built, so that it no longer stands in for the pair it was built
@@ -47,7 +47,7 @@ type flattenPlan struct {
 }
 
 // Flatten merges adjacent lower layers until no volume has more than
-// maxLowers of them, or no pair of the deep ones can be merged: a pair
+// MaxLowers of them, or no pair of the deep ones can be merged: a pair
 // can only be merged when every volume that references either layer
 // stacks them the same way, which a stopped previous allocation's frozen
 // view breaks until it is collected. It returns how many merges it made.
@@ -92,7 +92,7 @@ func (s *Store) nextPlan() (*flattenPlan, error) {
 		st := s.allocs[id]
 		for _, key := range sortedVolumeKeys(st) {
 			v := st.Volumes[key]
-			if v == nil || len(v.Lowers) <= maxLowers {
+			if v == nil || len(v.Lowers) <= MaxLowers {
 				continue
 			}
 			for i := 0; i+1 < len(v.Lowers); i++ {
@@ -257,17 +257,17 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 		if _, serr := os.Lstat(stage); serr != nil {
 			return
 		}
-		if rerr := s.disk.removeAll(stage); rerr != nil {
+		if rerr := s.disk.RemoveAll(stage); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("failed to remove staging dir %q: %w", stage, rerr))
 		}
 	}()
-	made, err := layer.Merge(mergeDisk{s.disk}, stage, s.LayerPath(p.upper), s.LayerPath(p.lower), p.through)
+	made, err := layer.Merge(s.disk, stage, s.LayerPath(p.upper), s.LayerPath(p.lower), p.through)
 	if err != nil {
 		return fmt.Errorf("failed to merge layer %s onto %s: %w", p.upper, p.lower, err)
 	}
 	// The links and directories must be on disk before a record names
 	// them; one syncfs is cheaper than an fsync per directory.
-	if err := s.disk.syncfs(stage); err != nil {
+	if err := s.disk.Syncfs(stage); err != nil {
 		return fmt.Errorf("failed to sync merged layer: %w", err)
 	}
 	merged, allocs, err := s.switchLayers(p, stage)
@@ -290,7 +290,7 @@ func (s *Store) stagingDir(prefix string) (string, error) {
 			return "", err
 		}
 		p := filepath.Join(s.StagingDir(), prefix+"-"+id)
-		err = s.disk.mkdir(p, 0o700)
+		err = s.disk.Mkdir(p, 0o700)
 		if errors.Is(err, iofs.ErrExist) {
 			continue
 		}
@@ -339,13 +339,13 @@ func (s *Store) switchLayers(p *flattenPlan, stage string) (string, []string, er
 			}
 		}
 	}
-	err = s.disk.fsync(s.layersDir())
+	err = s.disk.Fsync(s.layersDir())
 	if err == nil {
 		err = s.change(&intent{Op: "flatten", Records: records})
 	}
 	if err != nil {
 		err = fmt.Errorf("failed to switch to merged layer %s: %w", merged, err)
-		if rerr := s.disk.removeAll(s.LayerPath(merged)); rerr != nil {
+		if rerr := s.disk.RemoveAll(s.LayerPath(merged)); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("merged layer %s left for the collector: %w", merged, rerr))
 		}
 		return "", nil, err
@@ -380,7 +380,7 @@ type retiredRecord struct {
 // adoptRetiredFile moves the layers an earlier version retired into the
 // records of the allocations that stacked them, in one journaled intent,
 // and then removes the file. Layers whose allocations are all gone become
-// orphans for the collector. It runs in OpenStore, with writeMu held.
+// orphans for the collector. It runs in Open, with writeMu held.
 func (s *Store) adoptRetiredFile() error {
 	p := filepath.Join(s.dataDir, retiredFile)
 	data, err := os.ReadFile(p)
@@ -420,7 +420,7 @@ func (s *Store) adoptRetiredFile() error {
 			return fmt.Errorf("failed to adopt %q: %w", p, err)
 		}
 	}
-	if err := s.disk.remove(p); err != nil {
+	if err := s.disk.Remove(p); err != nil {
 		return fmt.Errorf("failed to remove %q: %w", p, err)
 	}
 	return nil
@@ -435,10 +435,3 @@ func countEntries(root string) (int, error) {
 	})
 	return n, err
 }
-
-// mergeDisk takes a merge's steps on the store's disk.
-type mergeDisk struct{ d disk }
-
-func (m mergeDisk) Mkdir(p string, mode uint32) error { return m.d.mkdir(p, mode) }
-
-func (m mergeDisk) Link(oldpath, newpath string) error { return m.d.link(oldpath, newpath) }
