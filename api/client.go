@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 const (
@@ -83,7 +83,7 @@ func (e *UnreachableError) Unwrap() error { return e.Err }
 // Error is an error answer of the server. errors.Is matches it against the
 // sentinels the status code stands for: allocdir.ErrUnknownAlloc (404),
 // allocdir.ErrGone (410, which is also ErrUnknownAlloc, as in the store),
-// fs.ErrExists (409) and ErrBadRequest (400).
+// store.ErrExists (409) and ErrBadRequest (400).
 type Error struct {
 	StatusCode int
 	Message    string
@@ -103,7 +103,7 @@ func (e *Error) Is(target error) bool {
 	case http.StatusGone:
 		return target == allocdir.ErrGone || target == allocdir.ErrUnknownAlloc
 	case http.StatusConflict:
-		return target == fs.ErrExists
+		return target == store.ErrExists
 	case http.StatusBadRequest:
 		return target == ErrBadRequest
 	}
@@ -111,14 +111,14 @@ func (e *Error) Is(target error) bool {
 }
 
 // CreateAlloc creates an allocation with tasks and returns its record.
-func (c *Client) CreateAlloc(ctx context.Context, id string, tasks []allocdir.Task) (*fs.State, error) {
+func (c *Client) CreateAlloc(ctx context.Context, id string, tasks []allocdir.Task) (*store.State, error) {
 	return c.Create(ctx, CreateAllocRequest{ID: id, Tasks: tasks})
 }
 
 // Create creates the allocation req describes, taking over a previous
 // allocation's data when it names one.
-func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*fs.State, error) {
-	var st fs.State
+func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*store.State, error) {
+	var st store.State
 	if err := c.call(ctx, http.MethodPost, AllocsPath, req, http.StatusCreated, &st); err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func (c *Client) Create(ctx context.Context, req CreateAllocRequest) (*fs.State,
 
 // CreateWithProgress is Create for a request that fetches from another
 // node: fn is called with each progress report of the transfer.
-func (c *Client) CreateWithProgress(ctx context.Context, req CreateAllocRequest, fn func(ProgressEvent)) (*fs.State, error) {
+func (c *Client) CreateWithProgress(ctx context.Context, req CreateAllocRequest, fn func(ProgressEvent)) (*store.State, error) {
 	resp, err := c.send(ctx, http.MethodPost, AllocsPath+"?progress=1", req)
 	if err != nil {
 		return nil, err
@@ -157,8 +157,8 @@ func (c *Client) CreateWithProgress(ctx context.Context, req CreateAllocRequest,
 }
 
 // StopAlloc makes allocation id terminal: kept and browsable until GC.
-func (c *Client) StopAlloc(ctx context.Context, id string) (*fs.State, error) {
-	var st fs.State
+func (c *Client) StopAlloc(ctx context.Context, id string) (*store.State, error) {
+	var st store.State
 	if err := c.call(ctx, http.MethodPost, allocPath(id)+"/stop", nil, http.StatusOK, &st); err != nil {
 		return nil, err
 	}
@@ -180,8 +180,8 @@ func (c *Client) GC(ctx context.Context, id string) ([]string, error) {
 }
 
 // ListAllocs returns every allocation, sorted by ID.
-func (c *Client) ListAllocs(ctx context.Context) ([]*fs.State, error) {
-	var out []*fs.State
+func (c *Client) ListAllocs(ctx context.Context) ([]*store.State, error) {
+	var out []*store.State
 	if err := c.call(ctx, http.MethodGet, AllocsPath, nil, http.StatusOK, &out); err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // serveUnix serves h on a unix socket in a temporary directory until the
@@ -38,7 +38,7 @@ func serveUnix(t *testing.T, h http.Handler) string {
 // TestClientRoundTrip: the client drives every endpoint over a unix
 // socket, and its errors match the store's sentinels.
 func TestClientRoundTrip(t *testing.T) {
-	store, srv := newTestServer(t)
+	s, srv := newTestServer(t)
 	c := NewClient(serveUnix(t, srv))
 	defer c.Close()
 	ctx := context.Background()
@@ -50,13 +50,13 @@ func TestClientRoundTrip(t *testing.T) {
 	if st.ID != "a1" || len(st.Tasks) != 1 || st.Tasks[0] != (allocdir.Task{Name: "web", SecretsMB: 2, User: "nobody"}) {
 		t.Errorf("CreateAlloc: got %+v", st)
 	}
-	if _, err := c.CreateAlloc(ctx, "a1", []allocdir.Task{{Name: "web"}}); !errors.Is(err, fs.ErrExists) {
-		t.Errorf("duplicate CreateAlloc: got %v, want fs.ErrExists", err)
+	if _, err := c.CreateAlloc(ctx, "a1", []allocdir.Task{{Name: "web"}}); !errors.Is(err, store.ErrExists) {
+		t.Errorf("duplicate CreateAlloc: got %v, want store.ErrExists", err)
 	}
 	if _, err := c.CreateAlloc(ctx, "a/b", []allocdir.Task{{Name: "web"}}); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("CreateAlloc a/b: got %v, want ErrBadRequest", err)
 	}
-	if _, err := c.CreateAlloc(ctx, "a2", nil); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), fs.ErrNoTasks.Error()) {
+	if _, err := c.CreateAlloc(ctx, "a2", nil); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), store.ErrNoTasks.Error()) {
 		t.Errorf("CreateAlloc without tasks: got %v, want ErrBadRequest carrying the server's message", err)
 	}
 
@@ -78,7 +78,7 @@ func TestClientRoundTrip(t *testing.T) {
 	}
 
 	node, err := c.NodeStatus(ctx)
-	if err != nil || node.Allocs != 1 || node.DataDir != store.DataDir() {
+	if err != nil || node.Allocs != 1 || node.DataDir != s.DataDir() {
 		t.Errorf("NodeStatus: got %+v, %v", node, err)
 	}
 

@@ -43,7 +43,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
@@ -61,8 +61,8 @@ const maxBodyBytes = 1 << 20
 // http.Handler; all methods are safe for concurrent use.
 type Server struct {
 	logger      hclog.Logger
-	store       *fs.Store
-	collector   *fs.Collector
+	store       *store.Store
+	collector   *store.Collector
 	mountDir    string
 	passthrough func() bool
 	mux         *http.ServeMux
@@ -88,7 +88,7 @@ func (s *Server) Wait() { s.background.Wait() }
 // node's one collector. passthrough reports whether the mount serves file
 // data by passthrough now (fs.Mount.Passthrough): it can turn off after
 // mount time.
-func NewServer(logger hclog.Logger, store *fs.Store, collector *fs.Collector, mountDir string, passthrough func() bool) *Server {
+func NewServer(logger hclog.Logger, store *store.Store, collector *store.Collector, mountDir string, passthrough func() bool) *Server {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
@@ -244,13 +244,13 @@ func statusCode(err error) int {
 		return http.StatusGone
 	case errors.Is(err, allocdir.ErrUnknownAlloc):
 		return http.StatusNotFound
-	case errors.Is(err, fs.ErrExists), errors.Is(err, fs.ErrNotTerminal), errors.Is(err, fs.ErrPinned):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrNotTerminal), errors.Is(err, store.ErrPinned):
 		return http.StatusConflict
 	case errors.Is(err, migrate.ErrPermissionDenied):
 		return http.StatusForbidden
 	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity):
 		return http.StatusBadGateway
-	case errors.Is(err, allocdir.ErrInvalidName), errors.Is(err, fs.ErrNoTasks), errors.Is(err, ErrBadRequest):
+	case errors.Is(err, allocdir.ErrInvalidName), errors.Is(err, store.ErrNoTasks), errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError

@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -28,16 +28,16 @@ func testLogger(t *testing.T) hclog.Logger {
 
 // newTestServer opens a store in a temporary data dir and returns it with
 // its control API. No mount is involved.
-func newTestServer(t *testing.T) (*fs.Store, *Server) {
+func newTestServer(t *testing.T) (*store.Store, *Server) {
 	t.Helper()
 	logger := testLogger(t)
-	store, err := fs.OpenStore(logger, t.TempDir())
+	s, err := store.Open(logger, t.TempDir())
 	if err != nil {
-		t.Fatalf("OpenStore: %v", err)
+		t.Fatalf("store.Open: %v", err)
 	}
-	s := NewServer(logger, store, fs.NewCollector(logger, store, fs.DefaultGCConfig()), testMount, func() bool { return false })
-	t.Cleanup(s.Wait)
-	return store, s
+	srv := NewServer(logger, s, store.NewCollector(logger, s, store.DefaultGCConfig()), testMount, func() bool { return false })
+	t.Cleanup(srv.Wait)
+	return s, srv
 }
 
 // request sends one request to h and returns the recorded answer.
@@ -89,13 +89,13 @@ func createBody(id string, tasks ...string) string {
 }
 
 // mustCreate creates an allocation through the API.
-func mustCreate(t *testing.T, h http.Handler, id string, tasks ...string) *fs.State {
+func mustCreate(t *testing.T, h http.Handler, id string, tasks ...string) *store.State {
 	t.Helper()
 	rec := request(t, h, http.MethodPost, AllocsPath, createBody(id, tasks...))
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("create %s: got %d, want %d; body: %s", id, rec.Code, http.StatusCreated, rec.Body)
 	}
-	var st fs.State
+	var st store.State
 	decode(t, rec, &st)
 	return &st
 }
@@ -116,11 +116,11 @@ func dirNames(t *testing.T, dir string) []string {
 
 // snapshotStore records the names in state/ and layers/, which the tests
 // use to check that a refused request left nothing behind.
-func snapshotStore(t *testing.T, store *fs.Store) []string {
+func snapshotStore(t *testing.T, backend *store.Store) []string {
 	t.Helper()
 	var out []string
 	for _, d := range []string{"state", "layers"} {
-		for _, n := range dirNames(t, filepath.Join(store.DataDir(), d)) {
+		for _, n := range dirNames(t, filepath.Join(backend.DataDir(), d)) {
 			out = append(out, d+"/"+n)
 		}
 	}
@@ -130,7 +130,7 @@ func snapshotStore(t *testing.T, store *fs.Store) []string {
 // TestCreateAlloc: a valid create answers 201 with the new record, which
 // the store then holds.
 func TestCreateAlloc(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	rec := request(t, srv, http.MethodPost, AllocsPath, createBody("a1", "web", "db"))
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("status: got %d, want %d; body: %s", rec.Code, http.StatusCreated, rec.Body)
@@ -138,9 +138,9 @@ func TestCreateAlloc(t *testing.T) {
 	if got, want := rec.Header().Get("Location"), AllocsPath+"/a1"; got != want {
 		t.Errorf("Location: got %q, want %q", got, want)
 	}
-	var st fs.State
+	var st store.State
 	decode(t, rec, &st)
-	if st.ID != "a1" || st.Status != fs.StatusRunning {
+	if st.ID != "a1" || st.Status != store.StatusRunning {
 		t.Errorf("record: got id %q status %q, want a1 running", st.ID, st.Status)
 	}
 	// The store decides the full set of volumes; these are the ones the
@@ -150,7 +150,7 @@ func TestCreateAlloc(t *testing.T) {
 			t.Errorf("volume %s: missing from %v", key, st.Volumes)
 		}
 	}
-	got, err := store.Get("a1")
+	got, err := backend.Get("a1")
 	if err != nil {
 		t.Fatalf("store.Get after create: %v", err)
 	}
@@ -162,17 +162,17 @@ func TestCreateAlloc(t *testing.T) {
 // TestCreateAllocDuplicate: creating an ID twice answers 409 and leaves
 // the first allocation as it was.
 func TestCreateAllocDuplicate(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	first := mustCreate(t, srv, "a1", "web")
-	before := snapshotStore(t, store)
+	before := snapshotStore(t, backend)
 
 	rec := request(t, srv, http.MethodPost, AllocsPath, createBody("a1", "other"))
 	wantError(t, rec, http.StatusConflict)
 
-	if after := snapshotStore(t, store); !slices.Equal(after, before) {
+	if after := snapshotStore(t, backend); !slices.Equal(after, before) {
 		t.Errorf("data dir changed: got %v, want %v", after, before)
 	}
-	st, err := store.Get("a1")
+	st, err := backend.Get("a1")
 	if err != nil {
 		t.Fatalf("store.Get: %v", err)
 	}
@@ -206,14 +206,14 @@ func TestCreateAllocBadRequest(t *testing.T) {
 	}
 	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
-			store, srv := newTestServer(t)
-			before := snapshotStore(t, store)
+			backend, srv := newTestServer(t)
+			before := snapshotStore(t, backend)
 			rec := request(t, srv, http.MethodPost, AllocsPath, body)
 			wantError(t, rec, http.StatusBadRequest)
-			if after := snapshotStore(t, store); !slices.Equal(after, before) {
+			if after := snapshotStore(t, backend); !slices.Equal(after, before) {
 				t.Errorf("data dir changed: got %v, want %v", after, before)
 			}
-			if n := len(store.List()); n != 0 {
+			if n := len(backend.List()); n != 0 {
 				t.Errorf("store holds %d allocations, want 0", n)
 			}
 		})
@@ -235,9 +235,9 @@ func TestCreateAllocNonPrintableNames(t *testing.T) {
 	}
 	bad = append(bad, "\u00a0", "\u200b", "\u202e", "\u2028", "\ufeff", "\ue000")
 
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	mustCreate(t, srv, "a1", "web")
-	before := snapshotStore(t, store)
+	before := snapshotStore(t, backend)
 	for _, c := range bad {
 		for what, body := range map[string]string{
 			"id":          createBody("a"+c+"2", "web"),
@@ -254,10 +254,10 @@ func TestCreateAllocNonPrintableNames(t *testing.T) {
 			t.Errorf("GET %s: got %d, want 400; body: %s", path, rec.Code, rec.Body)
 		}
 	}
-	if after := snapshotStore(t, store); !slices.Equal(after, before) {
+	if after := snapshotStore(t, backend); !slices.Equal(after, before) {
 		t.Errorf("data dir changed: got %v, want %v", after, before)
 	}
-	if ids := store.List(); len(ids) != 1 || ids[0].ID != "a1" {
+	if ids := backend.List(); len(ids) != 1 || ids[0].ID != "a1" {
 		t.Errorf("store holds %v, want only a1", ids)
 	}
 }
@@ -267,9 +267,9 @@ func TestCreateAllocNonPrintableNames(t *testing.T) {
 // --user` gives (both come from allocdir.LookupUser), and nothing is
 // created; a user the node has is accepted.
 func TestCreateAllocUnknownUser(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	mustCreate(t, srv, "a1", "web")
-	before := snapshotStore(t, store)
+	before := snapshotStore(t, backend)
 	for _, name := range []string{"nosuchuser", "4000000000"} {
 		_, lookupErr := allocdir.LookupUser(name)
 		if lookupErr == nil {
@@ -290,10 +290,10 @@ func TestCreateAllocUnknownUser(t *testing.T) {
 			}
 		}
 	}
-	if after := snapshotStore(t, store); !slices.Equal(after, before) {
+	if after := snapshotStore(t, backend); !slices.Equal(after, before) {
 		t.Errorf("data dir changed: got %v, want %v", after, before)
 	}
-	if _, err := store.Get("a2"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+	if _, err := backend.Get("a2"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
 		t.Errorf("store.Get(a2): got %v, want ErrUnknownAlloc", err)
 	}
 
@@ -322,7 +322,7 @@ func TestListAllocs(t *testing.T) {
 	mustCreate(t, srv, "b2", "web")
 	mustCreate(t, srv, "a1", "web")
 	rec = request(t, srv, http.MethodGet, AllocsPath, "")
-	var list []*fs.State
+	var list []*store.State
 	decode(t, rec, &list)
 	var ids []string
 	for _, st := range list {
@@ -337,10 +337,10 @@ func TestListAllocs(t *testing.T) {
 // passthrough flag and, per volume, what its upper layer holds on the
 // backing store.
 func TestAllocStatus(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	st := mustCreate(t, srv, "a1", "web")
 
-	data := store.LayerPath(st.Volumes["alloc/data"].Upper)
+	data := backend.LayerPath(st.Volumes["alloc/data"].Upper)
 	if err := os.WriteFile(filepath.Join(data, "f"), []byte("hello"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestAllocStatus(t *testing.T) {
 	}
 	var got AllocStatus
 	decode(t, rec, &got)
-	if got.ID != "a1" || got.Status != fs.StatusRunning || len(got.Tasks) != 1 {
+	if got.ID != "a1" || got.Status != store.StatusRunning || len(got.Tasks) != 1 {
 		t.Errorf("record: got %+v", got.State)
 	}
 	if want := filepath.Join(testMount, "a1"); got.Mount != want {
@@ -388,7 +388,7 @@ func TestAllocStatus(t *testing.T) {
 // TestDestroyAlloc: destroy answers 204 and removes the allocation's
 // layers; afterwards the allocation is gone (410), not unknown.
 func TestDestroyAlloc(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	st := mustCreate(t, srv, "a1", "web")
 	mustCreate(t, srv, "a2", "web")
 
@@ -400,14 +400,14 @@ func TestDestroyAlloc(t *testing.T) {
 		t.Errorf("204 with a body: %s", rec.Body)
 	}
 	for key, v := range st.Volumes {
-		if _, err := os.Lstat(store.LayerPath(v.Upper)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(backend.LayerPath(v.Upper)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("layer of %s still there after destroy: %v", key, err)
 		}
 	}
 	wantError(t, request(t, srv, http.MethodGet, AllocsPath+"/a1", ""), http.StatusGone)
 	wantError(t, request(t, srv, http.MethodDelete, AllocsPath+"/a1", ""), http.StatusGone)
 
-	var list []*fs.State
+	var list []*store.State
 	decode(t, request(t, srv, http.MethodGet, AllocsPath, ""), &list)
 	if len(list) != 1 || list[0].ID != "a2" {
 		t.Errorf("list after destroy: got %d allocations, want only a2", len(list))
@@ -427,7 +427,7 @@ func TestUnknownAlloc(t *testing.T) {
 // TestNodeStatus: the node status reports the data dir, the mount, the
 // allocation count and the backing filesystem.
 func TestNodeStatus(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	mustCreate(t, srv, "a1", "web")
 	rec := request(t, srv, http.MethodGet, StatusPath, "")
 	if rec.Code != http.StatusOK {
@@ -435,8 +435,8 @@ func TestNodeStatus(t *testing.T) {
 	}
 	var got NodeStatus
 	decode(t, rec, &got)
-	if got.DataDir != store.DataDir() || got.Mount != testMount || got.Allocs != 1 || got.Passthrough {
-		t.Errorf("got %+v, want data dir %q, mount %q, 1 alloc, no passthrough", got, store.DataDir(), testMount)
+	if got.DataDir != backend.DataDir() || got.Mount != testMount || got.Allocs != 1 || got.Passthrough {
+		t.Errorf("got %+v, want data dir %q, mount %q, 1 alloc, no passthrough", got, backend.DataDir(), testMount)
 	}
 	if got.Backing.BytesTotal == 0 || got.Backing.BlockSize == 0 || got.Backing.NameMax == 0 {
 		t.Errorf("backing statfs numbers missing: %+v", got.Backing)
@@ -454,9 +454,9 @@ func TestStatusCode(t *testing.T) {
 		want int
 	}{
 		{fmt.Errorf("x: %w", allocdir.ErrInvalidName), http.StatusBadRequest},
-		{fmt.Errorf("x: %w", fs.ErrNoTasks), http.StatusBadRequest},
+		{fmt.Errorf("x: %w", store.ErrNoTasks), http.StatusBadRequest},
 		{fmt.Errorf("x: %w", ErrBadRequest), http.StatusBadRequest},
-		{fmt.Errorf("x: %w", fs.ErrExists), http.StatusConflict},
+		{fmt.Errorf("x: %w", store.ErrExists), http.StatusConflict},
 		{fmt.Errorf("x: %w", allocdir.ErrUnknownAlloc), http.StatusNotFound},
 		{fmt.Errorf("x: %w", allocdir.ErrGone), http.StatusGone},
 		{errors.Join(allocdir.ErrUnknownAlloc, allocdir.ErrGone), http.StatusGone},
@@ -473,12 +473,12 @@ func TestStatusCode(t *testing.T) {
 // TestMethodNotAllowed: a known path with the wrong method is refused
 // and changes nothing.
 func TestMethodNotAllowed(t *testing.T) {
-	store, srv := newTestServer(t)
+	backend, srv := newTestServer(t)
 	rec := request(t, srv, http.MethodPut, AllocsPath, createBody("a1", "web"))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("status: got %d, want 405", rec.Code)
 	}
-	if n := len(store.List()); n != 0 {
+	if n := len(backend.List()); n != 0 {
 		t.Errorf("store holds %d allocations, want 0", n)
 	}
 }

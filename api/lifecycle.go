@@ -11,14 +11,14 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 )
 
 // create makes the allocation a request asks for and, when it names a
 // previous allocation, decides what happens to that one's data and logs
 // the decision in one line: remapped, sealed, or skipped and why.
-func (s *Server) create(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*fs.State, error) {
+func (s *Server) create(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*store.State, error) {
 	policy, err := migrate.ParsePolicy(req.Migrate)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
@@ -65,7 +65,7 @@ func (s *Server) create(ctx context.Context, req CreateAllocRequest, progress fu
 
 // logMigration writes the one line that records a local migration, with
 // what the handed-over layers hold.
-func (s *Server) logMigration(st *fs.State, prev string, mode migrate.Mode, volumes int, elapsed time.Duration) {
+func (s *Server) logMigration(st *store.State, prev string, mode migrate.Mode, volumes int, elapsed time.Duration) {
 	var bytes, files int64
 	for key, v := range st.Volumes {
 		if key == "alloc/logs" || key == "alloc/tmp" {
@@ -130,9 +130,9 @@ func (s *Server) gcAll(w http.ResponseWriter, r *http.Request) {
 // node into staging, checked and complete, then creates the new
 // allocation on it; on any failure nothing is left in staging or in the
 // store.
-func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*fs.State, error) {
+func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progress func(migrate.Progress)) (*store.State, error) {
 	if _, err := s.store.Get(req.ID); err == nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", req.ID, fs.ErrExists)
+		return nil, fmt.Errorf("failed to create allocation %s: %w", req.ID, store.ErrExists)
 	}
 	names := make([]string, 0, len(req.Tasks))
 	for _, t := range req.Tasks {

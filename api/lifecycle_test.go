@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 func migrateBody(id, prev, policy, mode string) string {
@@ -22,12 +22,12 @@ func migrateBody(id, prev, policy, mode string) string {
 func TestCreateMigrated(t *testing.T) {
 	for _, mode := range []string{"adopt", "snapshot"} {
 		t.Run(mode, func(t *testing.T) {
-			store, s := newTestServer(t)
+			backend, s := newTestServer(t)
 			mustCreate(t, s, "a", "web")
-			before := snapshotStore(t, store)
+			before := snapshotStore(t, backend)
 			wantError(t, request(t, s, http.MethodPost, AllocsPath, migrateBody("b", "a", "migrate", mode)), http.StatusConflict)
-			if after := snapshotStore(t, store); !reflect.DeepEqual(after, before) {
-				t.Errorf("a refused migration changed the store:\nbefore %v\nafter  %v", before, after)
+			if after := snapshotStore(t, backend); !reflect.DeepEqual(after, before) {
+				t.Errorf("a refused migration changed the backend:\nbefore %v\nafter  %v", before, after)
 			}
 			if rec := request(t, s, http.MethodPost, AllocsPath+"/a/stop", ""); rec.Code != http.StatusOK {
 				t.Fatalf("stop a: %d %s", rec.Code, rec.Body)
@@ -36,12 +36,12 @@ func TestCreateMigrated(t *testing.T) {
 			if rec.Code != http.StatusCreated {
 				t.Fatalf("create b from a: %d %s", rec.Code, rec.Body)
 			}
-			var st fs.State
+			var st store.State
 			decode(t, rec, &st)
 			if st.Previous != "a" {
 				t.Errorf("b's previous: got %q, want a", st.Previous)
 			}
-			a, err := store.Get("a")
+			a, err := backend.Get("a")
 			if err != nil || a.MigratedTo != "b" || !a.Volumes["alloc/data"].ReadOnly {
 				t.Errorf("a after the handover: %+v, %v; want migrated to b, data read-only", a, err)
 			}
@@ -66,7 +66,7 @@ func TestCreateMigrated(t *testing.T) {
 // one collected (and then gone: 410), and the node-wide GC collects every
 // stopped allocation and nothing else.
 func TestGC(t *testing.T) {
-	store, s := newTestServer(t)
+	backend, s := newTestServer(t)
 	for _, id := range []string{"a", "b", "c"} {
 		mustCreate(t, s, id, "web")
 	}
@@ -89,7 +89,7 @@ func TestGC(t *testing.T) {
 	if rec.Code != http.StatusOK || !reflect.DeepEqual(out.Collected, []string{"b"}) {
 		t.Errorf("node gc: %d %v, want 200 [b]", rec.Code, out.Collected)
 	}
-	if _, err := store.Get("c"); err != nil {
+	if _, err := backend.Get("c"); err != nil {
 		t.Errorf("the running allocation after node gc: %v", err)
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"net/url"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // Paths of the control API. Allocation IDs are appended to AllocsPath as
@@ -43,7 +43,7 @@ type GCResponse struct {
 // AllocStatus is the answer of GET /v1/allocs/{id}: the allocation's
 // record plus where it is mounted and what its layers hold.
 type AllocStatus struct {
-	fs.State
+	store.State
 
 	// Mount is the allocation's directory in the mount: <mount>/<id>.
 	Mount string `json:"mount"`
@@ -117,7 +117,7 @@ type ProgressEvent struct {
 // plain request would have had).
 type createLine struct {
 	Progress *ProgressEvent `json:"progress,omitempty"`
-	State    *fs.State      `json:"state,omitempty"`
+	State    *store.State   `json:"state,omitempty"`
 	Error    string         `json:"error,omitempty"`
 	Status   int            `json:"status,omitempty"`
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -28,7 +29,7 @@ import (
 // All methods are safe for concurrent use.
 type AllocDir struct {
 	logger   hclog.Logger
-	store    *Store
+	store    *store.Store
 	mount    *Mount
 	mountDir string
 	id       string
@@ -41,11 +42,11 @@ var _ allocdir.Interface = (*AllocDir)(nil)
 // NewAllocDir returns the allocation id of store as seen under mountDir.
 // mount, when not nil, is the live mount of store: its memory-only
 // secrets and private directories are then listed too.
-func NewAllocDir(logger hclog.Logger, store *Store, mount *Mount, mountDir, id string) *AllocDir {
+func NewAllocDir(logger hclog.Logger, store *store.Store, mount *Mount, mountDir, id string) *AllocDir {
 	// The store's notifier starts with its first AllocDir rather than with
 	// its first follower, so that following never starts a goroutine that
 	// outlives it.
-	store.notifier()
+	store.Notifier()
 	return &AllocDir{
 		logger:   logger.Named("alloc_dir").With("alloc_id", id),
 		store:    store,
@@ -118,7 +119,7 @@ func (a *AllocDir) Move(other allocdir.Interface, tasks []string) error {
 		return fmt.Errorf("unable to move into %s: %w", a.id, err)
 	}
 	for _, task := range tasks {
-		if st.task(task) < 0 {
+		if st.TaskIndex(task) < 0 {
 			if _, err := a.store.EnsureTask(a.id, allocdir.Task{Name: task}); err != nil {
 				return fmt.Errorf("unable to move task %q: %w", task, err)
 			}
@@ -146,7 +147,7 @@ func (a *AllocDir) readSide() allocdir.ReadSide {
 			f := &storeFS{a: a, st: st}
 			return f, f.close, nil
 		},
-		Notifier: a.store.notifier(),
+		Notifier: a.store.Notifier(),
 	}
 }
 
@@ -198,7 +199,7 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 // mount's memory tree.
 type storeFS struct {
 	a  *AllocDir
-	st *State
+	st *store.State
 	// volumes holds each volume's ReadFS, with its layers' fds open, for
 	// the whole operation: the resolver looks at a path one component at
 	// a time.
@@ -232,7 +233,7 @@ func (f *storeFS) locate(name string) (*where, error) {
 	comps := strings.Split(name, "/")
 	base := comps[len(comps)-1]
 	if comps[0] != allocdir.SharedAllocName {
-		i := f.st.task(comps[0])
+		i := f.st.TaskIndex(comps[0])
 		if i < 0 {
 			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
 		}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -85,7 +86,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	// Only the mount's own lines (passthrough on or off) and warnings.
 	storeLog := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
 	mountLog := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Info, Output: os.Stderr})
-	store, err := OpenStore(storeLog, filepath.Join(base, "data"))
+	s, err := store.Open(storeLog, filepath.Join(base, "data"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	env.mount, err = NewMount(mountLog, store, mnt, DefaultMountOptions())
+	env.mount, err = NewMount(mountLog, s, mnt, DefaultMountOptions())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -108,14 +109,14 @@ func newBenchEnv(b *testing.B) *benchEnv {
 			b.Errorf("unmount: %v", err)
 		}
 	})
-	st, err := store.Create("bench", []allocdir.Task{{Name: "web"}})
+	st, err := s.Create("bench", []allocdir.Task{{Name: "web"}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	env.vol = filepath.Join(mnt, "bench", "alloc", "data")
-	env.layer = store.LayerPath(st.Volumes["alloc/data"].Upper)
+	env.layer = s.LayerPath(st.Volumes["alloc/data"].Upper)
 	benchEnvOnce.Do(func() {
-		mountLog.Info("benchmark environment", "data_dir", store.DataDir(), "fs", fsTypeName(store.DataDir()),
+		mountLog.Info("benchmark environment", "data_dir", s.DataDir(), "fs", fsTypeName(s.DataDir()),
 			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough())
 	})
 	return env

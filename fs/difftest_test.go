@@ -19,6 +19,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/difftest"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -145,13 +146,10 @@ var diffShapes = []string{"plain", "adopt", "snapshot"}
 // its umask is 022, where root's is this process's (the mount library
 // sets 0).
 func TestDifferential(t *testing.T) {
-	tm := newTestMount(t)
 	// Durability is not what this test is about, and every restart
 	// makes and destroys allocations: the store's fsyncs would only
 	// slow each one down.
-	tm.store.writeMu.Lock()
-	tm.store.disk = noSyncDisk{}
-	tm.store.writeMu.Unlock()
+	tm := newTestMountWith(t, store.Options{Disk: noSyncDisk{}})
 	refBase := t.TempDir()
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(refBase, &sfs); err != nil {
@@ -260,10 +258,10 @@ func TestDifferential(t *testing.T) {
 }
 
 // noSyncDisk is the store's disk without its syncs.
-type noSyncDisk struct{ osDisk }
+type noSyncDisk struct{ store.OSDisk }
 
-func (noSyncDisk) fsync(string) error  { return nil }
-func (noSyncDisk) syncfs(string) error { return nil }
+func (noSyncDisk) Fsync(string) error  { return nil }
+func (noSyncDisk) Syncfs(string) error { return nil }
 
 // diffRun is one seed's sequence on one shape as one identity.
 type diffRun struct {

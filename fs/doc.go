@@ -1,86 +1,23 @@
-// Package fs is allocfs itself: the layered store on a backing directory
-// and the FUSE tree that presents every allocation from it under one
-// mount point.
+// Package fs is allocfs's FUSE tree: the mount that presents every
+// allocation of the store under one mount point, the nodes of its
+// skeleton, volumes and memory volumes, and AllocDir, the allocdir
+// contract served from the store.
 //
-// # The store
+// # Three packages
 //
-// All bytes live as plain files under the data directory:
+// The data plane is three packages, each with one job:
 //
-//	<data-dir>/lock                   flock(2)ed by the one store that has the
-//	                                  data dir open; says its PID and mount
-//	<data-dir>/state/<allocID>.json   the allocation's record (tasks, status,
-//	                                  which layers back which mount point)
-//	<data-dir>/state/journal          the write-ahead log of record changes
-//	<data-dir>/layers/<layerID>/      a layer: an ordinary directory tree
-//	<data-dir>/staging/               half-received snapshots, merges in
-//	                                  progress; emptied at every start
+//	fs/store   the records and the layers they stack: state files and
+//	           journal, staging, remap, seal and import, flatten, the
+//	           collector, the watch of backing files. No FUSE.
+//	fs/layer   the on-disk layer format: whiteouts, opaque directories,
+//	           the format's xattrs, and the merge of two layers.
+//	fs         the FUSE tree (this package): nodes only, serving what the
+//	           store records in the layer format.
 //
-// A volume is a stack of layers (one writable upper over read-only lowers)
-// attached at a fixed point of an allocation: alloc/data, alloc/logs,
-// alloc/tmp, <task>, <task>/local and <task>/tmp each have their own.
-// Layers use the kernel overlayfs's on-disk format (whiteouts are
-// character devices 0/0, opaque directories carry trusted.overlay.opaque),
-// so `mount -t overlay` can always recover a volume: a write to a lower
-// entry copies it up first (FICLONE where the filesystem can). A volume
-// can be frozen read-only (EROFS).
-//
-// # Crash-atomic changes
-//
-// Every change of the records is one intent in the journal (journal.go):
-// the records as the change leaves them, and the empty layers it made.
-// Appending and syncing the intent is the change's one fsync and the
-// instant it happens; the state files are rewritten afterwards without a
-// sync, and a checkpoint (at open, at close, and when the journal grows
-// past a megabyte) syncs them and empties the journal. So a migration,
-// which changes two records, or a flatten, which changes every record
-// stacking the merged pair, is as atomic as a change of one: whatever
-// instant the daemon dies at, the next OpenStore replays the journal and
-// shows the state before or after, never a data layer writable under two
-// allocations. Every step that changes the data dir goes through one
-// small interface (disk.go), so that tests can kill the store at each
-// step, or drop what a power cut would (crash_test.go).
-//
-// A layer that no record names is an orphan: what a crash left between
-// making a layer and journaling the change that names it, a removal that
-// failed, a placeholder a migration replaced, or layers a flatten merged
-// away once the allocations that retained them are gone. Nothing else can
-// be unnamed, since handing layers over is one intent, so every
-// collector pass removes orphans (Sweep), logging each, and a failed
-// removal is tried again by the next pass.
-//
-// # Migration and collection
-//
-// Migration between two allocations of one store changes two records and
-// nothing else: Remap (adopt) gives the new allocation the previous one's
-// layers and leaves the previous one a read-only MIGRATED-TO note; Seal
-// (snapshot) freezes the previous volumes and stacks a fresh writable
-// layer over them for the new one; CreateMigrated makes the new
-// allocation and hands it the data in the same intent. A remote snapshot
-// is extracted into staging/, synced, and becomes layers by rename
-// (CreateImported). Destroy only removes layers no other allocation
-// references, so layers stacked under a live allocation survive their
-// owner; Pin keeps an allocation whose snapshot is streaming from being
-// destroyed; the Collector, the node's only one (the timer and explicit
-// requests alike), destroys terminal allocations, oldest first, under
-// Nomad's GC triggers, then sweeps and flattens.
-//
-// # Flattening
-//
-// Every snapshot migration stacks one more layer, and a lookup that misses
-// the upper layer costs one lstat per lower, so Flatten (run by the
-// Collector after each pass) merges adjacent lower layers of any volume
-// with more than maxLowers of them. Two layers merge only when every
-// volume that references either stacks them the same way, which a stopped
-// previous allocation's frozen view (its sealed layer as a read-only
-// upper) prevents until it is collected; pinned allocations are left
-// alone. The merged layer is built in staging/ by link(2), so no byte is
-// copied and inodes, and the open files on them, stay as they were;
-// whiteouts and opaque marks are kept only where layers remain below it.
-// It is synced, renamed into layers/, and every record that stacked the
-// pair is switched to it in one intent, each retaining the pair
-// (State.Retained): a view the mount built before the switch keeps
-// reading the pair's paths for as long as the kernel holds it. Once those
-// allocations are gone the pair is an orphan, and the sweep removes it.
+// The tree reads the store's committed records (store.Store.View) on
+// every lookup and hears of changes through store.Store.OnChange; it
+// never changes a record itself except through the store's methods.
 //
 // # The tree
 //

@@ -1,11 +1,8 @@
 package fs
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	iofs "io/fs"
@@ -19,6 +16,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -26,7 +24,7 @@ import (
 
 // chainLen is how many snapshot migrations the chain tests make: two more
 // than the bound, so that the newest allocation is over it.
-const chainLen = maxLowers + 2
+const chainLen = store.MaxLowers + 2
 
 // chainID names the allocation of generation i.
 func chainID(i int) string { return fmt.Sprintf("g%d", i) }
@@ -91,19 +89,6 @@ var chainOps = []func(t *testing.T, data, local string){
 	},
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func mustWrite(t *testing.T, p, content string, mode os.FileMode) {
-	t.Helper()
-	must(t, os.MkdirAll(filepath.Dir(p), 0o755))
-	must(t, os.WriteFile(p, []byte(content), mode))
-}
-
 // buildChain makes allocations g0..g<chainLen>, each a snapshot migration
 // of the one before, each changing its data through the mount as chainOps
 // says, and destroys the oldest ones so that the remaining three, like a
@@ -144,16 +129,40 @@ func buildChain(t *testing.T, tm *testMount) []string {
 	return out
 }
 
+// stackOf is the layers of v, top first.
+func stackOf(v *store.Volume) []string { return append([]string{v.Upper}, v.Lowers...) }
+
+// layersOf is every layer st stacks.
+func layersOf(st *store.State) map[string]bool {
+	out := make(map[string]bool)
+	for _, v := range st.Volumes {
+		for _, l := range stackOf(v) {
+			out[l] = true
+		}
+	}
+	return out
+}
+
+// retainedLayers lists, sorted, the layers the store's allocations retain.
+func retainedLayers(s *store.Store) []string {
+	var out []string
+	for _, st := range s.List() {
+		out = append(out, st.Retained...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // volumeView describes every entry a volume shows, read from its layers
 // with the mount's own overlay logic: type and mode, owner, mtime, and
 // for non-directories the inode, size, content (or target) and extended
 // attributes. Left out are the ctime and link count, which every link(2)
 // changes, and a directory's inode number: a merge makes directories
 // anew. The inode number shows that hard-linked names stay one file.
-func volumeView(t *testing.T, s *Store, id, key string) map[string]string {
+func volumeView(t *testing.T, s *store.Store, id, key string) map[string]string {
 	t.Helper()
 	var roots []string
-	for _, l := range mustState(t, s, id).Volumes[key].layers() {
+	for _, l := range stackOf(mustState(t, s, id).Volumes[key]) {
 		roots = append(roots, s.LayerPath(l))
 	}
 	return rootsView(t, roots)
@@ -228,7 +237,7 @@ func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 }
 
 // storeViews is every volume view of the allocations ids.
-func storeViews(t *testing.T, s *Store, ids []string) map[string]map[string]string {
+func storeViews(t *testing.T, s *store.Store, ids []string) map[string]map[string]string {
 	t.Helper()
 	out := make(map[string]map[string]string)
 	for _, id := range ids {
@@ -260,11 +269,11 @@ func diffViews(t *testing.T, got, want map[string]map[string]string) {
 
 // layerInodes is the set of inode numbers of every non-directory in the
 // layers the allocations reference.
-func layerInodes(t *testing.T, s *Store, ids []string) map[uint64]string {
+func layerInodes(t *testing.T, s *store.Store, ids []string) map[uint64]string {
 	t.Helper()
 	out := make(map[uint64]string)
 	for _, id := range ids {
-		for l := range mustState(t, s, id).layerIDs() {
+		for l := range layersOf(mustState(t, s, id)) {
 			root := s.LayerPath(l)
 			err := filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
 				if err != nil || d.IsDir() {
@@ -285,19 +294,6 @@ func layerInodes(t *testing.T, s *Store, ids []string) map[uint64]string {
 	return out
 }
 
-// maxDepth is the deepest frozen stack (lowers, and a frozen upper) among
-// the volumes of ids.
-func maxDepth(t *testing.T, s *Store, ids []string) int {
-	t.Helper()
-	depth := 0
-	for _, id := range ids {
-		for _, v := range mustState(t, s, id).Volumes {
-			depth = max(depth, len(v.Lowers))
-		}
-	}
-	return depth
-}
-
 // TestFlattenChain checks that flattening a snapshot chain deeper than the
 // bound brings every volume within it, that every remaining allocation
 // shows exactly what it showed before (content, modes, owners, times,
@@ -312,7 +308,7 @@ func TestFlattenChain(t *testing.T) {
 	inodes := layerInodes(t, tm.store, ids)
 	oldLayers := make(map[string]bool)
 	for _, id := range ids {
-		for l := range mustState(t, tm.store, id).layerIDs() {
+		for l := range layersOf(mustState(t, tm.store, id)) {
 			oldLayers[l] = true
 		}
 	}
@@ -322,11 +318,15 @@ func TestFlattenChain(t *testing.T) {
 		t.Fatalf("Flatten: %v", err)
 	}
 	// alloc/data and web/local, each over the bound by the same count.
-	if want := 2 * (chainLen - maxLowers); n != want {
+	if want := 2 * (chainLen - store.MaxLowers); n != want {
 		t.Errorf("Flatten merged %d pairs, want %d", n, want)
 	}
-	if d := maxDepth(t, tm.store, ids); d > maxLowers {
-		t.Errorf("deepest stack after the flatten: %d lowers, want at most %d", d, maxLowers)
+	for _, id := range ids {
+		for key, v := range mustState(t, tm.store, id).Volumes {
+			if len(v.Lowers) > store.MaxLowers {
+				t.Errorf("%s/%s after the flatten: %d lowers, want at most %d", id, key, len(v.Lowers), store.MaxLowers)
+			}
+		}
 	}
 	diffViews(t, storeViews(t, tm.store, ids), before)
 	for ino, p := range layerInodes(t, tm.store, ids) {
@@ -344,14 +344,14 @@ func TestFlattenChain(t *testing.T) {
 	// The layers merged away stay while the allocations that stacked
 	// them do (the mount may still read them), and go with them.
 	retained := retainedLayers(tm.store)
-	if want := 2 * 2 * (chainLen - maxLowers); len(retained) != want {
+	if want := 2 * 2 * (chainLen - store.MaxLowers); len(retained) != want {
 		t.Errorf("retained layers: %v, want %d", retained, want)
 	}
 	for _, l := range retained {
 		if !oldLayers[l] {
 			t.Errorf("retained layer %s was not in use before the flatten", l)
 		}
-		if err := tm.store.checkLayer(l); err != nil {
+		if fi, err := os.Stat(tm.store.LayerPath(l)); err != nil || !fi.IsDir() {
 			t.Errorf("retained layer %s while its allocations live: %v", l, err)
 		}
 	}
@@ -360,7 +360,8 @@ func TestFlattenChain(t *testing.T) {
 	}
 
 	// A restart remembers them.
-	reopened := reopenStore(t, tm.store)
+	must(t, tm.store.Close())
+	reopened := openTestStore(t, tm.store.DataDir(), store.Options{})
 	diffViews(t, storeViews(t, reopened, ids), before)
 	if got := retainedLayers(reopened); strings.Join(got, ",") != strings.Join(retained, ",") {
 		t.Errorf("retained layers after a reopen: %v, want %v", got, retained)
@@ -370,241 +371,6 @@ func TestFlattenChain(t *testing.T) {
 	}
 	if got := layerDirs(t, reopened); len(got) != 0 {
 		t.Errorf("layers once every allocation is destroyed: %v, want none", got)
-	}
-}
-
-// retainedLayers lists, sorted, the layers the store's allocations retain.
-func retainedLayers(s *Store) []string {
-	set := make(map[string]struct{})
-	for _, st := range s.List() {
-		for _, l := range st.Retained {
-			set[l] = struct{}{}
-		}
-	}
-	return sortedKeys(set)
-}
-
-// TestRetainedLayersAfterRestart checks that layers a flatten retained are
-// removed by the sweep once the allocations that retained them are gone,
-// also when they went while the daemon was down, rather than left behind
-// as orphans.
-func TestRetainedLayersAfterRestart(t *testing.T) {
-	tm := newTestMount(t)
-	ids := buildChain(t, tm)
-	for _, id := range ids[:len(ids)-2] {
-		must(t, tm.store.Destroy(id))
-	}
-	if n, err := tm.store.Flatten(); err != nil || n == 0 {
-		t.Fatalf("Flatten: %d merges, %v; want some", n, err)
-	}
-	retained := retainedLayers(tm.store)
-	if len(retained) == 0 {
-		t.Fatal("no layer retained after a flatten")
-	}
-	// The live allocations go while the daemon is down: an operator
-	// moves their records away.
-	must(t, tm.store.Close())
-	for _, id := range ids[len(ids)-2:] {
-		must(t, os.Remove(tm.store.statePath(id)))
-	}
-	reopened := openTestStore(t, tm.store.DataDir())
-	if n, err := reopened.Sweep(); err != nil || n == 0 {
-		t.Fatalf("Sweep: removed %d, %v; want the orphans removed", n, err)
-	}
-	for _, l := range retained {
-		if _, err := os.Lstat(reopened.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("retained layer %s after a restart with its allocations gone: %v, want it removed", l, err)
-		}
-	}
-	if got := layerDirs(t, reopened); len(got) != 0 {
-		t.Errorf("layers after the sweep: %v, want none", got)
-	}
-}
-
-// TestRetiredFileAdopted checks that the list of retired layers an earlier
-// version kept (retired-layers.json) is moved into the records of the
-// allocations it names, and that its layers whose allocations are gone
-// become orphans the sweep removes.
-func TestRetiredFileAdopted(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	s := openTestStore(t, dir)
-	mustCreate(t, s, "a", "web")
-	old1, old2, gone := mustLayer(t, s), mustLayer(t, s), mustLayer(t, s)
-	must(t, s.Close())
-	list := fmt.Sprintf(`[{"layers":[%q,%q],"allocs":["a"]},{"layers":[%q],"allocs":["z"]},{"layers":["../../etc"],"allocs":["a"]}]`, old1, old2, gone)
-	must(t, os.WriteFile(filepath.Join(dir, retiredFile), []byte(list), 0o600))
-
-	s2 := openTestStore(t, dir)
-	if got, want := mustState(t, s2, "a").Retained, []string{old1, old2}; !slices.Equal(got, want) {
-		t.Errorf("retained by a: %v, want %v", got, want)
-	}
-	if _, err := os.Lstat(filepath.Join(dir, retiredFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the old list after the open: %v, want it removed", err)
-	}
-	if n, err := s2.Sweep(); n != 1 || err != nil {
-		t.Errorf("Sweep: removed %d, %v; want the one layer of a gone allocation", n, err)
-	}
-	for _, l := range []string{old1, old2} {
-		if err := s2.checkLayer(l); err != nil {
-			t.Errorf("retained layer %s: %v", l, err)
-		}
-	}
-	must(t, s2.Destroy("a"))
-	if got := layerDirs(t, s2); len(got) != 0 {
-		t.Errorf("layers after a is destroyed: %v, want none", got)
-	}
-}
-
-// mustLayer makes an empty layer no record names.
-func mustLayer(t *testing.T, s *Store) string {
-	t.Helper()
-	f, err := s.newLayer(0o755, "")
-	must(t, err)
-	return f.ID
-}
-
-// TestFlattenNeedsCollection checks that nothing is merged while every
-// stopped allocation of the chain is kept: each frozen view ends at its
-// own sealed layer, so no two layers are stacked alike everywhere.
-func TestFlattenNeedsCollection(t *testing.T) {
-	tm := newTestMount(t)
-	web := []allocdir.Task{{Name: "web"}}
-	must(t, errOnly(tm.store.Create("c0", web)))
-	for i := 1; i <= chainLen; i++ {
-		must(t, errOnly(tm.store.Stop(fmt.Sprintf("c%d", i-1))))
-		if _, _, err := tm.store.CreateMigrated(fmt.Sprintf("c%d", i), web, fmt.Sprintf("c%d", i-1), true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n, err := tm.store.Flatten(); n != 0 || err != nil {
-		t.Errorf("Flatten with the whole chain alive: %d merges, %v; want none", n, err)
-	}
-}
-
-func errOnly[T any](_ T, err error) error { return err }
-
-// storeSnapshot is what a failed flatten must leave alone: every record,
-// in memory and on disk, and the set of layers.
-func storeSnapshot(t *testing.T, s *Store, ignore ...string) string {
-	t.Helper()
-	var b bytes.Buffer
-	mem, err := json.Marshal(s.List())
-	must(t, err)
-	b.Write(mem)
-	for _, f := range stateFiles(t, s) {
-		data, err := os.ReadFile(filepath.Join(s.DataDir(), "state", f))
-		must(t, err)
-		b.WriteString("\n" + f + "\n")
-		b.Write(data)
-	}
-	var layers []string
-	for _, l := range layerDirs(t, s) {
-		if !slices.Contains(ignore, l) {
-			layers = append(layers, l)
-		}
-	}
-	b.WriteString("\nlayers: " + strings.Join(layers, ","))
-	return b.String()
-}
-
-// TestFlattenFailureChangesNothing checks that a flatten that fails while
-// it links the merged layer, or while it switches the records over (the
-// journal cannot take the intent), leaves every record and layer as it
-// was and staging empty, and that the next pass succeeds.
-func TestFlattenFailureChangesNothing(t *testing.T) {
-	tm := newTestMount(t)
-	ids := buildChain(t, tm)
-	before := storeSnapshot(t, tm.store)
-	views := storeViews(t, tm.store, ids)
-	injected := errors.New("injected fault")
-
-	for _, tc := range []struct {
-		name  string
-		fault func() func(op, p string) error
-	}{
-		{"link", func() func(op, p string) error {
-			links := 0
-			return func(op, _ string) error {
-				if op == "link" {
-					if links++; links == 7 {
-						return injected
-					}
-				}
-				return nil
-			}
-		}},
-		{"mkdir", func() func(op, p string) error {
-			return func(op, _ string) error {
-				if op == "mkdir" {
-					return injected
-				}
-				return nil
-			}
-		}},
-		{"switch", func() func(op, p string) error {
-			return func(op, _ string) error {
-				if op == "append" {
-					return injected
-				}
-				return nil
-			}
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// The two oldest layers of alloc/data: every remaining
-			// allocation stacks them, and they hold every kind of entry.
-			lowers := mustState(t, tm.store, ids[len(ids)-1]).Volumes["alloc/data"].Lowers
-			tm.store.mu.RLock()
-			plan := tm.store.mergeableLocked(lowers[len(lowers)-2], lowers[len(lowers)-1])
-			tm.store.mu.RUnlock()
-			if plan == nil || len(plan.allocs) != len(ids) {
-				t.Fatalf("plan for the oldest pair: %+v, want one over %v", plan, ids)
-			}
-			plan.key = "alloc/data"
-			setFault(tm.store, tc.fault())
-			err := tm.store.flatten(plan)
-			setFault(tm.store, nil)
-			if !errors.Is(err, injected) {
-				t.Fatalf("flatten with a fault: %v, want the fault", err)
-			}
-			if after := storeSnapshot(t, tm.store); after != before {
-				t.Errorf("store after a failed flatten:\n%s\nwant:\n%s", after, before)
-			}
-			if got := dirNames(t, tm.store.StagingDir()); len(got) != 0 {
-				t.Errorf("staging after a failed flatten: %v, want empty", got)
-			}
-			diffViews(t, storeViews(t, tm.store, ids), views)
-		})
-	}
-	if n, err := tm.store.Flatten(); err != nil || n == 0 {
-		t.Fatalf("Flatten after the faults: %d merges, %v", n, err)
-	}
-	diffViews(t, storeViews(t, tm.store, ids), views)
-}
-
-// TestFlattenKeepsAwayFromPins checks that no layer a pinned allocation
-// uses is merged (a snapshot streaming from it reads its paths), and that
-// the chain is flattened once the pin is released.
-func TestFlattenKeepsAwayFromPins(t *testing.T) {
-	tm := newTestMount(t)
-	ids := buildChain(t, tm)
-	// The oldest remaining allocation stacks every deep layer.
-	unpin, err := tm.store.Pin(ids[0])
-	must(t, err)
-	before := storeSnapshot(t, tm.store)
-	if n, err := tm.store.Flatten(); n != 0 || err != nil {
-		t.Errorf("Flatten while pinned: %d merges, %v; want none", n, err)
-	}
-	if after := storeSnapshot(t, tm.store); after != before {
-		t.Errorf("store after a flatten while pinned:\n%s\nwant:\n%s", after, before)
-	}
-	unpin()
-	if n, err := tm.store.Flatten(); n == 0 || err != nil {
-		t.Errorf("Flatten after the unpin: %d merges, %v", n, err)
-	}
-	if d := maxDepth(t, tm.store, ids); d > maxLowers {
-		t.Errorf("deepest stack after the unpin: %d lowers, want at most %d", d, maxLowers)
 	}
 }
 
@@ -669,7 +435,7 @@ func TestMountFlattenOpenFile(t *testing.T) {
 	// new lookup builds it on the merged layer.
 	must(t, f.Close())
 	must(t, m.Unmount())
-	m2, err := NewMount(tm.store.logger, tm.store, tm.dir, DefaultMountOptions())
+	m2, err := NewMount(testLogger(t), tm.store, tm.dir, DefaultMountOptions())
 	must(t, err)
 	t.Cleanup(func() { must(t, m2.Unmount()) })
 	if after := listings(); after != before {
@@ -742,8 +508,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
 			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
 			must(t, os.Mkdir(merged, 0o700))
-			m := &merger{disk: osDisk{}, dst: merged}
-			must(t, m.build(upper, lower, through))
+			must(t, errOnly(layer.Merge(store.OSDisk{}, merged, upper, lower, through)))
 			pair, flat := []string{upper, lower}, []string{merged}
 			if through {
 				pair, flat = append(pair, below), append(flat, below)
@@ -773,78 +538,5 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 				t.Errorf("merged bottom layer keeps %d whiteouts or opaque marks, want none", marks)
 			}
 		})
-	}
-}
-
-// TestCollectorFlattens checks the trigger: a collection pass that
-// destroys the stopped allocations holding a chain's old layers then
-// flattens the chain within the bound.
-func TestCollectorFlattens(t *testing.T) {
-	s := openTestStore(t, filepath.Join(t.TempDir(), "data"))
-	web := tasks("web")
-	mustCreate(t, s, chainID(0), "web")
-	for i := 1; i <= chainLen; i++ {
-		must(t, errOnly(s.Stop(chainID(i-1))))
-		time.Sleep(2 * time.Millisecond) // distinct stop times: oldest first
-		if _, _, err := s.CreateMigrated(chainID(i), web, chainID(i-1), true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := NewCollector(testLogger(t), s, GCConfig{MaxAllocs: 2})
-	c.statfs = func() (unix.Statfs_t, error) {
-		return unix.Statfs_t{Blocks: 100, Bfree: 90, Files: 100, Ffree: 90}, nil
-	}
-	if got := c.Collect(); len(got) != chainLen-1 {
-		t.Fatalf("collected %v, want the %d oldest", got, chainLen-1)
-	}
-	ids := []string{chainID(chainLen - 1), chainID(chainLen)}
-	if d := maxDepth(t, s, ids); d > maxLowers {
-		t.Errorf("deepest stack after a collection: %d lowers, want at most %d", d, maxLowers)
-	}
-}
-
-// BenchmarkFlatten measures one merge of two layers of 5,000 files each
-// (10,000 links) under a third layer, so that whiteouts are kept.
-func BenchmarkFlatten(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("whiteouts need root")
-	}
-	dir := b.TempDir()
-	upper, lower := filepath.Join(dir, "u"), filepath.Join(dir, "l")
-	for _, root := range []string{upper, lower} {
-		for d := range 50 {
-			sub := filepath.Join(root, fmt.Sprintf("d%02d", d))
-			if err := os.MkdirAll(sub, 0o755); err != nil {
-				b.Fatal(err)
-			}
-			for f := range 100 {
-				name := fmt.Sprintf("%s-%03d", filepath.Base(root), f)
-				if err := os.WriteFile(filepath.Join(sub, name), []byte(name), 0o644); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		merged := filepath.Join(dir, fmt.Sprintf("m%d", i))
-		if err := os.Mkdir(merged, 0o700); err != nil {
-			b.Fatal(err)
-		}
-		m := &merger{disk: osDisk{}, dst: merged}
-		if err := m.build(upper, lower, true); err != nil {
-			b.Fatal(err)
-		}
-		if err := (osDisk{}).syncfs(merged); err != nil {
-			b.Fatal(err)
-		}
-		if m.links != 10000 {
-			b.Fatalf("%d links, want 10000", m.links)
-		}
-		b.StopTimer()
-		if err := os.RemoveAll(merged); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -49,7 +50,7 @@ func DefaultMountOptions() MountOptions {
 // Mount is a live FUSE mount of a store.
 type Mount struct {
 	logger  hclog.Logger
-	store   *Store
+	store   *store.Store
 	dir     string
 	opts    MountOptions
 	server  *fuse.Server
@@ -79,7 +80,7 @@ type Mount struct {
 // NewMount mounts store at dir and starts serving. The caller must call
 // Unmount. The daemon must never access dir itself: a FUSE server that
 // reads its own mount from a request handler deadlocks.
-func NewMount(logger hclog.Logger, store *Store, dir string, opts MountOptions) (*Mount, error) {
+func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOptions) (*Mount, error) {
 	m := &Mount{
 		logger:  logger.Named("mount").With("mountpoint", dir),
 		store:   store,
@@ -182,7 +183,7 @@ func (m *Mount) dataThroughDaemon(op string) {
 // (an API request, an AllocDir call), never inside a FUSE request handler,
 // where a notification can deadlock.
 func (m *Mount) invalidate(id string) {
-	if _, err := m.store.view(id); err != nil {
+	if _, err := m.store.View(id); err != nil {
 		m.dropMem(id)
 		m.slots.release(id)
 		if ch := m.root.GetChild(id); ch != nil {
@@ -227,7 +228,7 @@ func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
 
 // allocAttr is the attribute of <mount>/<allocID>: 0755, owned by the
 // agent.
-func (m *Mount) allocAttr(st *State) skeletonAttr {
+func (m *Mount) allocAttr(st *store.State) skeletonAttr {
 	return skeletonAttr{mode: 0o755, uid: m.agent.uid, gid: m.agent.gid, mtime: st.Created}
 }
 
@@ -236,12 +237,12 @@ type fuseOwner struct{ uid, gid uint32 }
 
 // sharedAttr is the attribute of alloc/ and of task directories: 0777,
 // owned by nobody when running as root.
-func (m *Mount) sharedAttr(st *State) skeletonAttr {
+func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
 	return skeletonAttr{mode: 0o777, uid: m.shared.uid, gid: m.shared.gid, mtime: st.Created}
 }
 
 // sharedInode returns the alloc/ node of an allocation in a view.
-func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *store.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
 	m.sharedAttr(st).fill(&out.Attr, ino)
 	m.stableTimeouts(out)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -21,7 +22,7 @@ import (
 // testMount is a store in a temp dir mounted at a temp mount point; it is
 // unmounted when the test ends.
 type testMount struct {
-	store *Store
+	store *store.Store
 	mount *Mount
 	dir   string
 }
@@ -35,24 +36,23 @@ func TestMain(m *testing.M) {
 
 func newTestMount(t *testing.T) *testMount {
 	t.Helper()
+	return newTestMountWith(t, store.Options{})
+}
+
+// newTestMountWith is newTestMount with the store opened with opts.
+func newTestMountWith(t *testing.T, storeOpts store.Options) *testMount {
+	t.Helper()
 	fstest.RequireFUSE(t)
-	logger := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
-	store, err := OpenStore(logger, filepath.Join(t.TempDir(), "data"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := store.Close(); err != nil {
-			t.Errorf("close store: %v", err)
-		}
-	})
+	logger := testLogger(t)
+	logger.SetLevel(hclog.Warn)
+	s := openTestStore(t, filepath.Join(t.TempDir(), "data"), storeOpts)
 	dir := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	opts := DefaultMountOptions()
 	opts.Debug = testing.Verbose() && os.Getenv("ALLOCFS_FUSE_DEBUG") == "1"
-	m, err := NewMount(logger, store, dir, opts)
+	m, err := NewMount(logger, s, dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func newTestMount(t *testing.T) *testMount {
 			t.Errorf("unmount: %v", err)
 		}
 	})
-	return &testMount{store: store, mount: m, dir: dir}
+	return &testMount{store: s, mount: m, dir: dir}
 }
 
 // TestMountLayout checks that a created allocation shows Nomad's layout
@@ -437,21 +437,12 @@ func TestMountFileKinds(t *testing.T) {
 	})
 }
 
-func mustState(t *testing.T, s *Store, id string) *State {
-	t.Helper()
-	st, err := s.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
 // TestNewMountRefusesUmask checks that NewMount refuses to serve with a
 // umask, which would be applied a second time to every new file, rather
 // than setting the process's umask itself.
 func TestNewMountRefusesUmask(t *testing.T) {
 	fstest.RequireFUSE(t)
-	store := openTestStore(t, filepath.Join(t.TempDir(), "data"))
+	store := openTestStore(t, filepath.Join(t.TempDir(), "data"), store.Options{})
 	dir := t.TempDir()
 	old := syscall.Umask(0o022)
 	_, err := NewMount(testLogger(t), store, dir, DefaultMountOptions())

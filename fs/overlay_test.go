@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	iofs "io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,24 +16,29 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hanwen/go-fuse/v2/posixtest"
 )
 
 // stackLayer turns the volume key of allocation id into an overlay: its
 // current upper layer becomes a read-only lower under a fresh, empty
 // upper layer. It returns the paths of the lower and the new upper layer.
-func stackLayer(t *testing.T, s *Store, id, key string) (lower, upper string) {
+func stackLayer(t *testing.T, s *store.Store, id, key string) (lower, upper string) {
 	t.Helper()
-	f, err := s.newLayer(allocdir.SharedDirMode, "")
-	if err != nil {
-		t.Fatal(err)
+	// A layer made by hand, as the store makes one: Update takes any
+	// layer that exists under layers/.
+	fresh := fmt.Sprintf("%016x", rand.Uint64())
+	p := s.LayerPath(fresh)
+	must(t, os.Mkdir(p, 0o700))
+	if o := allocdir.Nobody(); o != nil {
+		must(t, os.Lchown(p, o.UID, o.GID))
 	}
-	fresh := f.ID
+	must(t, os.Chmod(p, allocdir.SharedDirMode))
 	var old string
-	if _, err := s.Update(id, func(st *State) error {
+	if _, err := s.Update(id, func(st *store.State) error {
 		v := st.Volumes[key]
 		old = v.Upper
-		st.Volumes[key] = &Volume{Upper: fresh, Lowers: append([]string{v.Upper}, v.Lowers...)}
+		st.Volumes[key] = &store.Volume{Upper: fresh, Lowers: append([]string{v.Upper}, v.Lowers...)}
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // migrationFixture creates a stopped allocation "prev" with data, local
@@ -80,11 +81,11 @@ func TestMountAdopt(t *testing.T) {
 		t.Errorf("prev's log after the migration: got %q (nomad#18034)", got)
 	}
 	entries, err := os.ReadDir(filepath.Join(tm.dir, "prev/alloc/data"))
-	if err != nil || len(entries) != 1 || entries[0].Name() != MigratedToName {
-		t.Errorf("prev's alloc/data: got %v, %v; want only %s", entries, err, MigratedToName)
+	if err != nil || len(entries) != 1 || entries[0].Name() != store.MigratedToName {
+		t.Errorf("prev's alloc/data: got %v, %v; want only %s", entries, err, store.MigratedToName)
 	}
-	if got := readMount(t, tm, "prev/alloc/data/"+MigratedToName); !strings.Contains(got, "next") {
-		t.Errorf("%s: got %q, want it to name next", MigratedToName, got)
+	if got := readMount(t, tm, "prev/alloc/data/"+store.MigratedToName); !strings.Contains(got, "next") {
+		t.Errorf("%s: got %q, want it to name next", store.MigratedToName, got)
 	}
 	err = os.WriteFile(filepath.Join(tm.dir, "prev/alloc/data/new"), nil, 0o644)
 	if !errors.Is(err, syscall.EROFS) {
@@ -152,7 +153,7 @@ func TestMountSeal(t *testing.T) {
 // only; a second handover (which would make the placeholders or frozen
 // layers writable elsewhere) is refused and changes nothing.
 func TestMigrateTwiceRefused(t *testing.T) {
-	s := openTestStore(t, t.TempDir())
+	s := openTestStore(t, t.TempDir(), store.Options{})
 	for _, snapshot := range []bool{false, true} {
 		prev := fmt.Sprintf("prev-%v", snapshot)
 		if _, err := s.Create(prev, tasks("web")); err != nil {
@@ -166,7 +167,7 @@ func TestMigrateTwiceRefused(t *testing.T) {
 		}
 		before, _ := s.Get(prev)
 		_, _, err := s.CreateMigrated(prev+"-c", tasks("web"), prev, snapshot)
-		if !errors.Is(err, ErrExists) {
+		if !errors.Is(err, store.ErrExists) {
 			t.Errorf("snapshot=%v: second migration from %s: %v, want ErrExists", snapshot, prev, err)
 		}
 		if _, err := s.Get(prev + "-c"); err == nil {

@@ -77,7 +77,7 @@ func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Att
 var _ = (gofs.NodeLookuper)((*rootNode)(nil))
 
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := r.m.store.view(name)
+	st, err := r.m.store.View(name)
 	if err != nil {
 		return nil, toErrno(r.m.logger, err)
 	}
@@ -92,7 +92,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 var _ = (gofs.NodeReaddirer)((*rootNode)(nil))
 
 func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	ids := r.m.store.ids()
+	ids := r.m.store.IDs()
 	entries := make([]fuse.DirEntry, 0, len(ids))
 	for _, id := range ids {
 		entries = append(entries, fuse.DirEntry{Name: id, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", id)})
@@ -110,7 +110,7 @@ type allocNode struct {
 var _ = (gofs.NodeGetattrer)((*allocNode)(nil))
 
 func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	st, err := a.m.store.view(a.id)
+	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return toErrno(a.m.logger, err)
 	}
@@ -121,14 +121,14 @@ func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.At
 var _ = (gofs.NodeLookuper)((*allocNode)(nil))
 
 func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := a.m.store.view(a.id)
+	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
 	if name == allocdir.SharedAllocName {
 		return a.m.sharedInode(ctx, &a.Inode, st, 0, out)
 	}
-	if st.task(name) >= 0 {
+	if st.TaskIndex(name) >= 0 {
 		return a.m.volumeInode(ctx, &a.Inode, st, name, 0, &taskNode{m: a.m, id: a.id, task: name}, out)
 	}
 	return nil, syscall.ENOENT
@@ -137,7 +137,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 var _ = (gofs.NodeReaddirer)((*allocNode)(nil))
 
 func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	st, err := a.m.store.view(a.id)
+	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
@@ -162,7 +162,7 @@ type sharedNode struct {
 var _ = (gofs.NodeGetattrer)((*sharedNode)(nil))
 
 func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	st, err := s.m.store.view(s.id)
+	st, err := s.m.store.View(s.id)
 	if err != nil {
 		return toErrno(s.m.logger, err)
 	}
@@ -173,7 +173,7 @@ func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.A
 var _ = (gofs.NodeLookuper)((*sharedNode)(nil))
 
 func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := s.m.store.view(s.id)
+	st, err := s.m.store.View(s.id)
 	if err != nil {
 		return nil, toErrno(s.m.logger, err)
 	}
@@ -211,11 +211,11 @@ var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocd
 
 // Lookup finds the layout child name of the task directory parent.
 func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := t.m.store.view(t.id)
+	st, err := t.m.store.View(t.id)
 	if err != nil {
 		return nil, toErrno(t.m.logger, err)
 	}
-	i := st.task(t.task)
+	i := st.TaskIndex(t.task)
 	if i < 0 {
 		return nil, syscall.ENOENT
 	}

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -71,7 +72,7 @@ func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.In
 // volumeInode returns the root node of the volume at key ("alloc/data",
 // "<task>/local", ...) of an allocation, as seen in view. task is set for
 // a task directory's own volume, whose layout children it presents.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, ok := st.Volumes[key]
 	if !ok {
 		return nil, syscall.ENOENT

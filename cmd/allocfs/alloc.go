@@ -17,7 +17,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -164,7 +164,7 @@ previous allocation must be stopped first.`)
 	ctx, c, done := dial(*socket)
 	defer done()
 	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode, From: *from, Token: token}
-	var st *fs.State
+	var st *store.State
 	var err error
 	if *from != "" {
 		show := migrate.NewProgressPrinter(e.stderr, isTerminal(e.stderr))

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/logmon"
 	"github.com/hashicorp/go-hclog"
 )
@@ -264,7 +264,7 @@ func lookupTask(socket, id, task string) (string, error) {
 		}
 		return "", err
 	}
-	if st.Status != fs.StatusRunning {
+	if st.Status != store.StatusRunning {
 		return "", fmt.Errorf("allocation %s is %s: its directories no longer take new output", id, st.Status)
 	}
 	for _, t := range st.Tasks {

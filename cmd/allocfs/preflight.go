@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -40,7 +40,7 @@ func checkLayout(cfg serveConfig) error {
 		return fmt.Errorf("mount point %q would cover the data dir %q: pass a --mount outside it, or a subdirectory such as %s",
 			cfg.mountDir, cfg.dataDir, filepath.Join(cfg.dataDir, "mnt"))
 	}
-	for _, d := range fs.StoreDirs {
+	for _, d := range store.Dirs {
 		if p := filepath.Join(cfg.dataDir, d); within(p, cfg.mountDir) {
 			return fmt.Errorf("mount point %q is inside the store's %q: pass a --mount outside it, such as %s",
 				cfg.mountDir, p, filepath.Join(cfg.dataDir, "mnt"))

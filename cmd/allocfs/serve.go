@@ -16,6 +16,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -45,7 +46,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		debugFuse                                      bool
 		node                                           nodeConfig
 		migrateTokenFile, nodeSecretFile, apiTokenFile string
-		gc                                             = fs.DefaultGCConfig()
+		gc                                             = store.DefaultGCConfig()
 	)
 	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
@@ -119,7 +120,7 @@ type serveConfig struct {
 	mount    fs.MountOptions
 	// node is what other machines reach over TCP.
 	node nodeConfig
-	gc   fs.GCConfig
+	gc   store.GCConfig
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
@@ -155,7 +156,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
 		return notADirectory(cfg.mountDir, fi)
 	}
-	store, err := fs.OpenStore(logger, cfg.dataDir)
+	s, err := store.Open(logger, cfg.dataDir)
 	if err != nil {
 		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
 	}
@@ -164,12 +165,12 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	storeOpen := true
 	defer func() {
 		if storeOpen {
-			if err := store.Close(); err != nil {
+			if err := s.Close(); err != nil {
 				logger.Error("failed to close the store", "error", err)
 			}
 		}
 	}()
-	if err := store.Announce(cfg.mountDir); err != nil {
+	if err := s.Announce(cfg.mountDir); err != nil {
 		return err
 	}
 	// Only the holder of the data dir's lock may touch the mount point:
@@ -191,24 +192,24 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
-	m, err := fs.NewMount(logger, store, cfg.mountDir, opts)
+	m, err := fs.NewMount(logger, s, cfg.mountDir, opts)
 	if err != nil {
 		ln.Close()
 		return err
 	}
 
-	collector := fs.NewCollector(logger, store, cfg.gc)
-	apiServer := api.NewServer(logger, store, collector, m.Dir(), m.Passthrough)
+	collector := store.NewCollector(logger, s, cfg.gc)
+	apiServer := api.NewServer(logger, s, collector, m.Dir(), m.Passthrough)
 	// Every read of an allocation's files, for the client API and for
 	// snapshots, goes through the store, never through the mount. A
 	// snapshot pins the allocation against collection while it streams
 	// (pinnedFS); a follower of a collected allocation's file sees it
 	// deleted.
 	lookup := func(id string) (allocdir.FS, error) {
-		if _, err := store.Get(id); err != nil {
+		if _, err := s.Get(id); err != nil {
 			return nil, err
 		}
-		return pinnedFS{FS: fs.NewAllocDir(logger, store, m, m.Dir(), id), store: store, id: id}, nil
+		return pinnedFS{FS: fs.NewAllocDir(logger, s, m, m.Dir(), id), store: s, id: id}, nil
 	}
 	clientAPI := apiServer.ServeClientAPI(lookup)
 	fetchTLS, err := cfg.node.fetchTLSConfig()
@@ -265,7 +266,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		}
 	}()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
-		"passthrough", m.Passthrough(), "allocations", store.Len())
+		"passthrough", m.Passthrough(), "allocations", s.Len())
 
 	var failure error
 	select {
@@ -318,7 +319,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}
 	logger.Info("unmounted", "mount", m.Dir())
 	storeOpen = false
-	if err := store.Close(); err != nil {
+	if err := s.Close(); err != nil {
 		failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
 	}
 	if failure != nil {
@@ -400,7 +401,7 @@ func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
 // streams to another node.
 type pinnedFS struct {
 	allocdir.FS
-	store *fs.Store
+	store *store.Store
 	id    string
 }
 

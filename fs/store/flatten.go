@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"encoding/json"
@@ -10,23 +10,21 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/allocfs/allocfs/fs/layer"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"golang.org/x/sys/unix"
 )
 
-// maxLowers bounds the lower layers of a volume. Every snapshot migration
+// MaxLowers bounds the lower layers of a volume. Every snapshot migration
 // adds one, and a name missing from the upper layer costs one lstat per
 // lower on lookup, so without a bound a long-lived job's lookups slow down
 // with every deploy. Four keeps a miss within five backing lookups (about
 // what a plain path of that depth costs) while leaving room for the
 // layers a stopped previous allocation still needs on its own: below it,
 // each flatten relinks little more than a generation's changes.
-const maxLowers = 4
+const MaxLowers = 4
 
 // errFlattenRaced reports that the store changed while a merged layer was
 // being built, so that it no longer stands in for the pair it was built
@@ -49,7 +47,7 @@ type flattenPlan struct {
 }
 
 // Flatten merges adjacent lower layers until no volume has more than
-// maxLowers of them, or no pair of the deep ones can be merged: a pair
+// MaxLowers of them, or no pair of the deep ones can be merged: a pair
 // can only be merged when every volume that references either layer
 // stacks them the same way, which a stopped previous allocation's frozen
 // view breaks until it is collected. It returns how many merges it made.
@@ -94,7 +92,7 @@ func (s *Store) nextPlan() (*flattenPlan, error) {
 		st := s.allocs[id]
 		for _, key := range sortedVolumeKeys(st) {
 			v := st.Volumes[key]
-			if v == nil || len(v.Lowers) <= maxLowers {
+			if v == nil || len(v.Lowers) <= MaxLowers {
 				continue
 			}
 			for i := 0; i+1 < len(v.Lowers); i++ {
@@ -259,17 +257,17 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 		if _, serr := os.Lstat(stage); serr != nil {
 			return
 		}
-		if rerr := s.disk.removeAll(stage); rerr != nil {
+		if rerr := s.disk.RemoveAll(stage); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("failed to remove staging dir %q: %w", stage, rerr))
 		}
 	}()
-	m := &merger{disk: s.disk, dst: stage}
-	if err := m.build(s.LayerPath(p.upper), s.LayerPath(p.lower), p.through); err != nil {
+	made, err := layer.Merge(s.disk, stage, s.LayerPath(p.upper), s.LayerPath(p.lower), p.through)
+	if err != nil {
 		return fmt.Errorf("failed to merge layer %s onto %s: %w", p.upper, p.lower, err)
 	}
 	// The links and directories must be on disk before a record names
 	// them; one syncfs is cheaper than an fsync per directory.
-	if err := s.disk.syncfs(stage); err != nil {
+	if err := s.disk.Syncfs(stage); err != nil {
 		return fmt.Errorf("failed to sync merged layer: %w", err)
 	}
 	merged, allocs, err := s.switchLayers(p, stage)
@@ -278,7 +276,7 @@ func (s *Store) flatten(p *flattenPlan) (err error) {
 	}
 	s.logger.Info("flattened layers",
 		"upper", p.upper, "lower", p.lower, "merged", merged, "volume", p.key,
-		"allocs", strings.Join(allocs, ","), "links", m.links, "dirs", m.dirs,
+		"allocs", strings.Join(allocs, ","), "links", made.Links, "dirs", made.Dirs,
 		"duration", time.Since(start))
 	return nil
 }
@@ -292,7 +290,7 @@ func (s *Store) stagingDir(prefix string) (string, error) {
 			return "", err
 		}
 		p := filepath.Join(s.StagingDir(), prefix+"-"+id)
-		err = s.disk.mkdir(p, 0o700)
+		err = s.disk.Mkdir(p, 0o700)
 		if errors.Is(err, iofs.ErrExist) {
 			continue
 		}
@@ -341,13 +339,13 @@ func (s *Store) switchLayers(p *flattenPlan, stage string) (string, []string, er
 			}
 		}
 	}
-	err = s.disk.fsync(s.layersDir())
+	err = s.disk.Fsync(s.layersDir())
 	if err == nil {
 		err = s.change(&intent{Op: "flatten", Records: records})
 	}
 	if err != nil {
 		err = fmt.Errorf("failed to switch to merged layer %s: %w", merged, err)
-		if rerr := s.disk.removeAll(s.LayerPath(merged)); rerr != nil {
+		if rerr := s.disk.RemoveAll(s.LayerPath(merged)); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("merged layer %s left for the collector: %w", merged, rerr))
 		}
 		return "", nil, err
@@ -382,7 +380,7 @@ type retiredRecord struct {
 // adoptRetiredFile moves the layers an earlier version retired into the
 // records of the allocations that stacked them, in one journaled intent,
 // and then removes the file. Layers whose allocations are all gone become
-// orphans for the collector. It runs in OpenStore, with writeMu held.
+// orphans for the collector. It runs in Open, with writeMu held.
 func (s *Store) adoptRetiredFile() error {
 	p := filepath.Join(s.dataDir, retiredFile)
 	data, err := os.ReadFile(p)
@@ -422,7 +420,7 @@ func (s *Store) adoptRetiredFile() error {
 			return fmt.Errorf("failed to adopt %q: %w", p, err)
 		}
 	}
-	if err := s.disk.remove(p); err != nil {
+	if err := s.disk.Remove(p); err != nil {
 		return fmt.Errorf("failed to remove %q: %w", p, err)
 	}
 	return nil
@@ -436,156 +434,4 @@ func countEntries(root string) (int, error) {
 		return err
 	})
 	return n, err
-}
-
-// merger builds, under dst, one layer that reads like an upper layer
-// stacked on a lower one, in the overlayfs format. Files and every other
-// non-directory are hard links to the pair's own inodes, so no byte is
-// copied and an open file stays the same file; directories are made anew
-// with their source's mode, owner, times and extended attributes.
-type merger struct {
-	disk disk
-	dst  string
-	// links and dirs count what the merge made, for the log.
-	links, dirs int
-}
-
-// build fills m.dst, an empty directory, from the layer roots upper and
-// lower. through says that layers below the pair may show through the
-// merged one, which then keeps the whiteouts and opaque marks needed to
-// hide them.
-func (m *merger) build(upper, lower string, through bool) error {
-	srcs := []string{upper}
-	opaque := layer.IsOpaque(upper)
-	if !opaque {
-		srcs = append(srcs, lower)
-		opaque = layer.IsOpaque(lower)
-	}
-	return m.dir("", srcs, opaque, through)
-}
-
-// dir fills the directory rel of the merged layer, already created, with
-// the entries of the directories rel in srcs (layer roots, upper first: a
-// name in the first hides the same name in the second), then gives it
-// the attributes of srcs[0]'s, which is the one the pair showed. opaque
-// says that nothing below the merged layer may show through rel; through
-// that something would, were it not opaque, so the mark is needed.
-func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
-	dst := filepath.Join(m.dst, rel)
-	childThrough := through && !opaque
-	seen := make(map[string]bool)
-	for k, src := range srcs {
-		entries, err := os.ReadDir(filepath.Join(src, rel))
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			name := e.Name()
-			if seen[name] {
-				continue
-			}
-			seen[name] = true
-			child := filepath.Join(rel, name)
-			var st syscall.Stat_t
-			if err := syscall.Lstat(filepath.Join(src, child), &st); err != nil {
-				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
-			}
-			if !layer.IsDir(&st) {
-				if layer.IsWhiteout(&st) && !childThrough {
-					continue // hides nothing any more
-				}
-				if err := m.link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
-					return err
-				}
-				continue
-			}
-			csrcs, copaque, err := childSources(srcs, k, child)
-			if err != nil {
-				return err
-			}
-			if err := m.mkdir(filepath.Join(m.dst, child)); err != nil {
-				return err
-			}
-			if err := m.dir(child, csrcs, copaque, childThrough); err != nil {
-				return err
-			}
-		}
-	}
-	return copyDirAttrs(filepath.Join(srcs[0], rel), dst, opaque && through)
-}
-
-// childSources returns, for a directory child found in srcs[k], the
-// layers whose directories merge into it and whether it hides everything
-// below. The upper's directory merges with the lower's only when it is
-// not opaque and the lower holds a directory there too; a whiteout or a
-// non-directory in the lower hides the layers below it, so the merged
-// directory must then be opaque.
-func childSources(srcs []string, k int, child string) ([]string, bool, error) {
-	top := filepath.Join(srcs[k], child)
-	if layer.IsOpaque(top) {
-		return []string{srcs[k]}, true, nil
-	}
-	if k+1 >= len(srcs) {
-		return []string{srcs[k]}, false, nil
-	}
-	under := filepath.Join(srcs[k+1], child)
-	var st syscall.Stat_t
-	switch err := syscall.Lstat(under, &st); {
-	case errors.Is(err, syscall.ENOENT):
-		return []string{srcs[k]}, false, nil
-	case err != nil:
-		return nil, false, err
-	case layer.IsDir(&st):
-		return []string{srcs[k], srcs[k+1]}, layer.IsOpaque(under), nil
-	default:
-		return []string{srcs[k]}, true, nil
-	}
-}
-
-func (m *merger) link(src, dst string) error {
-	if err := m.disk.link(src, dst); err != nil {
-		return err
-	}
-	m.links++
-	return nil
-}
-
-func (m *merger) mkdir(dst string) error {
-	if err := m.disk.mkdir(dst, 0o700); err != nil {
-		return err
-	}
-	m.dirs++
-	return nil
-}
-
-// copyDirAttrs gives the directory dst the extended attributes, owner,
-// mode and times of src, in that order: chown may clear set-id bits, so
-// the mode follows it, and the times come last because setting anything
-// else would move them. The opaque mark is set only when asked, since the
-// merged directory may need it where its source had none, or not need it
-// where its source had one.
-func copyDirAttrs(src, dst string, opaque bool) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(src, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: src, Err: err}
-	}
-	if err := layer.CopyXattrs(src, dst); err != nil {
-		return err
-	}
-	if opaque {
-		if err := layer.MarkOpaque(dst); err != nil {
-			return err
-		}
-	}
-	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
-		return &os.PathError{Op: "chown", Path: dst, Err: err}
-	}
-	if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
-		return &os.PathError{Op: "chmod", Path: dst, Err: err}
-	}
-	ts := []unix.Timespec{st.Atim, st.Mtim}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "utimes", Path: dst, Err: err}
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"encoding/json"
@@ -99,8 +99,8 @@ func (s *State) Clone() *State {
 	return &c
 }
 
-// task returns the index of the task called name, or -1.
-func (s *State) task(name string) int {
+// TaskIndex returns the index of the task called name, or -1.
+func (s *State) TaskIndex(name string) int {
 	for i, t := range s.Tasks {
 		if t.Name == name {
 			return i

@@ -1,4 +1,4 @@
-package fs
+package store
 
 // Crash injection. Every change of the store is run once to count its
 // durable steps (the calls it makes to its disk), then again from the
@@ -29,225 +29,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	iofs "io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 )
-
-// errDead is the failure of every step from the one a crash falls on.
-var errDead = errors.New("crashed here")
-
-// crashDisk takes steps on the real disk until step limit (1-based; 0
-// never dies), which fails with every later one. With power set it keeps,
-// in image, what a power cut at the current instant would leave.
-type crashDisk struct {
-	osDisk
-	t       *testing.T
-	dataDir string
-	limit   int
-	steps   int
-	power   bool
-	// image is a copy of the data dir as a power cut would leave it, taken
-	// at the last sync before the crash.
-	image string
-	// dirty holds, by inode, the files the store wrote and has not synced
-	// since; durable their content at their last sync.
-	dirty   map[uint64]bool
-	durable map[uint64][]byte
-	// trail names every step taken, for the log.
-	trail []string
-}
-
-// short names p the way the log shows it: relative to the data dir, with
-// layer IDs elided.
-func (d *crashDisk) short(p string) string {
-	rel, err := filepath.Rel(d.dataDir, p)
-	if err != nil {
-		return p
-	}
-	parts := strings.Split(rel, "/")
-	if len(parts) > 1 && (parts[0] == layersDirName || parts[0] == stagingDirName) {
-		parts[1] = "*"
-	}
-	if len(parts) > 1 && parts[0] == stateDirName && strings.HasSuffix(parts[1], ".tmp") {
-		parts[1] = "*.tmp"
-	}
-	return strings.Join(parts, "/")
-}
-
-func newCrashDisk(t *testing.T, dataDir, image string, limit int, power bool) *crashDisk {
-	return &crashDisk{t: t, dataDir: dataDir, image: image, limit: limit, power: power,
-		dirty: make(map[uint64]bool), durable: make(map[uint64][]byte)}
-}
-
-// step counts one step, named op on path p for the log, and says
-// whether the process is dead by now.
-func (d *crashDisk) step(op, p string) error {
-	d.steps++
-	d.trail = append(d.trail, op+" "+d.short(p))
-	if d.limit > 0 && d.steps >= d.limit {
-		return errDead
-	}
-	return nil
-}
-
-func inode(p string) (uint64, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return 0, false
-	}
-	return st.Ino, true
-}
-
-func (d *crashDisk) wrote(p string) {
-	if ino, ok := inode(p); ok {
-		d.dirty[ino] = true
-	}
-}
-
-// capture takes the image a power cut right now would leave.
-func (d *crashDisk) capture() {
-	if !d.power {
-		return
-	}
-	img := filepath.Join(d.t.TempDir(), "image")
-	if out, err := exec.Command("cp", "-a", d.dataDir, img).CombinedOutput(); err != nil {
-		d.t.Fatalf("image of %s: %v: %s", d.dataDir, err, out)
-	}
-	err := filepath.WalkDir(d.dataDir, func(p string, e iofs.DirEntry, err error) error {
-		if err != nil || !e.Type().IsRegular() {
-			return err
-		}
-		ino, _ := inode(p)
-		if !d.dirty[ino] {
-			return nil
-		}
-		rel, _ := filepath.Rel(d.dataDir, p)
-		return os.WriteFile(filepath.Join(img, rel), d.durable[ino], 0o600)
-	})
-	if err != nil {
-		d.t.Fatalf("image of %s: %v", d.dataDir, err)
-	}
-	d.image = img
-}
-
-func (d *crashDisk) mkdir(p string, mode uint32) error {
-	if err := d.step("mkdir", p); err != nil {
-		return err
-	}
-	return d.osDisk.mkdir(p, mode)
-}
-
-func (d *crashDisk) lchown(p string, uid, gid int) error {
-	if err := d.step("lchown", p); err != nil {
-		return err
-	}
-	return d.osDisk.lchown(p, uid, gid)
-}
-
-func (d *crashDisk) chmod(p string, mode uint32) error {
-	if err := d.step("chmod", p); err != nil {
-		return err
-	}
-	return d.osDisk.chmod(p, mode)
-}
-
-func (d *crashDisk) writeFile(p string, data []byte, mode uint32) error {
-	if err := d.step("writeFile", p); err != nil {
-		return err
-	}
-	err := d.osDisk.writeFile(p, data, mode)
-	d.wrote(p)
-	return err
-}
-
-func (d *crashDisk) appendFile(p string, data []byte) error {
-	if err := d.step("appendFile", p); err != nil {
-		return err
-	}
-	if ino, ok := inode(p); ok && !d.dirty[ino] {
-		cur, _ := os.ReadFile(p)
-		d.durable[ino] = cur
-	}
-	err := d.osDisk.appendFile(p, data)
-	d.wrote(p)
-	return err
-}
-
-func (d *crashDisk) truncate(p string, size int64) error {
-	if err := d.step("truncate", p); err != nil {
-		return err
-	}
-	if ino, ok := inode(p); ok && d.dirty[ino] && int64(len(d.durable[ino])) > size {
-		d.durable[ino] = d.durable[ino][:size]
-	}
-	return d.osDisk.truncate(p, size)
-}
-
-func (d *crashDisk) fsync(p string) error {
-	if err := d.step("fsync", p); err != nil {
-		return err
-	}
-	if err := d.osDisk.fsync(p); err != nil {
-		return err
-	}
-	if ino, ok := inode(p); ok {
-		delete(d.dirty, ino)
-		delete(d.durable, ino)
-	}
-	d.capture()
-	return nil
-}
-
-func (d *crashDisk) syncfs(p string) error {
-	if err := d.step("syncfs", p); err != nil {
-		return err
-	}
-	if err := d.osDisk.syncfs(p); err != nil {
-		return err
-	}
-	d.dirty = make(map[uint64]bool)
-	d.durable = make(map[uint64][]byte)
-	d.capture()
-	return nil
-}
-
-func (d *crashDisk) rename(oldpath, newpath string, flags uint) error {
-	if err := d.step("rename", newpath); err != nil {
-		return err
-	}
-	return d.osDisk.rename(oldpath, newpath, flags)
-}
-
-func (d *crashDisk) link(oldpath, newpath string) error {
-	if err := d.step("link", newpath); err != nil {
-		return err
-	}
-	return d.osDisk.link(oldpath, newpath)
-}
-
-func (d *crashDisk) remove(p string) error {
-	if err := d.step("remove", p); err != nil {
-		return err
-	}
-	return d.osDisk.remove(p)
-}
-
-func (d *crashDisk) removeAll(p string) error {
-	if err := d.step("removeAll", p); err != nil {
-		return err
-	}
-	return d.osDisk.removeAll(p)
-}
 
 // crashOp is one change of the store under test: setup builds the data
 // dir it starts from (and is closed afterwards, so that it is durable);
@@ -273,7 +65,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		t.Run(op.name, func(t *testing.T) {
 			t.Parallel()
 			tpl := filepath.Join(t.TempDir(), "template")
-			s, err := OpenStore(hclog.NewNullLogger(), tpl)
+			s, err := Open(hclog.NewNullLogger(), tpl)
 			must(t, err)
 			op.setup(t, s)
 			must(t, s.Close())
@@ -284,7 +76,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			before := canonicalRecords(t, tpl, tplLayers)
 			dir := copyDataDir(t, tpl)
 			counter := newCrashDisk(t, dir, tpl, 0, false)
-			s, err = openStore(hclog.NewNullLogger(), dir, counter)
+			s, err = OpenWith(hclog.NewNullLogger(), dir, Options{Disk: counter})
 			must(t, err)
 			counter.steps = 0 // opening the closed template takes none
 			if err := op.run(s); err != nil {
@@ -307,7 +99,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				for _, power := range []bool{false, true} {
 					dir := copyDataDir(t, tpl)
 					d := newCrashDisk(t, dir, tpl, 0, power)
-					s, err := openStore(hclog.NewNullLogger(), dir, d)
+					s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Disk: d})
 					must(t, err)
 					d.steps, d.limit = 0, n
 					runErr := op.run(s)
@@ -356,12 +148,12 @@ type restarted struct {
 // leaves only layers some record names.
 func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where string) restarted {
 	t.Helper()
-	s, err := OpenStore(hclog.NewNullLogger(), dir)
+	s, err := Open(hclog.NewNullLogger(), dir)
 	// A child another test forks inherits the dead store's lock until it
 	// execs; the lock is gone a moment later.
 	for i := 0; i < 100 && errors.Is(err, ErrLocked); i++ {
 		time.Sleep(10 * time.Millisecond)
-		s, err = OpenStore(hclog.NewNullLogger(), dir)
+		s, err = Open(hclog.NewNullLogger(), dir)
 	}
 	if err != nil {
 		t.Fatalf("%s: the next start fails: %v", where, err)
@@ -406,7 +198,7 @@ func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where 
 func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) string {
 	t.Helper()
 	cp := copyDataDir(t, dir)
-	s, err := OpenStore(hclog.NewNullLogger(), cp)
+	s, err := Open(hclog.NewNullLogger(), cp)
 	if err != nil {
 		t.Fatalf("read records of %s: %v", dir, err)
 	}
@@ -661,7 +453,7 @@ func crashOps() []crashOp {
 				prev := "c0"
 				mustCreate(t, s, prev, "web")
 				// One lower over the bound: one merge.
-				for i := 1; i <= maxLowers+1; i++ {
+				for i := 1; i <= MaxLowers+1; i++ {
 					putFile(t, s, prev, "alloc/data", fmt.Sprintf("f%d", i), "gen")
 					if _, err := s.Stop(prev); err != nil {
 						t.Fatal(err)
@@ -685,8 +477,8 @@ func crashOps() []crashOp {
 				return err
 			},
 			check: func(t *testing.T, s *Store, after bool) {
-				for i := 1; i <= maxLowers+1; i++ {
-					if !volumeHas(s, fmt.Sprintf("c%d", maxLowers+1), "alloc/data", fmt.Sprintf("f%d", i)) {
+				for i := 1; i <= MaxLowers+1; i++ {
+					if !volumeHas(s, fmt.Sprintf("c%d", MaxLowers+1), "alloc/data", fmt.Sprintf("f%d", i)) {
 						t.Errorf("f%d is gone from the chain's view", i)
 					}
 				}

@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 // appended and synced, which is the one fsync a change costs and the
 // instant it happens; the state files are then rewritten without a sync.
 // A crash at any step leaves either no intent (the change did not happen)
-// or a whole one, which the next OpenStore applies again (replay): a
+// or a whole one, which the next Open applies again (replay): a
 // restart shows the state before or the state after, never a mix.
 //
 // A checkpoint makes the state files durable (an fsync of each file
@@ -175,18 +175,18 @@ func (s *Store) change(in *intent) error {
 // what a restart would replay, so it takes no more changes.
 func (s *Store) journalAppend(frame []byte) error {
 	p := s.journalPath()
-	err := s.disk.appendFile(p, frame)
+	err := s.disk.AppendFile(p, frame)
 	if err == nil {
-		err = s.disk.fsync(p)
+		err = s.disk.Fsync(p)
 	}
 	if err == nil {
 		s.journalSize += int64(len(frame))
 		return nil
 	}
 	err = fmt.Errorf("failed to journal the change: %w", err)
-	terr := s.disk.truncate(p, s.journalSize)
+	terr := s.disk.Truncate(p, s.journalSize)
 	if terr == nil {
-		terr = s.disk.fsync(p)
+		terr = s.disk.Fsync(p)
 	}
 	if terr != nil && !(s.journalSize == 0 && errors.Is(terr, iofs.ErrNotExist)) {
 		s.broken = errors.Join(err, terr)
@@ -234,7 +234,7 @@ func (s *Store) applyIntent(in *intent) {
 func (s *Store) writeRecord(id string, st *State, sync bool) error {
 	file := s.statePath(id)
 	if st == nil {
-		if err := s.disk.remove(file); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		if err := s.disk.Remove(file); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return err
 		}
 		return nil
@@ -244,18 +244,18 @@ func (s *Store) writeRecord(id string, st *State, sync bool) error {
 		return fmt.Errorf("failed to encode state: %w", err)
 	}
 	tmp := file + ".tmp"
-	if err := s.disk.remove(tmp); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+	if err := s.disk.Remove(tmp); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return err
 	}
-	if err := s.disk.writeFile(tmp, append(data, '\n'), 0o600); err != nil {
-		return errors.Join(err, s.disk.remove(tmp))
+	if err := s.disk.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
+		return errors.Join(err, s.disk.Remove(tmp))
 	}
 	if sync {
-		if err := s.disk.fsync(tmp); err != nil {
-			return errors.Join(err, s.disk.remove(tmp))
+		if err := s.disk.Fsync(tmp); err != nil {
+			return errors.Join(err, s.disk.Remove(tmp))
 		}
 	}
-	return s.disk.rename(tmp, file, 0)
+	return s.disk.Rename(tmp, file, 0)
 }
 
 // checkpoint makes every change in the journal durable outside it, then
@@ -287,31 +287,31 @@ func (s *Store) checkpoint() error {
 			return fmt.Errorf("failed to write state of %s: %w", id, err)
 		}
 	}
-	if err := s.disk.fsync(s.stateDir()); err != nil {
+	if err := s.disk.Fsync(s.stateDir()); err != nil {
 		return err
 	}
 	if len(s.freshSince) > 0 {
 		for _, f := range s.freshSince {
 			p := s.LayerPath(f.ID)
 			if f.Note != "" {
-				if err := s.disk.fsync(filepath.Join(p, MigratedToName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+				if err := s.disk.Fsync(filepath.Join(p, MigratedToName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 					return err
 				}
 			}
-			if err := s.disk.fsync(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			if err := s.disk.Fsync(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 				return err
 			}
 		}
-		if err := s.disk.fsync(s.layersDir()); err != nil {
+		if err := s.disk.Fsync(s.layersDir()); err != nil {
 			return err
 		}
 	}
 	if s.journalSize > 0 {
 		p := s.journalPath()
-		if err := s.disk.truncate(p, 0); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		if err := s.disk.Truncate(p, 0); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return err
 		}
-		if err := s.disk.fsync(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		if err := s.disk.Fsync(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return err
 		}
 	}
@@ -398,8 +398,8 @@ func (s *Store) remakeFresh(f freshLayer) error {
 	if b, err := os.ReadFile(note); err == nil && string(b) == f.Note {
 		return nil
 	}
-	if err := s.disk.remove(note); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+	if err := s.disk.Remove(note); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return err
 	}
-	return s.disk.writeFile(note, []byte(f.Note), 0o444)
+	return s.disk.WriteFile(note, []byte(f.Note), 0o444)
 }

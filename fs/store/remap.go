@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"errors"
@@ -248,7 +248,7 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 	// data and names. One syncfs costs what the `sync` after a
 	// `tar -x` costs, and less than an fsync of every file.
 	if len(dirs) > 0 {
-		if err := s.disk.syncfs(s.StagingDir()); err != nil {
+		if err := s.disk.Syncfs(s.StagingDir()); err != nil {
 			return nil, fmt.Errorf("failed to sync the received snapshot: %w", err)
 		}
 	}
@@ -261,7 +261,7 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 	fail := func(err error) (*State, error) {
 		var errs []error
 		for _, l := range imported {
-			if rerr := s.disk.removeAll(s.LayerPath(l)); rerr != nil {
+			if rerr := s.disk.RemoveAll(s.LayerPath(l)); rerr != nil {
 				errs = append(errs, rerr)
 			}
 		}
@@ -279,7 +279,7 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 		st.Volumes[key] = &Volume{Upper: l}
 	}
 	if len(imported) > 0 {
-		if err := s.disk.fsync(s.layersDir()); err != nil {
+		if err := s.disk.Fsync(s.layersDir()); err != nil {
 			return fail(fmt.Errorf("failed to sync layers: %w", err))
 		}
 	}
@@ -366,7 +366,7 @@ func (s *Store) importLocked(dir string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		err = s.disk.rename(dir, s.LayerPath(id), unix.RENAME_NOREPLACE)
+		err = s.disk.Rename(dir, s.LayerPath(id), unix.RENAME_NOREPLACE)
 		if errors.Is(err, unix.EEXIST) {
 			continue
 		}

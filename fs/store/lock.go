@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"errors"
@@ -14,12 +14,12 @@ import (
 // lockName is the file in the data dir whose flock(2) says a store has it
 // open. Two daemons on one data dir would each create allocations the
 // other does not know of and collect layers the other still uses, so
-// OpenStore takes the lock and a second one fails at once. The kernel
+// Open takes the lock and a second one fails at once. The kernel
 // drops the lock with the last descriptor, so a crashed daemon never
 // leaves the data dir locked.
 const lockName = "lock"
 
-// ErrLocked is returned by OpenStore when another store, in this process
+// ErrLocked is returned by Open when another store, in this process
 // or another, has the data dir open.
 var ErrLocked = errors.New("data dir is in use by another allocfs")
 

@@ -1,4 +1,4 @@
-package fs
+package store
 
 // Local migration benchmarks (issue 4): Store.Remap (adopt) and Store.Seal
 // (snapshot) of an allocation whose alloc/data holds either 10,000 4 KiB
@@ -92,7 +92,7 @@ func benchLocalMigration(b *testing.B, populate func(dir string) (string, error)
 		}
 		b.Cleanup(func() { os.RemoveAll(base) })
 	}
-	store, err := OpenStore(hclog.NewNullLogger(), filepath.Join(base, "data"))
+	store, err := Open(hclog.NewNullLogger(), filepath.Join(base, "data"))
 	if err != nil {
 		b.Fatal(err)
 	}

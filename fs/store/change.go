@@ -1,0 +1,204 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/allocfs/allocfs/allocdir"
+)
+
+// Create records a new allocation with one fresh layer per volume:
+// alloc/data, alloc/logs and alloc/tmp, and each task's local/ and tmp/.
+// It either succeeds completely or leaves nothing behind: no layer, no
+// state file, no entry.
+func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+	}
+	return s.create(id, tasks)
+}
+
+// Build makes sure allocation id exists, creating it with its alloc-level
+// volumes and no tasks if it does not: the allocdir contract builds an
+// allocation before its tasks. An existing allocation is returned as is.
+func (s *Store) Build(id string) (*State, error) {
+	st, err := s.create(id, nil)
+	if errors.Is(err, ErrExists) {
+		return s.Get(id)
+	}
+	return st, err
+}
+
+func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
+	st, err := s.newState(id, tasks)
+	if err != nil {
+		return nil, err
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.absent(id); err != nil {
+		return nil, err
+	}
+	fresh, err := s.freshVolumes(st)
+	if err == nil {
+		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to create allocation %s: %w", id, errors.Join(err, s.removeFresh(fresh)))
+	}
+	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks))
+	return s.Get(id)
+}
+
+// EnsureTask adds task to an existing allocation, with fresh layers for
+// its local/ and tmp/, or updates the secrets size and user of a task it
+// already has. Adding a task that is there already is not an error:
+// drivers register tasks again after a restart.
+func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
+	if err := validTaskName(task.Name); err != nil {
+		return nil, fmt.Errorf("failed to add task to allocation %s: %w", id, err)
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	// Get's copy is current: every change holds writeMu.
+	st, err := s.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	changed := false
+	if i := st.TaskIndex(task.Name); i < 0 {
+		st.Tasks = append(st.Tasks, task)
+		changed = true
+	} else if st.Tasks[i].SecretsMB != task.SecretsMB || st.Tasks[i].User != task.User {
+		st.Tasks[i].SecretsMB = task.SecretsMB
+		st.Tasks[i].User = task.User
+		changed = true
+	}
+	// A volume may be missing for a task that is already recorded, if a
+	// record was edited by hand: give it a fresh layer rather than fail.
+	var specs []volumeSpec
+	for _, v := range taskVolumes(task.Name) {
+		if st.Volumes[v.key] == nil {
+			specs = append(specs, v)
+		}
+	}
+	if !changed && len(specs) == 0 {
+		return st, nil
+	}
+	if err := s.commitWithLayers("update", st, specs); err != nil {
+		return nil, fmt.Errorf("failed to add task %q to allocation %s: %w", task.Name, id, err)
+	}
+	s.logger.Debug("ensured task", "alloc_id", id, "task", task.Name)
+	return s.Get(id)
+}
+
+// commitWithLayers creates a fresh upper layer for each spec, records them
+// in st, and journals st as one change. On failure it removes the layers
+// it created and leaves the store as it was. The caller holds writeMu.
+func (s *Store) commitWithLayers(op string, st *State, specs []volumeSpec) (err error) {
+	var fresh []freshLayer
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.removeFresh(fresh))
+		}
+	}()
+	for _, spec := range specs {
+		f, err := s.newLayer(spec.mode, "")
+		if err != nil {
+			return fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
+		}
+		fresh = append(fresh, f)
+		st.Volumes[spec.key] = &Volume{Upper: f.ID}
+	}
+	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}, Fresh: fresh})
+}
+
+// commit journals st as the new record of its allocation. The caller holds
+// writeMu and no longer touches st.
+func (s *Store) commit(op string, st *State) error {
+	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}})
+}
+
+// Update applies fn to a copy of the record of id and, if fn returns nil
+// and the result is valid, writes it and makes it the current record. If
+// fn fails, or the write does (a full disk), nothing changes, on disk or
+// in memory. Every layer the result references must exist under layers/.
+//
+// fn runs while other changes wait, so it must be quick and must not call
+// Create, EnsureTask, Update or Destroy (Get and List are fine).
+func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	edit, err := s.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := fn(edit); err != nil {
+		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+	}
+	// fn may have kept a reference to edit: record a copy of its own.
+	st := edit.Clone()
+	if st.ID != id {
+		return nil, fmt.Errorf("failed to update allocation %s: the ID cannot change (got %q)", id, st.ID)
+	}
+	st.normalize()
+	if err := st.validate(); err != nil {
+		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+	}
+	for _, l := range sortedKeys(st.layerIDs()) {
+		s.mu.RLock()
+		_, dying := s.dying[l]
+		s.mu.RUnlock()
+		if dying {
+			return nil, fmt.Errorf("failed to update allocation %s: layer %s is being removed", id, l)
+		}
+		if err := s.checkLayer(l); err != nil {
+			return nil, fmt.Errorf("failed to update allocation %s: layer %s: %w", id, l, err)
+		}
+	}
+	// The record journaled is not handed out again: return a copy.
+	out := st.Clone()
+	if err := s.commit("update", st); err != nil {
+		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// Destroy removes an allocation and every layer it references that no
+// other allocation does. Its record goes in one journaled intent; from
+// then on the layers only it named are orphans, which Destroy removes at
+// once. Every removal is attempted and all failures are returned
+// together; a layer that could not be removed, or that a crash stopped
+// Destroy from removing, is removed by the next sweep of the collector.
+func (s *Store) Destroy(id string) error {
+	s.writeMu.Lock()
+	s.mu.RLock()
+	st, err := s.lookup(id)
+	pins := s.pins[id]
+	s.mu.RUnlock()
+	if err != nil {
+		s.writeMu.Unlock()
+		return err
+	}
+	if pins > 0 {
+		s.writeMu.Unlock()
+		return fmt.Errorf("failed to destroy allocation %s (%d readers): %w", id, pins, ErrPinned)
+	}
+	if err := s.change(&intent{Op: "destroy", Records: map[string]*State{id: nil}}); err != nil {
+		s.writeMu.Unlock()
+		return fmt.Errorf("failed to destroy allocation %s: %w", id, err)
+	}
+	s.mu.Lock()
+	owned := s.claimLocked(sortedKeys(st.allLayerIDs()))
+	s.mu.Unlock()
+	// Others may change the store while the trees are deleted: the layers
+	// are no longer referenced and dying keeps them from being reused.
+	s.writeMu.Unlock()
+
+	removed, err := s.removeClaimed(owned, "alloc_id", id)
+	s.logger.Info("destroyed allocation", "alloc_id", id, "layers_removed", removed)
+	if err != nil {
+		return fmt.Errorf("allocation %s destroyed; its layers are left for the collector: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package store
+
+import (
+	"errors"
+	"os"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
+	"golang.org/x/sys/unix"
+)
+
+// Disk is every step by which the store changes the data dir: each call is
+// one step a crash can fall before or after. The store never changes the
+// data dir any other way (what tasks write into layers goes through the
+// mount, not through the store), so a Disk that wraps OSDisk can stop the
+// store at its Nth step, fail one step as a full or broken disk would, or
+// throw away every write that was not synced, and see everything a real
+// crash or power cut could leave behind (crash_test.go). A daemon uses
+// OSDisk; OpenWith takes another.
+//
+// Paths are absolute and built by the store from its own directory names
+// and IDs it generated or checked, never from a request.
+type Disk interface {
+	// Mkdir creates a directory with mode; the umask applies, so the
+	// caller sets the mode it wants with Chmod afterwards.
+	Mkdir(path string, mode uint32) error
+	// Lchown changes the owner of path, not following a link.
+	Lchown(path string, uid, gid int) error
+	// Chmod sets the mode of path, set-id and sticky bits included.
+	Chmod(path string, mode uint32) error
+	// WriteFile creates path (it must not exist) holding data, unsynced.
+	WriteFile(path string, data []byte, mode uint32) error
+	// AppendFile appends data to path, creating it if needed, unsynced.
+	AppendFile(path string, data []byte) error
+	// Truncate cuts the file path to size bytes.
+	Truncate(path string, size int64) error
+	// Fsync makes path's data and its own metadata durable; for a
+	// directory, the names in it.
+	Fsync(path string) error
+	// Syncfs makes everything on the filesystem holding path durable.
+	Syncfs(path string) error
+	// Rename is renameat2 with flags (0 or RENAME_NOREPLACE).
+	Rename(oldpath, newpath string, flags uint) error
+	// Link makes newpath a hard link of oldpath (a flatten's merge).
+	Link(oldpath, newpath string) error
+	// Remove unlinks a file or removes an empty directory.
+	Remove(path string) error
+	// RemoveAll removes a whole tree (a layer), never following links.
+	RemoveAll(path string) error
+}
+
+// A merge of layers takes its steps on the store's disk.
+var _ layer.MergeDisk = Disk(nil)
+
+// OSDisk is the disk of a running daemon: every step is the system call.
+type OSDisk struct{}
+
+func (OSDisk) Mkdir(p string, mode uint32) error {
+	return pathErr("mkdir", p, unix.Mkdir(p, mode))
+}
+
+func (OSDisk) Lchown(p string, uid, gid int) error {
+	return pathErr("lchown", p, unix.Lchown(p, uid, gid))
+}
+
+func (OSDisk) Chmod(p string, mode uint32) error {
+	return pathErr("chmod", p, unix.Fchmodat(unix.AT_FDCWD, p, mode, 0))
+}
+
+func (OSDisk) WriteFile(p string, data []byte, mode uint32) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(mode))
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	return errors.Join(err, f.Close())
+}
+
+func (OSDisk) AppendFile(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	return errors.Join(err, f.Close())
+}
+
+func (OSDisk) Truncate(p string, size int64) error {
+	return pathErr("truncate", p, unix.Truncate(p, size))
+}
+
+func (OSDisk) Fsync(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return pathErr("open", p, err)
+	}
+	defer unix.Close(fd)
+	return pathErr("fsync", p, unix.Fsync(fd))
+}
+
+func (OSDisk) Syncfs(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return pathErr("open", p, err)
+	}
+	defer unix.Close(fd)
+	return pathErr("syncfs", p, unix.Syncfs(fd))
+}
+
+func (OSDisk) Rename(oldpath, newpath string, flags uint) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, flags); err != nil {
+		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err}
+	}
+	return nil
+}
+
+func (OSDisk) Link(oldpath, newpath string) error {
+	if err := unix.Linkat(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, 0); err != nil {
+		return &os.LinkError{Op: "link", Old: oldpath, New: newpath, Err: err}
+	}
+	return nil
+}
+
+func (OSDisk) Remove(p string) error { return os.Remove(p) }
+
+func (OSDisk) RemoveAll(p string) error { return allocdir.RemoveAll(p) }
+
+func pathErr(op, p string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &os.PathError{Op: op, Path: p, Err: err}
+}

@@ -1,0 +1,45 @@
+package fs
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/storetest"
+)
+
+// Helpers shared with the store's tests (package store).
+var (
+	testLogger = allocdirtest.Logger
+	must       = storetest.Must
+	mustWrite  = storetest.MustWrite
+	dirNames   = storetest.DirNames
+	tasks      = storetest.Tasks
+)
+
+func errOnly[T any](v T, err error) error { return storetest.ErrOnly(v, err) }
+
+func mustState(t *testing.T, s *store.Store, id string) *store.State {
+	return storetest.Value[*store.State](t)(s.Get(id))
+}
+
+// openTestStore opens the store in dir with opts, and closes it when the
+// test ends.
+func openTestStore(t *testing.T, dir string, opts store.Options) *store.Store {
+	t.Helper()
+	s := storetest.Value[*store.Store](t)(store.OpenWith(testLogger(t), dir, opts))
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
+	return s
+}
+
+// layerDirs lists <data-dir>/layers.
+func layerDirs(t *testing.T, s *store.Store) []string {
+	return dirNames(t, filepath.Join(s.DataDir(), "layers"))
+}
+
+func writeFile(t *testing.T, p, content string) { mustWrite(t, p, content, 0o600) }
