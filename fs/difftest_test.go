@@ -31,6 +31,7 @@ import (
 //	ALLOCFS_DIFF_OPS=N   operations per seed, shape and identity (default 200)
 //	ALLOCFS_DIFF_SEED=N  run only seed N (to replay a failure); no ratchet check
 //	ALLOCFS_DIFF_ONLY=S/I  run only shape S as identity I (snapshot/user...)
+//	ALLOCFS_DIFF_TRACE=A-B log every op of steps A to B with both results
 const (
 	diffDefaultOps = 200
 	diffUID        = 4321
@@ -313,6 +314,9 @@ func (r *diffRun) run() {
 		v, rr, err := r.ex.exec(r.op)
 		if err != nil {
 			t.Fatalf("%s as %s, seed %d step %d %v: %v", r.shape, r.who, r.seed, r.step, r.op, err)
+		}
+		if r.traced(r.step) {
+			t.Logf("trace %s as %s, seed %d, step %d: %v\n\tallocfs   %+v\n\treference %+v", r.shape, r.who, r.seed, r.step, r.op, v, rr)
 		}
 		tainted := r.resultTainted(rr.Ino, prevR)
 		if tainted {
@@ -688,6 +692,19 @@ func (r *diffRun) compareTrees(curV, curR, prevV, prevR difftest.Tree, touchedV,
 	if tr := strings.Join(touchedR, " "); tv != tr {
 		r.record("reading or listing changes times", difftest.Diff{Field: "names whose times reading changed", Vol: "[" + tv + "]", Ref: "[" + tr + "]"})
 	}
+}
+
+// traced reports whether ALLOCFS_DIFF_TRACE asks for step's op.
+func (r *diffRun) traced(step int) bool {
+	v := os.Getenv("ALLOCFS_DIFF_TRACE")
+	if v == "" {
+		return false
+	}
+	var from, to int
+	if _, err := fmt.Sscanf(v, "%d-%d", &from, &to); err != nil {
+		r.t.Fatalf("ALLOCFS_DIFF_TRACE=%q: want A-B, a range of steps", v)
+	}
+	return step >= from && step <= to
 }
 
 // opParent is the snapshot path of the directory that holds an op's

@@ -37,6 +37,9 @@ type volNode struct {
 	// lowerFiles are the open handles on the node's lower file, which
 	// follow it to its copy-up (lowerFile).
 	lowerFiles map[*lowerFile]struct{}
+	// openFiles are the open handles on the node's own file, which
+	// answer for it once its last name is gone.
+	openFiles map[*gofs.LoopbackFile]struct{}
 
 	// openDirs are this directory's open handles: after the directory
 	// is renamed over or removed its path is gone, and fstat of an open
@@ -356,8 +359,10 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 type volFile struct {
 	*gofs.LoopbackFile
 	m *Mount
-	// node counts the handle in its passthroughOpen while it is open.
-	node *volNode
+	// node counts the handle in its passthroughOpen while it is open,
+	// and in its openFiles when tracked is set.
+	node    *volNode
+	tracked *gofs.LoopbackFile
 }
 
 // passthroughFile is m.wrapFile for a handle of n's file, counted in
@@ -370,7 +375,62 @@ func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
 		n.mu.Unlock()
 		vf.node = n
 	}
+	if lf, ok := fh.(*gofs.LoopbackFile); ok {
+		n.trackFile(lf)
+		if vf, ok := wrapped.(*volFile); ok {
+			vf.tracked = lf
+		} else {
+			return &trackedFile{LoopbackFile: lf, node: n}
+		}
+	}
 	return wrapped
+}
+
+// trackFile counts lf in the node's openFiles until it is released.
+func (n *volNode) trackFile(lf *gofs.LoopbackFile) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.openFiles == nil {
+		n.openFiles = make(map[*gofs.LoopbackFile]struct{})
+	}
+	n.openFiles[lf] = struct{}{}
+}
+
+func (n *volNode) untrackFile(lf *gofs.LoopbackFile) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.openFiles, lf)
+}
+
+// openFile returns one of the node's open handles on its own file, or
+// nil.
+func (n *volNode) openFile() gofs.FileHandle {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for lf := range n.openFiles {
+		return lf
+	}
+	return nil
+}
+
+// pathLeads reports whether the node's path still names an entry.
+func (n *volNode) pathLeads() bool {
+	var st syscall.Stat_t
+	return syscall.Lstat(n.backingPath(), &st) == nil
+}
+
+// trackedFile is a loopback handle served without passthrough wrapping
+// (passthrough off), counted in its node's openFiles while open.
+type trackedFile struct {
+	*gofs.LoopbackFile
+	node *volNode
+}
+
+var _ = (gofs.FileReleaser)((*trackedFile)(nil))
+
+func (f *trackedFile) Release(ctx context.Context) syscall.Errno {
+	f.node.untrackFile(f.LoopbackFile)
+	return f.LoopbackFile.Release(ctx)
 }
 
 var _ = (gofs.FileReleaser)((*volFile)(nil))
@@ -380,6 +440,9 @@ func (f *volFile) Release(ctx context.Context) syscall.Errno {
 		f.node.mu.Lock()
 		f.node.passthroughOpen--
 		f.node.mu.Unlock()
+		if f.tracked != nil {
+			f.node.untrackFile(f.tracked)
+		}
 	}
 	return f.LoopbackFile.Release(ctx)
 }
@@ -669,6 +732,14 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	if errno != syscall.ENOENT {
 		return errno
 	}
+	if h := n.openFile(); h != nil {
+		// Unlinked while open.
+		if errno := h.(gofs.FileGetattrer).Getattr(ctx, out); errno == 0 {
+			n.shownCtime(&out.Attr)
+			out.Ino = n.StableAttr().Ino
+			return 0
+		}
+	}
 	if fd, ok := lowerFd(f); ok {
 		// Copied up, then unlinked while open.
 		var st syscall.Stat_t
@@ -709,16 +780,26 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
+	h := attrHandle(f)
+	if h == nil && !n.pathLeads() {
+		// fchmod, fchown and futimens come without a handle: a file
+		// unlinked while open is changed through one of its handles.
+		h = n.openFile()
+	}
 	if in.Valid&setattrChanges == 0 {
 		// Nothing but the change time: chown(f, -1, -1), say. A local
 		// filesystem still stamps ctime (and clears set-id bits, which
 		// the kernel sends as a mode change when there are any); a
 		// chown that changes nothing does the same to the backing file.
-		if err := unix.Lchown(n.backingPath(), -1, -1); err != nil {
+		err := unix.Lchown(n.backingPath(), -1, -1)
+		if fd, ok := handleFd(h); ok && h != nil {
+			err = unix.Fchown(fd, -1, -1)
+		}
+		if err != nil {
 			return toErrno(n.m.logger, err)
 		}
 	}
-	if errno := n.LoopbackNode.Setattr(ctx, attrHandle(f), in, out); errno != 0 {
+	if errno := n.LoopbackNode.Setattr(ctx, h, in, out); errno != 0 {
 		return errno
 	}
 	killed, errno := n.killprivSetattr(ctx, f, in)
@@ -1015,13 +1096,25 @@ func (*lowerFile) Allocate(ctx context.Context, off uint64, size uint64, mode ui
 type daemonFile struct {
 	daemonHandle
 	node *volNode
+	// tracked is the handle's own file, counted in node.openFiles.
+	tracked *gofs.LoopbackFile
 }
 
 func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
 	n.mu.Lock()
 	n.daemonServed++
 	n.mu.Unlock()
-	return &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
+	df := &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
+	switch h := fh.(type) {
+	case *gofs.LoopbackFile:
+		df.tracked = h
+	case *killprivFile:
+		df.tracked = h.LoopbackFile
+	}
+	if df.tracked != nil {
+		n.trackFile(df.tracked)
+	}
+	return df
 }
 
 var _ = (gofs.FileReleaser)((*daemonFile)(nil))
@@ -1030,5 +1123,8 @@ func (f *daemonFile) Release(ctx context.Context) syscall.Errno {
 	f.node.mu.Lock()
 	f.node.daemonServed--
 	f.node.mu.Unlock()
+	if f.tracked != nil {
+		f.node.untrackFile(f.tracked)
+	}
 	return f.daemonHandle.Release(ctx)
 }
