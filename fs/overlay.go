@@ -122,12 +122,14 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	}
 	ino ^= n.slot << viewShift
 	out.Attr.Ino = ino
-	n.mergedNlink(filepath.Join(n.rel(), name), layers, &out.Attr)
 	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: layers}
 	ch := n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino})
-	if c, ok := ch.Operations().(*volNode); ok && c != child && layers[0] == 0 {
-		// The node the kernel already holds for the lower entry.
-		c.markUpper(layer.IsDir(&st))
+	if c, ok := ch.Operations().(*volNode); ok {
+		if c != child && layers[0] == 0 {
+			// The node the kernel already holds for the lower entry.
+			c.markUpper(layer.IsDir(&st))
+		}
+		c.mergedNlink(filepath.Join(n.rel(), name), layers, &out.Attr)
 	}
 	return ch, 0
 }
@@ -141,14 +143,11 @@ func (n *volNode) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 	if n.ovl == nil || len(layers) < 2 || attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return
 	}
-	var key nlinkKey
-	if layers[0] == 0 {
-		var st syscall.Stat_t
-		if syscall.Lstat(n.ovl.Path(0, rel), &st) != nil {
-			return
-		}
-		key = nlinkKey{st.Mtim, st.Ctim, st.Ino, true}
+	var st syscall.Stat_t
+	if syscall.Lstat(n.ovl.Path(layers[0], rel), &st) != nil {
+		return
 	}
+	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers)}
 	n.mu.Lock()
 	cached := n.nlink
 	n.mu.Unlock()
@@ -195,11 +194,13 @@ func (n *volNode) shownStatxCtime(out *fuse.StatxOut) {
 }
 
 // nlinkKey says which state of a merged directory a count is for: the
-// times of its upper directory, or nothing while it is only in lowers.
+// directory it is shown from, with its times, and the layers merged.
 type nlinkKey struct {
 	mtime, ctime syscall.Timespec
 	ino          uint64
-	upper        bool
+	// shown is the layer the directory is shown from, merged is how many
+	// layers merge into it.
+	shown, merged int
 }
 
 type mergedCount struct {
