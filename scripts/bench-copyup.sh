@@ -144,9 +144,12 @@ else
 fi
 export ALLOCFS_SOCKET="$WORK/allocfs.sock"
 
+# drop_caches LEVEL: 3 drops the page cache and the dentries and inodes
+# (every lookup through the mount goes to the daemon again), 1 only the
+# page cache (file data must come from the disk; names stay resolved).
 drop_caches() {
 	sync
-	echo 3 >/proc/sys/vm/drop_caches
+	echo "$1" >/proc/sys/vm/drop_caches
 }
 
 now_ns() { date +%s%N; }
@@ -182,8 +185,9 @@ setup_backing() {
 	btrfs-loop) mkfs="mkfs.btrfs -q -f" ;;
 	*) die "unknown filesystem $1 (want ext4-host, ext4-loop, xfs-loop or btrfs-loop)" ;;
 	esac
-	# Room for the lower files, a full copy (ext4) and the native files.
-	truncate -s $((SIZE_MIB * 4 + 1024))M "$WORK/image"
+	# Room for the four lower files, their full copies (ext4) and the
+	# native files.
+	truncate -s $((SIZE_MIB * 6 + 1024))M "$WORK/image"
 	LOOPDEV=$(losetup --find --show --direct-io=on "$WORK/image" 2>/dev/null ||
 		losetup --find --show "$WORK/image")
 	$mkfs "$LOOPDEV" >/dev/null
@@ -211,20 +215,23 @@ start_daemon() {
 	done
 }
 
-# fill DIR writes the two files into DIR: "dense" with every byte written
-# (zeros: none of these filesystems compresses or deduplicates by default),
-# and "sparse", SPARSE_MIB pieces of 1 MiB spread evenly over SIZE_MIB, so
-# that a copy has holes to skip.
-fill() {
-	dd if=/dev/zero of="$1/dense" bs=1M count="$SIZE_MIB" conv=fsync status=none
-	truncate -s "${SIZE_MIB}M" "$1/sparse"
+# fill_dense PATH writes a file with every byte written (zeros: none of
+# these filesystems compresses or deduplicates by default).
+fill_dense() {
+	dd if=/dev/zero of="$1" bs=1M count="$SIZE_MIB" conv=fsync status=none
+}
+
+# fill_sparse PATH writes SPARSE_MIB pieces of 1 MiB spread evenly over
+# SIZE_MIB, so that a copy has holes to skip.
+fill_sparse() {
+	truncate -s "${SIZE_MIB}M" "$1"
 	step=$((SIZE_MIB / SPARSE_MIB))
 	i=0
 	while [ $i -lt "$SPARSE_MIB" ]; do
-		dd if=/dev/zero of="$1/sparse" bs=1M count=1 seek=$((i * step)) conv=notrunc status=none
+		dd if=/dev/zero of="$1" bs=1M count=1 seek=$((i * step)) conv=notrunc status=none
 		i=$((i + 1))
 	done
-	sync -f "$1/sparse"
+	sync -f "$1"
 }
 
 # timed_write FS ROUND FILE PREFIX PATH records the helper's open, write
@@ -241,10 +248,15 @@ timed_write() {
 measure() {
 	fs=$1
 	round=$2
+	# Each shape is written twice into A, because a file is copied up
+	# only once: "dense" and "sparse" for the cold first write,
+	# "dense.2" and "sparse.2" for the first write with names resolved.
 	"$ALLOCFS" alloc create A --task t >/dev/null
-	fill "$WORK/mnt/A/alloc/data"
+	for f in dense dense.2; do fill_dense "$WORK/mnt/A/alloc/data/$f"; done
+	for f in sparse sparse.2; do fill_sparse "$WORK/mnt/A/alloc/data/$f"; done
 	mkdir -p "$BASE/native"
-	fill "$BASE/native"
+	fill_dense "$BASE/native/dense"
+	fill_sparse "$BASE/native/sparse"
 	"$ALLOCFS" alloc stop A >/dev/null
 	"$ALLOCFS" alloc create B --task t --previous A --migrate --migrate-mode snapshot >/dev/null
 	layers=$("$ALLOCFS" alloc status B --json | python3 -c '
@@ -257,9 +269,13 @@ print(v["upper"], v["lowers"][0])')
 	[ -f "$lower/dense" ] || die "no lower copy of dense at $lower: has the store layout changed?"
 
 	for file in dense sparse; do
-		drop_caches
+		b="$WORK/mnt/B/alloc/data"
+
+		# Cold: what a task that has not touched the file since the
+		# node's caches were emptied waits for.
+		drop_caches 3
 		before=$(df_used_kib "$BASE")
-		timed_write "$fs" "$round" "$file" first "$WORK/mnt/B/alloc/data/$file"
+		timed_write "$fs" "$round" "$file" first "$b/$file"
 		[ -f "$upper/$file" ] || die "the first write did not copy $file up to $upper"
 		# The copy-up leaves its data dirty in the page cache (ext4):
 		# the disk writes it later, and this is how long that takes.
@@ -267,7 +283,7 @@ print(v["upper"], v["lowers"][0])')
 		sync -f "$BASE"
 		record "$fs" "$round" "$file" sync_ns $(($(now_ns) - t0))
 		record "$fs" "$round" "$file" df_delta_kib $(($(df_used_kib "$BASE") - before))
-		timed_write "$fs" "$round" "$file" second "$WORK/mnt/B/alloc/data/$file"
+		timed_write "$fs" "$round" "$file" second "$b/$file"
 
 		record "$fs" "$round" "$file" lower_du_kib "$(du_kib "$lower/$file")"
 		record "$fs" "$round" "$file" upper_du_kib "$(du_kib "$upper/$file")"
@@ -276,13 +292,26 @@ print(v["upper"], v["lowers"][0])')
 		record "$fs" "$round" "$file" upper_shared_extents "$1"
 		record "$fs" "$round" "$file" upper_extents "$2"
 
-		drop_caches
+		# Names resolved, data cold: the path is looked up (stat)
+		# before only the page cache is dropped, which leaves what the
+		# copy itself costs, without the cold FUSE lookups.
+		stat "$b/$file.2" >/dev/null
+		drop_caches 1
+		timed_write "$fs" "$round" "$file" first_cached "$b/$file.2"
+		[ -f "$upper/$file.2" ] || die "the first write did not copy $file.2 up to $upper"
+		sync -f "$BASE"
+
+		# The same writes to a plain file beside the data dir.
+		drop_caches 3
 		timed_write "$fs" "$round" "$file" native_first "$BASE/native/$file"
+		stat "$BASE/native/$file" >/dev/null
+		drop_caches 1
+		timed_write "$fs" "$round" "$file" native_first_cached "$BASE/native/$file"
 		timed_write "$fs" "$round" "$file" native_second "$BASE/native/$file"
 	done
 
 	# What copying 1 GiB cannot beat on this disk: reading it cold.
-	drop_caches
+	drop_caches 3
 	t0=$(now_ns)
 	dd if="$BASE/native/dense" of=/dev/null bs=1M status=none
 	record "$fs" "$round" dense native_cold_read_ns $(($(now_ns) - t0))
