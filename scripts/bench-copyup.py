@@ -85,7 +85,7 @@ def table(results):
     print("|---|---|---|---|---|---|---|---|---|")
     for fs in fss:
         for file in files:
-            if (fs, file) not in data:
+            if (fs, file) not in data or file == "probe":
                 continue
             cells = [stat(get(fs, file, m), fmt_ns) for m in (
                 "first_total_ns", "first_cached_total_ns", "second_total_ns",
@@ -106,11 +106,22 @@ def table(results):
     print()
     print("What the copy-up left on the backing filesystem (after the first write and its sync):")
     print()
-    print("| backing fs | file | lower: allocated | upper copy: allocated (du) | new blocks on the fs (df delta) | upper extents shared with the lower | cold read of the native file (`dd` to /dev/null) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| backing fs | file | copied up by | lower: allocated | upper copy: allocated (du) | new blocks on the fs (df delta) | upper extents shared with the lower | cold read of the native file (`dd` to /dev/null) |")
+    print("|---|---|---|---|---|---|---|---|")
     for fs in fss:
+        # Seen by strace on the daemon during an untimed copy-up of
+        # another file of the same volume, once per round.
+        ficlone = get(fs, "probe", "ficlone")
+        if not ficlone:
+            how = "– (no strace)"
+        elif min(ficlone) == max(ficlone) == 1:
+            how = f"FICLONE ({len(ficlone)} of {len(ficlone)} rounds)"
+        elif max(ficlone) == 0:
+            how = f"copy_file_range, FICLONE refused ({len(ficlone)} of {len(ficlone)} rounds)"
+        else:
+            how = f"FICLONE in {sum(ficlone):.0f} of {len(ficlone)} rounds"
         for file in files:
-            if (fs, file) not in data:
+            if (fs, file) not in data or file == "probe":
                 continue
             shared = get(fs, file, "upper_shared_extents")
             total = get(fs, file, "upper_extents")
@@ -120,7 +131,7 @@ def table(results):
                 if min(shared) != max(shared) or min(total) != max(total):
                     ext += f" (range {min(shared):.0f}–{max(shared):.0f} of {min(total):.0f}–{max(total):.0f})"
             print(
-                f"| {fs} | {file} "
+                f"| {fs} | {file} | {how} "
                 f"| {stat(get(fs, file, 'lower_du_kib'), fmt_kib)} "
                 f"| {stat(get(fs, file, 'upper_du_kib'), fmt_kib)} "
                 f"| {stat(get(fs, file, 'df_delta_kib'), fmt_kib)} "

@@ -41,6 +41,8 @@
 #   COPYUP_SIZE_MIB     size of both files in MiB (default 1024)
 #   COPYUP_SPARSE_MIB   data in the sparse file, in 1 MiB pieces (default 16)
 #   COPYUP_OUT          raw results, one "fs round file metric value" a line (default bin/copyup.txt)
+#   (with strace installed, each round also records which call copied an
+#   untimed probe file up: FICLONE, or copy_file_range after FICLONE failed)
 #   ALLOCFS_BIN         the allocfs binary (default: built from this checkout into the work dir)
 #   TMPDIR              where the work dir, the images and ext4-host live (default /tmp)
 set -eu
@@ -57,6 +59,7 @@ HELPER="$REPO/scripts/bench-copyup.py"
 # State that cleanup undoes; each is set right after the thing exists.
 WORK=""
 DAEMON_PID=""
+STRACE_PID=""
 FUSE_MNT=""
 FS_MNT=""
 LOOPDEV=""
@@ -70,6 +73,11 @@ is_mounted() { awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/s
 # name): SIGTERM detaches the mount; SIGKILL after 20 s if it hangs, and
 # then the mount is detached here.
 stop_daemon() {
+	if [ -n "$STRACE_PID" ]; then
+		kill -TERM "$STRACE_PID" 2>/dev/null || true
+		wait "$STRACE_PID" 2>/dev/null || true
+		STRACE_PID=""
+	fi
 	if [ -n "$DAEMON_PID" ]; then
 		kill -TERM "$DAEMON_PID" 2>/dev/null || true
 		i=0
@@ -244,6 +252,28 @@ timed_write() {
 	record "$1" "$2" "$3" "${4}_total_ns" $(($5 + $6 + $7))
 }
 
+# probe_copy_call FS ROUND copies the untimed file "probe" up with strace
+# watching the daemon, and records whether FICLONE did it (1) or the
+# daemon fell back to copying (0). Shared extents alone cannot tell:
+# copy_file_range clones too on xfs and btrfs.
+probe_copy_call() {
+	command -v strace >/dev/null || return 0
+	strace -f -qq -e trace=ioctl,copy_file_range -o "$WORK/strace.out" -p "$DAEMON_PID" &
+	STRACE_PID=$!
+	sleep 1 # strace has no "attached" signal; a second is ample
+	python3 "$HELPER" write "$WORK/mnt/B/alloc/data/probe" >/dev/null
+	kill -TERM "$STRACE_PID"
+	wait "$STRACE_PID" || true
+	STRACE_PID=""
+	if grep -q 'FICLONE.* = 0$' "$WORK/strace.out"; then
+		record "$1" "$2" probe ficlone 1
+	elif grep -q 'copy_file_range(' "$WORK/strace.out"; then
+		record "$1" "$2" probe ficlone 0
+	else
+		log "bench-copyup: strace saw neither FICLONE nor copy_file_range in the copy-up of probe"
+	fi
+}
+
 # measure FS ROUND runs one round on the filesystem set up at BASE.
 measure() {
 	fs=$1
@@ -254,6 +284,7 @@ measure() {
 	"$ALLOCFS" alloc create A --task t >/dev/null
 	for f in dense dense.2; do fill_dense "$WORK/mnt/A/alloc/data/$f"; done
 	for f in sparse sparse.2; do fill_sparse "$WORK/mnt/A/alloc/data/$f"; done
+	dd if=/dev/zero of="$WORK/mnt/A/alloc/data/probe" bs=1M count=1 status=none
 	mkdir -p "$BASE/native"
 	fill_dense "$BASE/native/dense"
 	fill_sparse "$BASE/native/sparse"
@@ -309,6 +340,8 @@ print(v["upper"], v["lowers"][0])')
 		timed_write "$fs" "$round" "$file" native_first_cached "$BASE/native/$file"
 		timed_write "$fs" "$round" "$file" native_second "$BASE/native/$file"
 	done
+
+	probe_copy_call "$fs" "$round"
 
 	# What copying 1 GiB cannot beat on this disk: reading it cold.
 	drop_caches 3
