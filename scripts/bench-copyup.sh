@@ -263,7 +263,7 @@ probe_copy_call() {
 	sleep 1 # strace has no "attached" signal; a second is ample
 	python3 "$HELPER" write "$WORK/mnt/B/alloc/data/probe" >/dev/null
 	kill -TERM "$STRACE_PID"
-	wait "$STRACE_PID" || true
+	wait "$STRACE_PID" 2>/dev/null || true # no "Terminated" from the shell
 	STRACE_PID=""
 	if grep -q 'FICLONE.* = 0$' "$WORK/strace.out"; then
 		record "$1" "$2" probe ficlone 1
