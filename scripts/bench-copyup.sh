@@ -32,7 +32,9 @@
 # Needs root (loop devices, mount, drop_caches), /dev/fuse, python3 (the
 # timing helper, bench-copyup.py), filefrag, and mkfs.ext4, mkfs.xfs,
 # mkfs.btrfs for the loop filesystems (a filesystem whose mkfs is missing is
-# skipped with a message). Writes 3 to /proc/sys/vm/drop_caches, which
+# skipped with a message). With strace installed, each round also records
+# which call copied an untimed probe file up: FICLONE, or copy_file_range
+# after FICLONE failed. Writes 3 to /proc/sys/vm/drop_caches, which
 # empties the whole machine's page cache, several times per round.
 #
 # Settings (environment):
@@ -41,8 +43,6 @@
 #   COPYUP_SIZE_MIB     size of both files in MiB (default 1024)
 #   COPYUP_SPARSE_MIB   data in the sparse file, in 1 MiB pieces (default 16)
 #   COPYUP_OUT          raw results, one "fs round file metric value" a line (default bin/copyup.txt)
-#   (with strace installed, each round also records which call copied an
-#   untimed probe file up: FICLONE, or copy_file_range after FICLONE failed)
 #   ALLOCFS_BIN         the allocfs binary (default: built from this checkout into the work dir)
 #   TMPDIR              where the work dir, the images and ext4-host live (default /tmp)
 set -eu
