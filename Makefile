@@ -43,6 +43,18 @@ bench:
 	@if grep -q '^FAIL' $(BENCH_OUT); then echo "a benchmark round failed: see $(BENCH_OUT)"; exit 1; fi
 	@sh scripts/benchratio.sh $(BENCH_OUT)
 
+# bench-copyup times the first write to a file a snapshot migration left in
+# a lower layer (the copy-up) against later writes and a native file, on
+# ext4 and on loop-mounted ext4, xfs (reflink=1) and btrfs images
+# (scripts/bench-copyup.sh, docs/benchmarks.md "Copy-up cost"). Needs root,
+# /dev/fuse, loop devices, python3 and the mkfs tools; drops the page cache.
+COPYUP_ROUNDS ?= 3
+COPYUP_OUT    ?= bin/copyup.txt
+.PHONY: bench-copyup
+bench-copyup:
+	$(GO) build -o bin/allocfs ./cmd/allocfs
+	COPYUP_ROUNDS=$(COPYUP_ROUNDS) COPYUP_OUT=$(COPYUP_OUT) ALLOCFS_BIN=$(CURDIR)/bin/allocfs sh scripts/bench-copyup.sh
+
 tools:
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
