@@ -581,11 +581,32 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
 		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
+	if flags&renameWhiteout != 0 {
+		if dst, ok := newParent.(*volNode); ok && nonEmptyDir(filepath.Join(dst.backingPath(), newName)) {
+			// ext4 makes the whiteout before it finds the target not
+			// empty, and stamps the source directory's times on the
+			// way out: a failed rename must change nothing.
+			return syscall.ENOTEMPTY
+		}
+	}
 	errno := n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
 	if errno == 0 && flags&renameWhiteout != 0 {
 		return n.markRealDevice(name)
 	}
 	return errno
+}
+
+// nonEmptyDir reports whether p is a directory with entries. Anything
+// else is never opened: opening a FIFO would wait for a writer.
+func nonEmptyDir(p string) bool {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) > 0
 }
 
 // backingPath is the node's path on the backing store.

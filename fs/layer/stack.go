@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Stack is a volume's layers by root path: Roots[0] is the upper layer,
@@ -106,7 +108,7 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 	var out []Entry
 	for _, i := range dirLayers {
 		dir := s.Path(i, rel)
-		f, err := os.Open(dir)
+		f, err := openDir(dir)
 		if err != nil {
 			return nil, err
 		}
@@ -180,7 +182,12 @@ func (s *Stack) ClearWhiteout(rel string) (bool, error) {
 // ClearDir removes what is left in an upper directory whose merged view
 // is empty: only whiteouts can be.
 func ClearDir(dir string) error {
-	entries, err := os.ReadDir(dir)
+	f, err := openDir(dir)
+	if err != nil {
+		return err
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
 	if err != nil {
 		return err
 	}
@@ -190,4 +197,15 @@ func ClearDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// openDir opens the directory p for listing, never anything else: a FIFO
+// swapped in for it would block the open until a writer came, and a
+// symbolic link could lead out of the layer.
+func openDir(p string) (*os.File, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
 }
