@@ -10,8 +10,10 @@
 //	fs/store   the records and the layers they stack: state files and
 //	           journal, staging, remap, seal and import, flatten, the
 //	           collector, the watch of backing files. No FUSE.
-//	fs/layer   the on-disk layer format: whiteouts, opaque directories,
-//	           the format's xattrs, and the merge of two layers.
+//	fs/layer   the on-disk layer format and every change to a stack of
+//	           layers: whiteouts, opaque directories, the format's
+//	           xattrs, merged lookup and listing, copy-up (origin, hard
+//	           links, holes, change times), and the merge of two layers.
 //	fs         the FUSE tree (this package): nodes only, serving what the
 //	           store records in the layer format.
 //
@@ -70,7 +72,26 @@
 //
 // Extended attributes of the layer format (trusted.overlay.*) never show
 // through the mount; a task's own trusted.overlay.* are stored escaped
-// (xattr.go).
+// (layer.StoredXattr).
+//
+// # Copy-up a task cannot see
+//
+// A node of an overlay volume remembers where it is visible (volNode.layers);
+// the layer package does the copy-up. What the tree adds keeps the node the
+// kernel holds the same across it:
+//
+//   - a copied-up entry is looked up with its origin's inode number
+//     (layer.Origin), so the kernel's node, st_ino and a hard-link group
+//     are the ones it had below;
+//   - handles opened on the lower file read the copy from then on
+//     (volNode.repointLocked), so an fd opened before a copy-up reads what one
+//     opened after it reads;
+//   - a merged directory shows the link count of its merged listing;
+//   - change times come through layer.Ctimes, which hides allocfs's own
+//     changes;
+//   - a task's character device 0/0, made by mknod or left by a rename
+//     with RENAME_WHITEOUT, is marked in every volume, so that no stack
+//     takes it for a whiteout later.
 //
 // # Errors
 //
