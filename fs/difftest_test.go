@@ -311,6 +311,7 @@ func (r *diffRun) run() {
 	for r.step = 0; r.step < r.nops; r.step++ {
 		r.op = gen.Next()
 		before := total(r.counts)
+		escapes := r.escapes(r.op)
 		v, rr, err := r.ex.exec(r.op)
 		if err != nil {
 			t.Fatalf("%s as %s, seed %d step %d %v: %v", r.shape, r.who, r.seed, r.step, r.op, err)
@@ -319,6 +320,12 @@ func (r *diffRun) run() {
 			t.Logf("trace %s as %s, seed %d, step %d: %v\n\tallocfs   %+v\n\treference %+v", r.shape, r.who, r.seed, r.step, r.op, v, rr)
 		}
 		tainted := r.resultTainted(rr.Ino, prevR)
+		if escapes {
+			tainted = true
+			if r.op.Kind == "open" {
+				r.taintedSlots[r.op.Slot] = true
+			}
+		}
 		if tainted {
 			r.skipped++
 		} else {
@@ -705,6 +712,28 @@ func (r *diffRun) traced(step int) bool {
 		r.t.Fatalf("ALLOCFS_DIFF_TRACE=%q: want A-B, a range of steps", v)
 	}
 	return step >= from && step <= to
+}
+
+// escapes reports whether a path of op leads out of the reference root
+// through a symbolic link ("../b"): the two roots sit in different
+// surroundings (an allocation's alloc/ against a temporary directory), so
+// what such an op finds or makes outside is not compared.
+func (r *diffRun) escapes(op difftest.Op) bool {
+	for _, p := range []string{op.Path, op.Path2} {
+		if p == "" || (op.Kind == "symlink" && p == op.Path2) {
+			continue
+		}
+		for _, q := range []string{filepath.Dir(p), p} {
+			fd, err := unix.Openat2(r.refFd, q, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH})
+			if err == nil {
+				unix.Close(fd)
+			}
+			if errors.Is(err, unix.EXDEV) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // opParent is the snapshot path of the directory that holds an op's

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -40,6 +41,9 @@ type volNode struct {
 	// openFiles are the open handles on the node's own file, which
 	// answer for it once its last name is gone.
 	openFiles map[*gofs.LoopbackFile]struct{}
+	// heldFd is an O_PATH descriptor of a FIFO, socket or device whose
+	// name was unlinked (holdSpecial); 0 for none.
+	heldFd int
 
 	// openDirs are this directory's open handles: after the directory
 	// is renamed over or removed its path is gone, and fstat of an open
@@ -227,10 +231,111 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
+	n.holdSpecial(name)
 	if n.ovl != nil {
 		return n.removeEntry(name, false)
 	}
 	return n.LoopbackNode.Unlink(ctx, name)
+}
+
+// holdSpecial keeps, before name in the directory n is unlinked or
+// replaced, an O_PATH descriptor of its backing entry when it is a FIFO,
+// socket or device the kernel holds a node for: a process may have it
+// open, and the kernel serves that open itself without telling the
+// daemon, so only this descriptor can answer fstat once the name is gone
+// (with no links, as a local filesystem shows). It is closed when the
+// kernel forgets the node.
+func (n *volNode) holdSpecial(name string) {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return
+	}
+	c, ok := ch.Operations().(*volNode)
+	if !ok {
+		return
+	}
+	switch c.StableAttr().Mode & syscall.S_IFMT {
+	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+	default:
+		return
+	}
+	p := filepath.Join(n.backingPath(), name)
+	if c.lowerOnly() {
+		p = c.shownPath()
+	}
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	old := c.heldFd
+	c.heldFd = fd
+	c.mu.Unlock()
+	if old > 0 {
+		unix.Close(old)
+	}
+}
+
+// setattrHeld changes the unlinked special file held by fd (an O_PATH
+// descriptor, reached through /proc/self/fd, which follows it) as SETATTR
+// asks, and answers its attributes.
+func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	p := fmt.Sprintf("/proc/self/fd/%d", fd)
+	var err error
+	if mode, ok := in.GetMode(); ok {
+		err = syscall.Chmod(p, mode&07777)
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if err == nil && (uok || gok || in.Valid&setattrChanges == 0) {
+		u, g := -1, -1
+		if uok {
+			u = int(uid)
+		}
+		if gok {
+			g = int(gid)
+		}
+		err = syscall.Chown(p, u, g)
+	}
+	if err == nil && in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME|fuse.FATTR_ATIME_NOW|fuse.FATTR_MTIME_NOW) != 0 {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if a, ok := in.GetATime(); ok {
+			ts[0] = unix.NsecToTimespec(a.UnixNano())
+		}
+		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
+			ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		if m, ok := in.GetMTime(); ok {
+			ts[1] = unix.NsecToTimespec(m.UnixNano())
+		}
+		if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+			ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+	}
+	if err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	out.FromStat(&st)
+	out.Ino = n.StableAttr().Ino
+	return 0
+}
+
+var _ = (gofs.NodeOnForgetter)((*volNode)(nil))
+
+// OnForget closes what holdSpecial kept.
+func (n *volNode) OnForget() {
+	n.mu.Lock()
+	fd := n.heldFd
+	n.heldFd = 0
+	n.mu.Unlock()
+	if fd > 0 {
+		unix.Close(fd)
+	}
 }
 
 var _ = (gofs.NodeRmdirer)((*volNode)(nil))
@@ -581,6 +686,9 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
 		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
+	if dst, ok := newParent.(*volNode); ok && flags&renameExchange == 0 {
+		dst.holdSpecial(newName)
+	}
 	if flags&renameWhiteout != 0 {
 		if dst, ok := newParent.(*volNode); ok && nonEmptyDir(filepath.Join(dst.backingPath(), newName)) {
 			// ext4 makes the whiteout before it finds the target not
@@ -735,6 +843,11 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 			// Unlinked while open: the handle still has the file,
 			// which a local filesystem shows with no links.
 			fd, ok := lowerFd(f)
+			if !ok {
+				n.mu.Lock()
+				fd, ok = n.heldFd, n.heldFd > 0
+				n.mu.Unlock()
+			}
 			if !ok || syscall.Fstat(fd, &st) != nil {
 				return toErrno(n.m.logger, err)
 			}
@@ -752,6 +865,17 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	}
 	if errno != syscall.ENOENT {
 		return errno
+	}
+	n.mu.Lock()
+	held := n.heldFd
+	n.mu.Unlock()
+	if held > 0 {
+		var st syscall.Stat_t
+		if syscall.Fstat(held, &st) == nil {
+			out.FromStat(&st)
+			out.Ino = n.StableAttr().Ino
+			return 0
+		}
 	}
 	if h := n.openFile(); h != nil {
 		// Unlinked while open.
@@ -804,8 +928,16 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	h := attrHandle(f)
 	if h == nil && !n.pathLeads() {
 		// fchmod, fchown and futimens come without a handle: a file
-		// unlinked while open is changed through one of its handles.
-		h = n.openFile()
+		// unlinked while open is changed through one of its handles,
+		// a FIFO, socket or device through what holdSpecial kept.
+		if h = n.openFile(); h == nil {
+			n.mu.Lock()
+			held := n.heldFd
+			n.mu.Unlock()
+			if held > 0 {
+				return n.setattrHeld(held, in, out)
+			}
+		}
 	}
 	if in.Valid&setattrChanges == 0 {
 		// Nothing but the change time: chown(f, -1, -1), say. A local
@@ -823,7 +955,7 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.LoopbackNode.Setattr(ctx, h, in, out); errno != 0 {
 		return errno
 	}
-	killed, errno := n.killprivSetattr(ctx, f, in)
+	killed, errno := n.killprivSetattr(ctx, h, in)
 	if errno != 0 {
 		return errno
 	}

@@ -76,6 +76,11 @@
 //     S_NOCMTIME (fs/fuse/inode.c, fuse_iget) and serves pipe I/O itself,
 //     so the server never learns of it and no FUSE filesystem can show
 //     it (kernel overlayfs cannot either: its inodes are S_NOCMTIME too).
+//   - An op whose path leads out of the side's root through a symbolic
+//     link (a target such as "../b"; openat2 RESOLVE_BENEATH answers EXDEV
+//     on the reference) has its result left uncompared: one root is an
+//     allocation's volume, the other a temporary directory, and what lies
+//     around them differs.
 //   - A snapshot also reports the names whose mtime or ctime its own
 //     reading changed; reading and listing must change neither.
 package difftest

@@ -1,0 +1,67 @@
+package fs
+
+import (
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
+)
+
+// TestMountOpenUnlinkedFiles checks that a file whose last name is
+// unlinked while it is open still answers through its fd, as on a local
+// filesystem: fstat shows no links, and fchmod, fchown and futimens
+// (which reach the daemon without a handle) change it. Both a regular
+// file (set-id, so served by the daemon) and a FIFO, whose opens the
+// kernel serves itself, are checked.
+func TestMountOpenUnlinkedFiles(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tm.dir, "a/alloc/data")
+	for _, tc := range []struct {
+		name string
+		open func(p string) (int, error)
+	}{
+		{"set-id file", func(p string) (int, error) {
+			return unix.Open(p, unix.O_RDWR|unix.O_CREAT, 04644)
+		}},
+		{"plain file", func(p string) (int, error) {
+			return unix.Open(p, unix.O_RDWR|unix.O_CREAT, 0o644)
+		}},
+		{"fifo", func(p string) (int, error) {
+			if err := unix.Mkfifo(p, 0o644); err != nil {
+				return -1, err
+			}
+			return unix.Open(p, unix.O_RDWR|unix.O_NONBLOCK, 0)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, "f")
+			fd, err := tc.open(p)
+			must(t, err)
+			defer unix.Close(fd)
+			must(t, unix.Unlink(p))
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil || st.Nlink != 0 {
+				t.Fatalf("fstat after unlink: nlink %d, %v; want 0 links", st.Nlink, err)
+			}
+			if err := unix.Fchown(fd, 4321, 4321); err != nil {
+				t.Errorf("fchown after unlink: %v", err)
+			}
+			if err := unix.Fchmod(fd, 0o600); err != nil {
+				t.Errorf("fchmod after unlink: %v", err)
+			}
+			ts := []unix.Timespec{unix.NsecToTimespec(1e18), unix.NsecToTimespec(1e18)}
+			if err := unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), ts, 0); err != nil {
+				t.Errorf("futimens after unlink: %v", err)
+			}
+			must(t, unix.Fstat(fd, &st))
+			if st.Uid != 4321 || st.Gid != 4321 || st.Mode&07777 != 0o600 || st.Mtim.Nano() != 1e18 {
+				t.Errorf("after the changes: owner %d:%d mode %o mtime %d; want 4321:4321 0600 %d", st.Uid, st.Gid, st.Mode&07777, st.Mtim.Nano(), int64(1e18))
+			}
+		})
+	}
+}
