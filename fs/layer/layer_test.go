@@ -1,7 +1,9 @@
 package layer
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -264,5 +266,65 @@ func TestCopyUpRefusesBadStacks(t *testing.T) {
 	}
 	if _, err := os.Lstat(s.Path(0, "link")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("copy-up through a symbolic link made %v", err)
+	}
+}
+
+// TestCopyUpLinkGroupOfAThousand checks that a lower file with a thousand
+// names copies up once, with all of them linked to the copy.
+func TestCopyUpLinkGroupOfAThousand(t *testing.T) {
+	requireRoot(t)
+	const names = 1000
+	s := newStack(t, func(root string) {
+		write(t, filepath.Join(root, "f"), "many names")
+		for i := range names - 1 {
+			dir := filepath.Join(root, fmt.Sprintf("d%02d", i%50))
+			must(t, os.MkdirAll(dir, 0o755))
+			must(t, os.Link(filepath.Join(root, "f"), filepath.Join(dir, fmt.Sprintf("h%03d", i))))
+		}
+	})
+	must(t, s.EnsureUpperDir("d07"))
+	must(t, s.CopyUp("d07/h007", 1))
+	up := lstat(t, s.Path(0, "f"))
+	if up.Nlink != names {
+		t.Errorf("the copy has %d links, want %d", up.Nlink, names)
+	}
+	if st := lstat(t, s.Path(0, "d49/h999")); st.Ino != up.Ino {
+		t.Errorf("d49/h999 is inode %d, want the copy %d", st.Ino, up.Ino)
+	}
+}
+
+// TestCopyUpOutOfSpace checks that a copy-up that runs out of space in
+// the upper layer leaves no entry there, partial or whole, and the lower
+// file as it was.
+func TestCopyUpOutOfSpace(t *testing.T) {
+	requireRoot(t)
+	s := newStack(t, func(root string) {
+		f, err := os.Create(filepath.Join(root, "big"))
+		must(t, err)
+		must(t, f.Truncate(4<<20))
+		_, err = f.WriteAt(bytes.Repeat([]byte("x"), 4<<20), 0)
+		must(t, err)
+		must(t, f.Close())
+	})
+	// A 1 MiB tmpfs as the upper layer.
+	if err := unix.Mount("tmpfs", s.Roots[0], "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs for the upper layer: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(s.Roots[0], unix.MNT_DETACH) })
+	before := lstat(t, s.Path(1, "big"))
+	err := s.CopyUp("big", 1)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("copy-up of 4 MiB into 1 MiB: %v, want ENOSPC", err)
+	}
+	if entries, _ := os.ReadDir(s.Roots[0]); len(entries) != 0 {
+		t.Errorf("a failed copy-up left %v in the upper layer", entries)
+	}
+	var sfs unix.Statfs_t
+	must(t, unix.Statfs(s.Roots[0], &sfs))
+	if used := (sfs.Blocks - sfs.Bfree) * uint64(sfs.Bsize); used != 0 {
+		t.Errorf("the upper layer still holds %d bytes after the failed copy-up", used)
+	}
+	if after := lstat(t, s.Path(1, "big")); after.Size != before.Size || after.Ctim != before.Ctim || after.Nlink != before.Nlink {
+		t.Errorf("the lower file changed under a failed copy-up")
 	}
 }
