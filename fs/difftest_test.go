@@ -349,11 +349,12 @@ func (r *diffRun) run() {
 		curR, touchedR := difftest.Snapshot(r.refFd, prevR)
 		r.compareTrees(curV, curR, prevV, prevR, touchedV, touchedR, tainted)
 		prevV, prevR = curV, curR
-		if total(r.counts) > before {
+		if total(r.counts) > before || r.failedWhiteout {
 			// Resynchronise: both sides start again from the seeded
 			// tree, so that what follows is compared from equal states
 			// and one cause is reported once, not in every later op
-			// that depends on it.
+			// that depends on it. A failed RENAME_WHITEOUT is one too:
+			// ext4 stamped the reference's parents (see difftest's doc).
 			r.resets++
 			if err := r.teardown(false); err != nil {
 				t.Fatalf("%s as %s, seed %d: %v", r.shape, r.who, r.seed, err)
@@ -374,7 +375,7 @@ func (r *diffRun) run() {
 			}
 		}
 	}
-	t.Logf("%s as %s, seed %d: %d ops, %d divergences in %d steps (each followed by a restart from the seeded tree), %d results or tree differences not compared (they depend on a divergence of the seeded tree)", r.shape, r.who, r.seed, r.nops, total(r.counts), r.resets, r.skipped)
+	t.Logf("%s as %s, seed %d: %d ops, %d divergences, %d restarts from the seeded tree (after each divergence and each failed RENAME_WHITEOUT), %d results or tree differences not compared (they depend on a divergence of the seeded tree)", r.shape, r.who, r.seed, r.nops, total(r.counts), r.resets, r.skipped)
 }
 
 // setup makes a fresh volume of the run's shape and a fresh reference

@@ -70,7 +70,9 @@
 //     two parent directories are not compared: ext4 (Linux 6.18) stamps
 //     them even then (it makes the whiteout before it finds, say, that
 //     the target directory is not empty), and allocfs keeps the rule
-//     that a failed operation changes nothing.
+//     that a failed operation changes nothing. Both sides then start
+//     again from the seeded tree, as after a divergence, since the
+//     stamped times would differ in every later comparison.
 //   - A FIFO's mtime and ctime are not compared after a read or write
 //     through an fd: the kernel marks every FUSE inode but a regular file
 //     S_NOCMTIME (fs/fuse/inode.c, fuse_iget) and serves pipe I/O itself,
