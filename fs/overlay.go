@@ -259,10 +259,18 @@ func (n *volNode) copyUpTree() syscall.Errno {
 		return errno
 	}
 	layers := n.nodeLayers()
+	rel := n.rel()
 	if len(layers) <= 1 {
+		if n.StableAttr().Mode != syscall.S_IFDIR {
+			return 0
+		}
+		// Nothing below to bring along, but the lower layers may hold
+		// something at the path it is about to move to.
+		if err := n.ovl.MarkOpaque(rel); err != nil {
+			return toErrno(n.m.logger, err)
+		}
 		return 0
 	}
-	rel := n.rel()
 	if err := n.ovl.Materialize(rel, layers); err != nil {
 		n.m.logger.Error("copy-up of a directory tree failed", "path", rel, "error", err)
 		return toErrno(n.m.logger, err)

@@ -404,6 +404,12 @@ func (s *Stack) Materialize(rel string, layers []int) error {
 			}
 		}
 	}
+	return s.MarkOpaque(rel)
+}
+
+// MarkOpaque makes the upper directory rel hide the lower layers at its
+// path, without a change a task could see in its ctime.
+func (s *Stack) MarkOpaque(rel string) error {
 	restore := s.quietly(s.Path(0, rel), false)
 	if err := MarkOpaque(s.Path(0, rel)); err != nil {
 		return err
