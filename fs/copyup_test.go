@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/allocfs/allocfs/allocdir"
 )
 
@@ -127,4 +129,28 @@ func TestMountStaleFdFollowsCopyUp(t *testing.T) {
 	if n, err := old.ReadAt(got, 0); !bytes.Equal(got[:n], want) {
 		t.Errorf("the old fd after unlink reads %q (%v)", got[:n], err)
 	}
+}
+
+// TestMountExchangedDirectoryHidesLower checks that a directory made in
+// the upper layer and exchanged with a lower one shows only its own
+// entries at its new path: it must not merge with what the lower layer
+// holds there, nor refuse rmdir because of it.
+func TestMountExchangedDirectoryHidesLower(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, os.MkdirAll(filepath.Join(d, "b/sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(d, "b/f"), []byte("lower\n"), 0o644))
+	})
+	must(t, os.Mkdir(filepath.Join(data, "d"), 0o755))
+	must(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(data, "d"), unix.AT_FDCWD, filepath.Join(data, "b"), unix.RENAME_EXCHANGE))
+	if entries, err := os.ReadDir(filepath.Join(data, "b")); err != nil || len(entries) != 0 {
+		t.Errorf("b after the exchange lists %v, %v; want the empty directory", entries, err)
+	}
+	if st := lstatT(t, filepath.Join(data, "b")); st.Nlink != 2 {
+		t.Errorf("b after the exchange has %d links, want 2", st.Nlink)
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "d/f")); err != nil || string(b) != "lower\n" {
+		t.Errorf("d/f after the exchange: %q, %v", b, err)
+	}
+	must(t, os.Remove(filepath.Join(data, "b")))
 }
