@@ -154,3 +154,32 @@ func TestMountExchangedDirectoryHidesLower(t *testing.T) {
 	}
 	must(t, os.Remove(filepath.Join(data, "b")))
 }
+
+// TestMountOpenUnlinkedLowerFile checks that a lower file opened for
+// reading, then unlinked, can still be changed through its fd (fchmod,
+// fchown) without touching the lower layer, and shows no links.
+func TestMountOpenUnlinkedLowerFile(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, os.WriteFile(filepath.Join(d, "f"), []byte("lower\n"), 0o644))
+	})
+	f, err := os.Open(filepath.Join(data, "f"))
+	must(t, err)
+	defer f.Close()
+	must(t, os.Remove(filepath.Join(data, "f")))
+	must(t, f.Chmod(0o600))
+	must(t, f.Chown(4321, 4321))
+	fi, err := f.Stat()
+	must(t, err)
+	st := fi.Sys().(*syscall.Stat_t)
+	if st.Nlink != 0 || st.Mode&0o777 != 0o600 || st.Uid != 4321 {
+		t.Errorf("fstat after the changes: nlink %d mode %o uid %d; want 0, 0600, 4321", st.Nlink, st.Mode&0o777, st.Uid)
+	}
+	b := make([]byte, 6)
+	if _, err := f.ReadAt(b, 0); err != nil || string(b) != "lower\n" {
+		t.Errorf("read after the changes: %q, %v", b, err)
+	}
+	if st := lstatT(t, filepath.Join(tm.dir, "old/alloc/data/f")); st.Mode&0o777 != 0o644 || st.Uid != 0 {
+		t.Errorf("the lower file changed: mode %o uid %d", st.Mode&0o777, st.Uid)
+	}
+}

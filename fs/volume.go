@@ -44,6 +44,9 @@ type volNode struct {
 	// heldFd is an O_PATH descriptor of a FIFO, socket or device whose
 	// name was unlinked (holdSpecial); 0 for none.
 	heldFd int
+	// orphan is the unnamed upper copy of a lower file unlinked while
+	// open (copyUpUnlinked).
+	orphan *gofs.LoopbackFile
 
 	// openDirs are this directory's open handles: after the directory
 	// is renamed over or removed its path is gone, and fstat of an open
@@ -325,16 +328,68 @@ func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) sys
 	return 0
 }
 
+// copyUpUnlinked copies a lower file whose last name is gone, while a
+// task has it open, into an unnamed upper file (layer.Stack.CopyAnonymous)
+// that its open handles read from then on, and returns a handle on the
+// copy for a change through them; nil when the node has no open lower
+// handle.
+func (n *volNode) copyUpUnlinked() gofs.FileHandle {
+	if n.ovl == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	src := -1
+	for f := range n.lowerFiles {
+		if pf, ok := f.lowerHandle.(gofs.FilePassthroughFder); ok {
+			if fd, ok := pf.PassthroughFd(); ok {
+				src = fd
+				break
+			}
+		}
+	}
+	if src < 0 {
+		return nil
+	}
+	tfd, err := n.ovl.CopyAnonymous(src)
+	if err != nil {
+		n.m.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
+		return nil
+	}
+	for f := range n.lowerFiles {
+		if f.upper < 0 {
+			if fd, err := unix.Dup(tfd); err == nil {
+				f.upper = fd
+			}
+		}
+	}
+	lf := gofs.NewLoopbackFile(tfd).(*gofs.LoopbackFile)
+	if n.openFiles == nil {
+		n.openFiles = make(map[*gofs.LoopbackFile]struct{})
+	}
+	n.openFiles[lf] = struct{}{}
+	n.orphan = lf
+	return lf
+}
+
 var _ = (gofs.NodeOnForgetter)((*volNode)(nil))
 
-// OnForget closes what holdSpecial kept.
+// OnForget closes what holdSpecial and copyUpUnlinked kept.
 func (n *volNode) OnForget() {
 	n.mu.Lock()
 	fd := n.heldFd
 	n.heldFd = 0
+	orphan := n.orphan
+	n.orphan = nil
+	if orphan != nil {
+		delete(n.openFiles, orphan)
+	}
 	n.mu.Unlock()
 	if fd > 0 {
 		unix.Close(fd)
+	}
+	if orphan != nil {
+		orphan.Release(context.Background())
 	}
 }
 
@@ -518,10 +573,15 @@ func (n *volNode) openFile() gofs.FileHandle {
 	return nil
 }
 
-// pathLeads reports whether the node's path still names an entry.
+// pathLeads reports whether the node's path still names an entry, in
+// the layer the node is shown from.
 func (n *volNode) pathLeads() bool {
+	p := n.backingPath()
+	if n.lowerOnly() {
+		p = n.shownPath()
+	}
 	var st syscall.Stat_t
-	return syscall.Lstat(n.backingPath(), &st) == nil
+	return syscall.Lstat(p, &st) == nil
 }
 
 // trackedFile is a loopback handle served without passthrough wrapping
@@ -922,11 +982,14 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if n.ro {
 		return syscall.EROFS
 	}
-	if errno := n.copyUp(); errno != 0 {
-		return errno
+	leads := n.pathLeads()
+	if leads {
+		if errno := n.copyUp(); errno != 0 {
+			return errno
+		}
 	}
 	h := attrHandle(f)
-	if h == nil && !n.pathLeads() {
+	if h == nil && !leads {
 		// fchmod, fchown and futimens come without a handle: a file
 		// unlinked while open is changed through one of its handles,
 		// a FIFO, socket or device through what holdSpecial kept.
@@ -937,6 +1000,7 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 			if held > 0 {
 				return n.setattrHeld(held, in, out)
 			}
+			h = n.copyUpUnlinked()
 		}
 	}
 	if in.Valid&setattrChanges == 0 {

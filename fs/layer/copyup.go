@@ -277,6 +277,78 @@ func copyFile(srcRoot, rel, dst string, st *syscall.Stat_t, origin string) error
 	return nil
 }
 
+// CopyAnonymous copies the open lower file fd into an unnamed file of the
+// upper layer, with its owner, mode, extended attributes and times, and
+// returns it open for reading and writing. It is the copy-up of a lower
+// file whose last name is gone while a task still has it open: the task
+// may change it through its fd, the lower file must stay as it is, and no
+// name may show the copy. The copy lives as long as a descriptor of it.
+func (s *Stack) CopyAnonymous(fd int) (int, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return -1, &os.PathError{Op: "fstat", Path: "lower file", Err: err}
+	}
+	tfd, err := unix.Open(s.Roots[0], unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, st.Mode&0o777)
+	if err != nil {
+		return -1, &os.PathError{Op: "open O_TMPFILE", Path: s.Roots[0], Err: err}
+	}
+	err = copyAnonymous(tfd, fd, &st)
+	if err != nil {
+		unix.Close(tfd)
+		return -1, &os.PathError{Op: "copy up", Path: "open unlinked lower file", Err: err}
+	}
+	return tfd, nil
+}
+
+// copyAnonymous fills the unnamed file tfd from fd, whose fstat is st.
+// It works on duplicates, which it closes: both descriptors stay the
+// caller's.
+func copyAnonymous(tfd, fd int, st *syscall.Stat_t) error {
+	inFd, err := unix.Dup(fd)
+	if err != nil {
+		return err
+	}
+	in := os.NewFile(uintptr(inFd), "lower file")
+	defer in.Close()
+	outFd, err := unix.Dup(tfd)
+	if err != nil {
+		return err
+	}
+	out := os.NewFile(uintptr(outFd), "anonymous copy")
+	defer out.Close()
+	if unix.IoctlFileClone(tfd, fd) != nil {
+		if err := copySparse(out, in); err != nil {
+			return err
+		}
+	}
+	if err := unix.Fchown(tfd, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(tfd, st.Mode&07777); err != nil {
+		return err
+	}
+	buf := make([]byte, 64<<10)
+	n, err := unix.Flistxattr(fd, buf)
+	if err != nil && !errors.Is(err, unix.ENOTSUP) {
+		return err
+	}
+	for _, name := range strings.Split(string(buf[:max(n, 0)]), "\x00") {
+		if name == "" || FormatXattr(name) {
+			continue
+		}
+		val := make([]byte, 64<<10)
+		vn, err := unix.Fgetxattr(fd, name, val)
+		if err != nil {
+			return err
+		}
+		if err := unix.Fsetxattr(tfd, name, val[:vn], 0); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tfd), ts, 0)
+}
+
 // OpenBeneath opens rel beneath the layer root with openat2
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: a task that swaps a directory on
 // the way for a symbolic link to /etc gets an error, not /etc.
