@@ -1,0 +1,175 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// holdSpecial keeps, before name in the directory n is unlinked or
+// replaced, an O_PATH descriptor of its backing entry when it is a FIFO,
+// socket or device the kernel holds a node for: a process may have it
+// open, and the kernel serves that open itself without telling the
+// daemon, so only this descriptor can answer fstat once the name is gone
+// (with no links, as a local filesystem shows). It is closed when the
+// kernel forgets the node.
+func (n *volNode) holdSpecial(name string) {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return
+	}
+	c, ok := ch.Operations().(*volNode)
+	if !ok {
+		return
+	}
+	switch c.StableAttr().Mode & syscall.S_IFMT {
+	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFCHR, syscall.S_IFBLK:
+	default:
+		return
+	}
+	p := filepath.Join(n.backingPath(), name)
+	if c.lowerOnly() {
+		p = c.shownPath()
+	}
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	old := c.heldFd
+	c.heldFd = fd
+	c.mu.Unlock()
+	if old > 0 {
+		unix.Close(old)
+	}
+}
+
+// setattrHeld changes the unlinked special file held by fd (an O_PATH
+// descriptor, reached through /proc/self/fd, which follows it) as SETATTR
+// asks, and answers its attributes.
+func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	p := fmt.Sprintf("/proc/self/fd/%d", fd)
+	var err error
+	if mode, ok := in.GetMode(); ok {
+		err = syscall.Chmod(p, mode&07777)
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if err == nil && (uok || gok || in.Valid&setattrChanges == 0) {
+		u, g := -1, -1
+		if uok {
+			u = int(uid)
+		}
+		if gok {
+			g = int(gid)
+		}
+		err = syscall.Chown(p, u, g)
+	}
+	if err == nil && in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME|fuse.FATTR_ATIME_NOW|fuse.FATTR_MTIME_NOW) != 0 {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if a, ok := in.GetATime(); ok {
+			ts[0] = unix.NsecToTimespec(a.UnixNano())
+		}
+		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
+			ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		if m, ok := in.GetMTime(); ok {
+			ts[1] = unix.NsecToTimespec(m.UnixNano())
+		}
+		if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+			ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+	}
+	if err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	out.FromStat(&st)
+	out.Ino = n.StableAttr().Ino
+	return 0
+}
+
+// copyUpUnlinked copies a lower file whose last name is gone, while a
+// task has it open, into an unnamed upper file (layer.Stack.CopyAnonymous)
+// that its open handles read from then on, and returns a handle on the
+// copy for a change through them; nil when the node has no open lower
+// handle.
+func (n *volNode) copyUpUnlinked() gofs.FileHandle {
+	if n.ovl == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	src := -1
+	for f := range n.lowerFiles {
+		if pf, ok := f.lowerHandle.(gofs.FilePassthroughFder); ok {
+			if fd, ok := pf.PassthroughFd(); ok {
+				src = fd
+				break
+			}
+		}
+	}
+	if src < 0 {
+		return nil
+	}
+	tfd, err := n.ovl.CopyAnonymous(src)
+	if err != nil {
+		n.m.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
+		return nil
+	}
+	for f := range n.lowerFiles {
+		if f.upper < 0 {
+			if fd, err := unix.Dup(tfd); err == nil {
+				f.upper = fd
+			}
+		}
+	}
+	lf := gofs.NewLoopbackFile(tfd).(*gofs.LoopbackFile)
+	if n.openFiles == nil {
+		n.openFiles = make(map[*gofs.LoopbackFile]struct{})
+	}
+	n.openFiles[lf] = struct{}{}
+	n.orphan = lf
+	return lf
+}
+
+var _ = (gofs.NodeOnForgetter)((*volNode)(nil))
+
+// OnForget closes what holdSpecial and copyUpUnlinked kept.
+func (n *volNode) OnForget() {
+	n.mu.Lock()
+	fd := n.heldFd
+	n.heldFd = 0
+	orphan := n.orphan
+	n.orphan = nil
+	if orphan != nil {
+		delete(n.openFiles, orphan)
+	}
+	n.mu.Unlock()
+	if fd > 0 {
+		unix.Close(fd)
+	}
+	if orphan != nil {
+		orphan.Release(context.Background())
+	}
+}
+
+// pathLeads reports whether the node's path still names an entry, in
+// the layer the node is shown from.
+func (n *volNode) pathLeads() bool {
+	p := n.backingPath()
+	if n.lowerOnly() {
+		p = n.shownPath()
+	}
+	var st syscall.Stat_t
+	return syscall.Lstat(p, &st) == nil
+}

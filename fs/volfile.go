@@ -1,0 +1,385 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	"github.com/allocfs/allocfs/fs/layer"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+var _ = (gofs.NodeOpener)((*volNode)(nil))
+
+func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ro && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	if n.lowerOnly() {
+		if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) == 0 {
+			// Reading a lower file needs no copy: open it where it is.
+			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT)))
+			if err != nil {
+				return nil, 0, toErrno(n.m.logger, err)
+			}
+			lf := gofs.NewLoopbackFile(fd)
+			if n.ro {
+				// Nothing in a frozen volume is ever copied up.
+				return n.passthroughFile(lf), 0, 0
+			}
+			// No passthrough: the kernel keeps one backing file per
+			// inode while any handle is open, and a writer opening the
+			// file after its copy-up would be given this lower file to
+			// write into.
+			return n.daemonFile(n.newLowerFile(lf.(lowerHandle))), fuse.FOPEN_KEEP_CACHE, 0
+		}
+		if errno := n.copyUp(); errno != 0 {
+			return nil, 0, errno
+		}
+	}
+	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		// The open truncated the file: an unprivileged caller's
+		// truncate clears set-id bits as a write does.
+		if lf, ok := fh.(*gofs.LoopbackFile); ok {
+			fd, _ := lf.PassthroughFd()
+			if errno := killPrivFd(ctx, n.m.logger, fd); errno != 0 {
+				releaseHandle(ctx, fh)
+				return nil, 0, errno
+			}
+		}
+	}
+	if kfh, ok := n.killprivHandle(fh); ok {
+		return kfh, fuseFlags, 0
+	}
+	n.mu.Lock()
+	served := n.daemonServed
+	n.mu.Unlock()
+	if served > 0 {
+		// The kernel refuses passthrough on an inode that has handles
+		// served by the daemon open (EIO): stay with the daemon until
+		// they are closed.
+		return n.daemonFile(fh), fuseFlags, 0
+	}
+	return n.passthroughFile(fh), fuseFlags, 0
+}
+
+// volFile is an open regular file of a volume. Its fd is offered to the
+// kernel for passthrough, so with passthrough on, no read or write ever
+// reaches it: one that does means go-fuse has turned passthrough off for
+// the whole mount (it does so silently, the first time registering a
+// backing fd fails), and the mount reports it.
+type volFile struct {
+	*gofs.LoopbackFile
+	m *Mount
+	// node counts the handle in its passthroughOpen while it is open,
+	// and in its openFiles when tracked is set.
+	node    *volNode
+	tracked *gofs.LoopbackFile
+}
+
+// passthroughFile is m.wrapFile for a handle of n's file, counted in
+// n.passthroughOpen until it is released.
+func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
+	wrapped := n.m.wrapFile(fh)
+	if vf, ok := wrapped.(*volFile); ok {
+		n.mu.Lock()
+		n.passthroughOpen++
+		n.mu.Unlock()
+		vf.node = n
+	}
+	if lf, ok := fh.(*gofs.LoopbackFile); ok {
+		n.trackFile(lf)
+		if vf, ok := wrapped.(*volFile); ok {
+			vf.tracked = lf
+		} else {
+			return &trackedFile{LoopbackFile: lf, node: n}
+		}
+	}
+	return wrapped
+}
+
+// trackFile counts lf in the node's openFiles until it is released.
+func (n *volNode) trackFile(lf *gofs.LoopbackFile) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.openFiles == nil {
+		n.openFiles = make(map[*gofs.LoopbackFile]struct{})
+	}
+	n.openFiles[lf] = struct{}{}
+}
+
+func (n *volNode) untrackFile(lf *gofs.LoopbackFile) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.openFiles, lf)
+}
+
+// openFile returns one of the node's open handles on its own file, or
+// nil.
+func (n *volNode) openFile() gofs.FileHandle {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for lf := range n.openFiles {
+		return lf
+	}
+	return nil
+}
+
+// trackedFile is a loopback handle served without passthrough wrapping
+// (passthrough off), counted in its node's openFiles while open.
+type trackedFile struct {
+	*gofs.LoopbackFile
+	node *volNode
+}
+
+var _ = (gofs.FileReleaser)((*trackedFile)(nil))
+
+func (f *trackedFile) Release(ctx context.Context) syscall.Errno {
+	f.node.untrackFile(f.LoopbackFile)
+	return f.LoopbackFile.Release(ctx)
+}
+
+var _ = (gofs.FileReleaser)((*volFile)(nil))
+
+func (f *volFile) Release(ctx context.Context) syscall.Errno {
+	if f.node != nil {
+		f.node.mu.Lock()
+		f.node.passthroughOpen--
+		f.node.mu.Unlock()
+		if f.tracked != nil {
+			f.node.untrackFile(f.tracked)
+		}
+	}
+	return f.LoopbackFile.Release(ctx)
+}
+
+func (m *Mount) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
+	lf, ok := fh.(*gofs.LoopbackFile)
+	if !ok || !m.passthrough.Load() {
+		return fh
+	}
+	return &volFile{LoopbackFile: lf, m: m}
+}
+
+var _ = (gofs.FileReader)((*volFile)(nil))
+
+func (f *volFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	f.m.dataThroughDaemon("read")
+	return f.LoopbackFile.Read(ctx, dest, off)
+}
+
+var _ = (gofs.FileWriter)((*volFile)(nil))
+
+func (f *volFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	f.m.dataThroughDaemon("write")
+	return f.LoopbackFile.Write(ctx, data, off)
+}
+
+var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
+
+// Tmpfile needs the directory in the upper layer, like any creation.
+func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.ro {
+		return nil, nil, 0, syscall.EROFS
+	}
+	if errno := n.copyUp(); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	ch, fh, fuseFlags, errno := n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
+	if errno == 0 {
+		if child, ok := ch.Operations().(*volNode); ok {
+			return ch, child.passthroughFile(fh), fuseFlags, 0
+		}
+	}
+	return ch, n.m.wrapFile(fh), fuseFlags, errno
+}
+
+// daemonHandle is what a file handle served by the daemon offers: the
+// loopback file's operations, without its passthrough fd.
+type daemonHandle interface {
+	gofs.FileReader
+	gofs.FileWriter
+	gofs.FileReleaser
+	gofs.FileFlusher
+	gofs.FileFsyncer
+	gofs.FileGetattrer
+	gofs.FileSetattrer
+	gofs.FileLseeker
+	gofs.FileAllocater
+}
+
+// lowerHandle is what a handle on a lower file offers: reading. go-fuse
+// answers GETATTR and SETATTR through any open handle of a node, and this
+// one would show, or change, the lower file after a copy-up: it has
+// neither, so they go by path to the copied-up file.
+type lowerHandle interface {
+	gofs.FileReader
+	gofs.FileReleaser
+	gofs.FileFlusher
+	gofs.FileFsyncer
+	gofs.FileLseeker
+}
+
+// lowerFile is a loopback file on a lower layer, reduced to lowerHandle.
+// Once its node is copied up it reads the upper copy instead (upper): an
+// fd opened before a copy-up reads what one opened after it reads, as on
+// a local filesystem, where there is only one file.
+type lowerFile struct {
+	lowerHandle
+	node *volNode
+	// upper is the copied-up file, opened by repoint; -1 before. Guarded
+	// by node.mu.
+	upper int
+}
+
+// newLowerFile wraps fh, open on n's lower file, and counts it in
+// n.lowerFiles until it is released.
+func (n *volNode) newLowerFile(fh lowerHandle) *lowerFile {
+	f := &lowerFile{lowerHandle: fh, node: n, upper: -1}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lowerFiles == nil {
+		n.lowerFiles = make(map[*lowerFile]struct{})
+	}
+	n.lowerFiles[f] = struct{}{}
+	return f
+}
+
+// repointLocked opens the upper copy for every open lower handle of the
+// node, just copied up. n.mu is held. A handle whose copy cannot be
+// opened reads on from the lower file, which holds the same bytes until
+// a write changes the copy; the failure is logged.
+func (n *volNode) repointLocked() {
+	if len(n.lowerFiles) == 0 {
+		return
+	}
+	rel := n.rel()
+	for f := range n.lowerFiles {
+		if f.upper >= 0 {
+			continue
+		}
+		fd, err := layer.OpenBeneath(n.ovl.Roots[0], rel, syscall.O_RDONLY)
+		if err != nil {
+			n.m.logger.Error("an fd opened before a copy-up cannot follow it", "path", rel, "error", err)
+			continue
+		}
+		f.upper = fd
+	}
+}
+
+// current is the descriptor the handle reads from now.
+func (f *lowerFile) current() (int, bool) {
+	f.node.mu.Lock()
+	defer f.node.mu.Unlock()
+	return f.upper, f.upper >= 0
+}
+
+func (f *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	fd, ok := f.current()
+	if !ok {
+		return f.lowerHandle.Read(ctx, dest, off)
+	}
+	n, err := unix.Pread(fd, dest, off)
+	if err != nil {
+		return nil, toErrno(f.node.m.logger, err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (f *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	fd, ok := f.current()
+	if !ok {
+		return f.lowerHandle.Lseek(ctx, off, whence)
+	}
+	n, err := unix.Seek(fd, int64(off), int(whence))
+	return uint64(n), toErrno(f.node.m.logger, err)
+}
+
+func (f *lowerFile) Release(ctx context.Context) syscall.Errno {
+	f.node.mu.Lock()
+	delete(f.node.lowerFiles, f)
+	upper := f.upper
+	f.upper = -1
+	f.node.mu.Unlock()
+	if upper >= 0 {
+		syscall.Close(upper)
+	}
+	return f.lowerHandle.Release(ctx)
+}
+
+// lowerFd is the descriptor of f, if it is a handle opened on a lower
+// file: the copied-up file's once it has one.
+func lowerFd(f gofs.FileHandle) (int, bool) {
+	df, ok := f.(*daemonFile)
+	if !ok {
+		return 0, false
+	}
+	lf, ok := df.daemonHandle.(*lowerFile)
+	if !ok {
+		return 0, false
+	}
+	if fd, ok := lf.current(); ok {
+		return fd, true
+	}
+	pf, ok := lf.lowerHandle.(gofs.FilePassthroughFder)
+	if !ok {
+		return 0, false
+	}
+	return pf.PassthroughFd()
+}
+
+// attrHandle is f unless it is a handle on a lower file, whose attributes
+// are not the node's once it has been copied up.
+func attrHandle(f gofs.FileHandle) gofs.FileHandle {
+	if df, ok := f.(*daemonFile); ok {
+		if _, lower := df.daemonHandle.(*lowerFile); lower {
+			return nil
+		}
+	}
+	return f
+}
+
+// daemonFile is an open file whose data the daemon serves: it hides the
+// loopback file's passthrough fd, and counts itself in its node's
+// daemonServed while open.
+type daemonFile struct {
+	daemonHandle
+	node *volNode
+	// tracked is the handle's own file, counted in node.openFiles.
+	tracked *gofs.LoopbackFile
+}
+
+func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
+	n.mu.Lock()
+	n.daemonServed++
+	n.mu.Unlock()
+	df := &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
+	switch h := fh.(type) {
+	case *gofs.LoopbackFile:
+		df.tracked = h
+	case *killprivFile:
+		df.tracked = h.LoopbackFile
+	}
+	if df.tracked != nil {
+		n.trackFile(df.tracked)
+	}
+	return df
+}
+
+var _ = (gofs.FileReleaser)((*daemonFile)(nil))
+
+func (f *daemonFile) Release(ctx context.Context) syscall.Errno {
+	f.node.mu.Lock()
+	f.node.daemonServed--
+	f.node.mu.Unlock()
+	if f.tracked != nil {
+		f.node.untrackFile(f.tracked)
+	}
+	return f.daemonHandle.Release(ctx)
+}
