@@ -43,6 +43,9 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 	if errno == 0 {
 		n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
 		n.shownCtime(&out.Attr)
+		// The loopback fills in the backing inode number; go-fuse
+		// puts the node's in its place, logging each time it must.
+		out.Ino = n.StableAttr().Ino
 	}
 	if errno != syscall.ENOENT {
 		return errno
@@ -150,6 +153,7 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	}
 	n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
 	n.shownCtime(&out.Attr)
+	out.Ino = n.StableAttr().Ino
 	return 0
 }
 
@@ -226,12 +230,14 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 			return toErrno(n.m.logger, err)
 		}
 		out.FromStatx(&st)
+		n.finishStatx(out)
 		return 0
 	}
 	if h, ok := attrHandle(f).(gofs.FileStatxer); ok {
 		errno := h.Statx(ctx, flags, mask, out)
 		if errno == 0 {
 			n.shownStatxCtime(out)
+			n.finishStatx(out)
 		}
 		return errno
 	}
@@ -243,5 +249,17 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 	}
 	out.FromStatx(&st)
 	n.shownStatxCtime(out)
+	n.finishStatx(out)
 	return 0
+}
+
+// finishStatx gives a statx reply what GETATTR's gets: a merged
+// directory's link count, and the node's inode number.
+func (n *volNode) finishStatx(out *fuse.StatxOut) {
+	if out.Mask&unix.STATX_NLINK != 0 {
+		attr := fuse.Attr{Mode: uint32(out.Mode), Nlink: out.Nlink}
+		n.mergedNlink(n.rel(), n.nodeLayers(), &attr)
+		out.Nlink = attr.Nlink
+	}
+	out.Ino = n.StableAttr().Ino
 }
