@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -63,5 +64,25 @@ func TestMountOpenUnlinkedFiles(t *testing.T) {
 				t.Errorf("after the changes: owner %d:%d mode %o mtime %d; want 4321:4321 0600 %d", st.Uid, st.Gid, st.Mode&07777, st.Mtim.Nano(), int64(1e18))
 			}
 		})
+	}
+}
+
+// TestMountOpenUnlinkedLowerFifo checks a FIFO of a lower layer, open,
+// then unlinked and replaced by a rename: fstat through the open fd
+// shows it with no links, as a local filesystem does.
+func TestMountOpenUnlinkedLowerFifo(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, unix.Mkfifo(filepath.Join(d, "p"), 0o644))
+	})
+	p := filepath.Join(data, "p")
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_NONBLOCK, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, os.WriteFile(filepath.Join(data, "new"), []byte("x"), 0o644))
+	must(t, os.Rename(filepath.Join(data, "new"), p))
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Nlink != 0 || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		t.Errorf("fstat of the replaced FIFO: nlink %d type %o, %v; want a FIFO with no links", st.Nlink, st.Mode&unix.S_IFMT, err)
 	}
 }

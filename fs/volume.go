@@ -409,11 +409,11 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	} else if len(newName) > maxNameLen {
 		return syscall.ENAMETOOLONG
 	}
-	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
-		return n.ovlRename(ctx, name, dst, newName, flags)
-	}
 	if dst, ok := newParent.(*volNode); ok && flags&renameExchange == 0 {
 		dst.holdSpecial(newName)
+	}
+	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
+		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
 	if flags&renameWhiteout != 0 {
 		if dst, ok := newParent.(*volNode); ok && nonEmptyDir(filepath.Join(dst.backingPath(), newName)) {
