@@ -22,6 +22,30 @@
 // in the layers below it, down to the first opaque one; a non-directory
 // hides everything below it.
 //
+// # Copy-up
+//
+// A write to an entry shown from a lower layer copies it up first
+// (Stack.CopyUp): the copy gets the entry's data (cloned with FICLONE
+// where the filesystem can, else copied around holes), mode with set-id
+// bits, owner, times and extended attributes, all set on an O_TMPFILE
+// before it gets its name, so a crash or ENOSPC never leaves half a copy.
+// Three more things keep the copy-up invisible to a task:
+//
+//	origin     trusted.overlay.allocfs.origin on the copy names the inode
+//	           number it had below; the tree keeps showing that number,
+//	           so the kernel's node, st_ino and hard links stay the same
+//	links      a file with more names copies up once, and every other
+//	           name the stack still shows is linked to the copy at once
+//	           (Links walks a lower layer once to find them), so the
+//	           names stay one file with the right link count
+//	ctimes     allocfs's own changes (the copy, a directory's times put
+//	           back after a copy into it) do not show in ctime (Ctimes)
+//
+// A task's own character device 0/0 (mknod, or a rename with
+// RENAME_WHITEOUT) carries trusted.overlay.allocfs.device, so that it is
+// never taken for a whiteout, here or in a stack that takes the layer in
+// later (IsWhiteoutAt).
+//
 // # Extended attributes
 //
 // The format's own marks live in trusted.overlay.*; they are never shown
