@@ -424,22 +424,27 @@ func BenchmarkRandRead4K(b *testing.B) {
 		if _, err := writeSeq(filepath.Join(s.backing, "rand"), benchRandSize, benchData(benchSeqBlock)); err != nil {
 			b.Fatal(err)
 		}
-		path := filepath.Join(s.dir, "rand")
-		if err := readSeq(path, make([]byte, benchSeqBlock), benchRandSize); err != nil {
-			b.Fatal(err)
-		}
-		defer holdCache(b, path)()
-		f, err := os.Open(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		b.ResetTimer()
-		b.StartTimer()
-		preadRandom(b, int(f.Fd()))
-		b.StopTimer()
-		reportRate(b, benchRandReads, "reads/s")
+		preadCached(b, filepath.Join(s.dir, "rand"))
 	})
+}
+
+// preadCached reads the benchRandSize file at path into the page cache,
+// holds it there, and times preadRandom on it.
+func preadCached(b *testing.B, path string) {
+	if err := readSeq(path, make([]byte, benchSeqBlock), benchRandSize); err != nil {
+		b.Fatal(err)
+	}
+	defer holdCache(b, path)()
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	b.ResetTimer()
+	b.StartTimer()
+	preadRandom(b, int(f.Fd()))
+	b.StopTimer()
+	reportRate(b, benchRandReads, "reads/s")
 }
 
 // preadRandom does benchRandReads 4 KiB preads per op at random aligned
@@ -486,21 +491,7 @@ func BenchmarkLowerSeqReadWarm(b *testing.B) {
 // BenchmarkLowerRandRead4K is BenchmarkRandRead4K for a file in a lower
 // layer (see BenchmarkLowerSeqReadWarm).
 func BenchmarkLowerRandRead4K(b *testing.B) {
-	benchLower(b, benchRandSize, func(b *testing.B, path string) {
-		if err := readSeq(path, make([]byte, benchSeqBlock), benchRandSize); err != nil {
-			b.Fatal(err)
-		}
-		defer holdCache(b, path)()
-		f, err := os.Open(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		b.ResetTimer()
-		preadRandom(b, int(f.Fd()))
-		b.StopTimer()
-		reportRate(b, benchRandReads, "reads/s")
-	}, benchData(benchSeqBlock))
+	benchLower(b, benchRandSize, preadCached, benchData(benchSeqBlock))
 }
 
 // benchLower writes a file of size on each side, the mount's into an

@@ -132,9 +132,11 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 		// filesystem still stamps ctime (and clears set-id bits, which
 		// the kernel sends as a mode change when there are any); a
 		// chown that changes nothing does the same to the backing file.
-		err := unix.Lchown(n.backingPath(), -1, -1)
-		if fd, ok := handleFd(h); ok && h != nil {
+		var err error
+		if fd, ok := handleFd(h); ok {
 			err = unix.Fchown(fd, -1, -1)
+		} else {
+			err = unix.Lchown(n.backingPath(), -1, -1)
 		}
 		if err != nil {
 			return toErrno(n.m.logger, err)

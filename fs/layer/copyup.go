@@ -235,42 +235,19 @@ func copyFile(srcRoot, rel, dst string, st *syscall.Stat_t, origin string) error
 	if err != nil {
 		return err
 	}
-	in := os.NewFile(uintptr(fd), filepath.Join(srcRoot, rel))
-	defer in.Close()
+	defer unix.Close(fd)
 	tfd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, st.Mode&0o777)
 	if err != nil {
 		return &os.PathError{Op: "open O_TMPFILE", Path: filepath.Dir(dst), Err: err}
 	}
-	out := os.NewFile(uintptr(tfd), dst)
-	defer out.Close()
-	if unix.IoctlFileClone(tfd, fd) != nil {
-		if err := copySparse(out, in); err != nil {
-			return err
-		}
-	}
-	if err := unix.Fchown(tfd, int(st.Uid), int(st.Gid)); err != nil {
-		return &os.PathError{Op: "chown", Path: dst, Err: err}
-	}
-	if err := unix.Fchmod(tfd, st.Mode&07777); err != nil {
-		return &os.PathError{Op: "chmod", Path: dst, Err: err}
-	}
-	fdPath := fmt.Sprintf("/proc/self/fd/%d", tfd)
-	err = copyXattrs(in.Name(), func(name string, val []byte) error {
-		if err := unix.Fsetxattr(tfd, name, val, 0); err != nil {
-			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+	defer unix.Close(tfd)
+	if err := fillCopy(tfd, fd, st); err != nil {
+		return &os.PathError{Op: "copy up", Path: dst, Err: err}
 	}
 	if err := unix.Fsetxattr(tfd, OriginXattr, []byte(origin), 0); err != nil {
 		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst, Err: err}
 	}
-	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath, ts, 0); err != nil {
-		return &os.PathError{Op: "utimes", Path: dst, Err: err}
-	}
+	fdPath := fmt.Sprintf("/proc/self/fd/%d", tfd)
 	if err := unix.Linkat(unix.AT_FDCWD, fdPath, unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return &os.PathError{Op: "link", Path: dst, Err: err}
 	}
@@ -292,7 +269,7 @@ func (s *Stack) CopyAnonymous(fd int) (int, error) {
 	if err != nil {
 		return -1, &os.PathError{Op: "open O_TMPFILE", Path: s.Roots[0], Err: err}
 	}
-	err = copyAnonymous(tfd, fd, &st)
+	err = fillCopy(tfd, fd, &st)
 	if err != nil {
 		unix.Close(tfd)
 		return -1, &os.PathError{Op: "copy up", Path: "open unlinked lower file", Err: err}
@@ -300,10 +277,11 @@ func (s *Stack) CopyAnonymous(fd int) (int, error) {
 	return tfd, nil
 }
 
-// copyAnonymous fills the unnamed file tfd from fd, whose fstat is st.
-// It works on duplicates, which it closes: both descriptors stay the
-// caller's.
-func copyAnonymous(tfd, fd int, st *syscall.Stat_t) error {
+// fillCopy gives the empty file tfd the bytes (cloned where the
+// filesystem can, else copied around holes), owner, mode, extended
+// attributes and times of the file open at fd, whose fstat is st. Both
+// descriptors stay the caller's.
+func fillCopy(tfd, fd int, st *syscall.Stat_t) error {
 	inFd, err := unix.Dup(fd)
 	if err != nil {
 		return err
@@ -327,23 +305,11 @@ func copyAnonymous(tfd, fd int, st *syscall.Stat_t) error {
 	if err := unix.Fchmod(tfd, st.Mode&07777); err != nil {
 		return err
 	}
-	buf := make([]byte, 64<<10)
-	n, err := unix.Flistxattr(fd, buf)
-	if err != nil && !errors.Is(err, unix.ENOTSUP) {
+	names, err := fdXattrs(fd)
+	err = copyXattrs(names, err, func(name string) ([]byte, error) { return fdXattr(fd, name) },
+		func(name string, val []byte) error { return unix.Fsetxattr(tfd, name, val, 0) })
+	if err != nil {
 		return err
-	}
-	for _, name := range strings.Split(string(buf[:max(n, 0)]), "\x00") {
-		if name == "" || FormatXattr(name) {
-			continue
-		}
-		val := make([]byte, 64<<10)
-		vn, err := unix.Fgetxattr(fd, name, val)
-		if err != nil {
-			return err
-		}
-		if err := unix.Fsetxattr(tfd, name, val[:vn], 0); err != nil {
-			return err
-		}
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tfd), ts, 0)

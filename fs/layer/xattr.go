@@ -68,18 +68,19 @@ func ListShownXattrs(p string, dest []byte) (uint32, error) {
 // CopyXattrs gives dst every extended attribute of src but the format's
 // own, so that a copy-up keeps what the task set.
 func CopyXattrs(src, dst string) error {
-	return copyXattrs(src, func(name string, val []byte) error {
-		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
-			return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
-		}
-		return nil
-	})
+	names, err := ListXattrs(src)
+	return copyXattrs(names, err, func(name string) ([]byte, error) { return GetXattr(src, name) },
+		func(name string, val []byte) error {
+			if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
+				return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
+			}
+			return nil
+		})
 }
 
-// copyXattrs hands set every extended attribute of src but the format's
-// own.
-func copyXattrs(src string, set func(name string, val []byte) error) error {
-	names, err := ListXattrs(src)
+// copyXattrs hands set every attribute of names (with the error that
+// listed them) but the format's own, with its value from get.
+func copyXattrs(names []string, err error, get func(name string) ([]byte, error), set func(name string, val []byte) error) error {
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,7 @@ func copyXattrs(src string, set func(name string, val []byte) error) error {
 		if FormatXattr(name) {
 			continue
 		}
-		val, err := GetXattr(src, name)
+		val, err := get(name)
 		if err != nil {
 			return err
 		}
@@ -101,40 +102,67 @@ func copyXattrs(src string, set func(name string, val []byte) error) error {
 // ListXattrs returns the names of p's extended attributes, stored names
 // included, without following a symbolic link.
 func ListXattrs(p string) ([]string, error) {
-	for size := 256; ; size *= 2 {
-		buf := make([]byte, size)
-		n, err := unix.Llistxattr(p, buf)
-		if errors.Is(err, unix.ERANGE) {
-			continue
-		}
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "listxattr", Path: p, Err: err}
-		}
-		var out []string
-		for _, name := range strings.Split(string(buf[:n]), "\x00") {
-			if name != "" {
-				out = append(out, name)
-			}
-		}
-		return out, nil
-	}
+	buf, err := growing(func(b []byte) (int, error) { return unix.Llistxattr(p, b) })
+	return splitNames(buf, err, "listxattr", p)
 }
 
 // GetXattr returns the value of p's extended attribute name, without
 // following a symbolic link.
 func GetXattr(p, name string) ([]byte, error) {
+	buf, err := growing(func(b []byte) (int, error) { return unix.Lgetxattr(p, name, b) })
+	if err != nil {
+		return nil, &os.PathError{Op: "getxattr " + name, Path: p, Err: err}
+	}
+	return buf, nil
+}
+
+// fdXattrs returns the names of the extended attributes of the file open
+// at fd.
+func fdXattrs(fd int) ([]string, error) {
+	buf, err := growing(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+	return splitNames(buf, err, "flistxattr", "open file")
+}
+
+// fdXattr returns the value of the extended attribute name of the file
+// open at fd.
+func fdXattr(fd int, name string) ([]byte, error) {
+	buf, err := growing(func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
+	if err != nil {
+		return nil, &os.PathError{Op: "fgetxattr " + name, Path: "open file", Err: err}
+	}
+	return buf, nil
+}
+
+// growing calls call with a buffer that doubles until the answer fits
+// (ERANGE), and returns what it wrote.
+func growing(call func(buf []byte) (int, error)) ([]byte, error) {
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
-		n, err := unix.Lgetxattr(p, name, buf)
+		n, err := call(buf)
 		if errors.Is(err, unix.ERANGE) {
 			continue
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "getxattr " + name, Path: p, Err: err}
+			return nil, err
 		}
 		return buf[:n], nil
 	}
+}
+
+// splitNames turns a listxattr answer into names; a filesystem without
+// extended attributes has none.
+func splitNames(buf []byte, err error, op, p string) ([]string, error) {
+	if errors.Is(err, unix.ENOTSUP) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: op, Path: p, Err: err}
+	}
+	var out []string
+	for _, name := range strings.Split(string(buf), "\x00") {
+		if name != "" {
+			out = append(out, name)
+		}
+	}
+	return out, nil
 }
