@@ -106,13 +106,16 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if n.ro {
 		return syscall.EROFS
 	}
-	leads := n.pathLeads()
+	h := attrHandle(f)
+	// Whether the node's name is gone matters for a copy-up and for a
+	// change that came without a handle; a plain volume's change through
+	// a handle needs neither, and no lstat.
+	leads := h != nil && n.ovl == nil || n.pathLeads()
 	if leads {
 		if errno := n.copyUp(); errno != 0 {
 			return errno
 		}
 	}
-	h := attrHandle(f)
 	if h == nil && !leads {
 		// fchmod, fchown and futimens come without a handle: a file
 		// unlinked while open is changed through one of its handles,
