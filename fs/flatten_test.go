@@ -218,7 +218,7 @@ func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 		}
 		d += " target=" + target
 	}
-	names, err := layer.ListXattrs(p)
+	names, err := layer.ListXattrs(layer.PathLoc(p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func describe(t *testing.T, p string, st *syscall.Stat_t) string {
 		if strings.HasPrefix(n, "trusted.overlay.") {
 			continue
 		}
-		val, err := layer.GetXattr(p, n)
+		val, err := layer.GetXattr(layer.PathLoc(p), n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -522,7 +522,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 				}
 				var st syscall.Stat_t
 				must(t, syscall.Lstat(p, &st))
-				if layer.IsWhiteout(&st) || (d.IsDir() && layer.IsOpaque(p)) {
+				if layer.IsWhiteout(&st) || (d.IsDir() && layer.IsOpaque(layer.PathLoc(p))) {
 					marks++
 				}
 				if !d.IsDir() && st.Nlink < 2 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/layer"
+
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -12,12 +14,12 @@ import (
 
 // Set-id bits, as a local filesystem keeps them.
 //
-// Two things stand between a task and the mode bits it asked for. go-fuse's
-// loopback creates entries through os.FileMode, which has no room for the
-// raw set-id and sticky bits, and then chowns them to the caller, which
-// clears set-id bits as any chown by root does; so every new entry gets
-// its requested mode again afterwards (restoreMode). The kernel has
-// already applied the umask and stripped what the caller may not set.
+// Two things stand between a task and the mode bits it asked for. The
+// daemon makes each entry as root and then chowns it to the caller, which
+// clears set-id bits as any chown by root does; so a new entry asked for
+// with set-id or sticky bits gets its requested mode again afterwards
+// (restoreMode). The kernel has already applied the umask and stripped
+// what the caller may not set.
 //
 // And a write by someone without CAP_FSETID must clear a file's set-id
 // bits (the "killpriv" rule: S_ISUID always, S_ISGID when group-executable),
@@ -49,36 +51,25 @@ func killBits(mode uint32) uint32 {
 	return kill
 }
 
-// restoreMode gives the new entry at p the permission, set-id and sticky
-// bits of want, keeping a set-gid bit the directory inherited from its
-// parent, and updates attr to what is on disk. Symbolic links have no
-// mode of their own.
-func restoreMode(p string, want uint32, attr *fuse.Attr) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		return err
-	}
-	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+// restoreMode gives the new entry at l, whose lstat is st, the
+// permission, set-id and sticky bits of want, keeping a set-gid bit the
+// directory inherited from its parent, and updates st to what is on disk.
+// Symbolic links have no mode of their own.
+func restoreMode(l layer.Loc, st *syscall.Stat_t, want uint32) error {
+	if want&modeSpecial == 0 || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 		return nil
 	}
 	mode := want & 0o7777
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		mode |= st.Mode & syscall.S_ISGID
 	}
-	if st.Mode&0o7777 != mode {
-		if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
-			return err
-		}
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
+	if st.Mode&0o7777 == mode {
+		return nil
 	}
-	ino := attr.Ino
-	attr.Mode = st.Mode
-	attr.Ctime = uint64(st.Ctim.Sec)
-	attr.Ctimensec = uint32(st.Ctim.Nsec)
-	attr.Ino = ino
-	return nil
+	if err := l.Chmod(mode); err != nil {
+		return err
+	}
+	return l.Lstat(st)
 }
 
 // killprivFile is an open set-id file: served by the daemon, never by
@@ -179,16 +170,20 @@ func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fu
 	if fd, ok := handleFd(f); ok {
 		return clearKillBits(n.m.logger, fd, func() bool { return true })
 	}
-	var st unix.Stat_t
-	p := n.backingPath()
-	if err := unix.Lstat(p, &st); err != nil {
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return false, errno
+	}
+	defer l.Close()
+	var st syscall.Stat_t
+	if err := l.Lstat(&st); err != nil {
 		return false, toErrno(n.m.logger, err)
 	}
 	kill := killBits(st.Mode)
 	if kill == 0 {
 		return false, 0
 	}
-	return true, toErrno(n.m.logger, unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777&^kill, 0))
+	return true, toErrno(n.m.logger, l.Chmod(st.Mode&0o7777&^kill))
 }
 
 // handleFd is the backing descriptor of an open handle of the node's own

@@ -65,6 +65,8 @@ type Mount struct {
 	// ctimes hides copy-ups from change times.
 	links  layer.Links
 	ctimes layer.Ctimes
+	// roots keeps the layer roots every fd-relative call starts from.
+	roots *layer.RootCache
 
 	// passthrough is whether the kernel negotiated passthrough; it is
 	// learnt after the mount is up, when requests are already served.
@@ -77,6 +79,12 @@ type Mount struct {
 	unmountErr      error
 }
 
+// rootCacheSize bounds the layer roots a mount keeps open: two or three
+// per live volume (its upper layer and lowers), for a few dozen busy
+// allocations, well inside the descriptors the mount keeps in reserve
+// (cmd/allocfs/fdbudget.go: 256 at least).
+const rootCacheSize = 64
+
 // NewMount mounts store at dir and starts serving. The caller must call
 // Unmount. The daemon must never access dir itself: a FUSE server that
 // reads its own mount from a request handler deadlocks.
@@ -88,6 +96,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		opts:    opts,
 		started: time.Now(),
 		mem:     memRoots{roots: make(map[string]*memDir)},
+		roots:   layer.NewRootCache(rootCacheSize),
 	}
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
 	m.shared = m.agent
@@ -286,6 +295,7 @@ func (m *Mount) Unmount() error {
 			return
 		}
 		m.server.Wait()
+		m.unmountErr = m.roots.Close()
 	})
 	return m.unmountErr
 }

@@ -18,11 +18,6 @@ import (
 // where each is visible (volNode.layers), and its identity across a
 // copy-up.
 
-// rel is the node's path inside its volume ("" for the root).
-func (n *volNode) rel() string {
-	return n.EmbeddedInode().Path(n.RootData.RootNode.EmbeddedInode())
-}
-
 // nodeLayers returns where the node is visible; for a node of a volume
 // without lowers, the upper layer.
 func (n *volNode) nodeLayers() []int {
@@ -44,7 +39,7 @@ func (n *volNode) lowerOnly() bool {
 		return false
 	}
 	var st syscall.Stat_t
-	if syscall.Lstat(n.ovl.Path(0, n.rel()), &st) != nil || layer.IsWhiteout(&st) || st.Mode&syscall.S_IFMT != n.StableAttr().Mode {
+	if n.ovl.Lstat(0, n.rel(), &st) != nil || layer.IsWhiteout(&st) || st.Mode&syscall.S_IFMT != n.StableAttr().Mode {
 		return true
 	}
 	n.markUpper(layer.IsDir(&st))
@@ -71,16 +66,11 @@ func (n *volNode) markUpperLocked(dir bool) {
 	n.repointLocked()
 }
 
-// shownPath is the backing path of the layer the node is shown from.
-func (n *volNode) shownPath() string {
-	return n.ovl.Path(n.nodeLayers()[0], n.rel())
-}
-
 // openShown opens the node's entry in the layer it is shown from, never
 // following a symbolic link on the way: a task that swaps a directory for
 // a link to /etc between lookup and open gets an error, not /etc.
 func (n *volNode) openShown(flags int) (int, error) {
-	return layer.OpenBeneath(n.ovl.Roots[n.nodeLayers()[0]], n.rel(), flags)
+	return n.st.Open(n.shownLayer(), n.rel(), flags)
 }
 
 // ovlLookup finds name in a directory of an overlay volume. An entry
@@ -95,13 +85,17 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	}
 	ino := st.Ino
 	if layers[0] == 0 {
-		origin, ok := layer.Origin(n.ovl.Path(0, filepath.Join(n.rel(), name)))
+		l, errno := n.at(0, name)
+		if errno != 0 {
+			return nil, errno
+		}
+		origin, ok := layer.Origin(l)
+		l.Close()
 		if !ok {
-			// Made in the upper layer: the loopback's lookup gives the
-			// node the identity (inode number and generation) its
-			// creation gave it, so an open file and its name stay one
-			// inode for the kernel.
-			ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+			// Made in the upper layer: the node gets the identity
+			// (inode number and generation) its creation gave it, so
+			// an open file and its name stay one inode for the kernel.
+			ch, errno := n.lookupUpper(ctx, name, out)
 			if errno != 0 {
 				return nil, errno
 			}
@@ -122,7 +116,7 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	}
 	ino ^= n.slot << viewShift
 	out.Attr.Ino = ino
-	child := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: n.RootData}, m: n.m, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: layers}
+	child := n.newChild(layers)
 	ch := n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino})
 	if c, ok := ch.Operations().(*volNode); ok {
 		if c != child && layers[0] == 0 {
@@ -144,7 +138,7 @@ func (n *volNode) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 		return
 	}
 	var st syscall.Stat_t
-	if syscall.Lstat(n.ovl.Path(layers[0], rel), &st) != nil {
+	if n.ovl.Lstat(layers[0], rel, &st) != nil {
 		return
 	}
 	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers)}
@@ -350,12 +344,13 @@ func (n *volNode) ovlLink(t *volNode, name string, out *fuse.EntryOut) (*gofs.In
 	if _, errno := n.prepareCreate(name); errno != 0 {
 		return nil, errno
 	}
-	p := n.ovl.Path(0, filepath.Join(n.rel(), name))
-	if err := syscall.Link(t.backingPath(), p); err != nil {
-		return nil, toErrno(n.m.logger, err)
+	to, errno := n.backingLink(t, name)
+	if errno != 0 {
+		return nil, errno
 	}
+	defer to.Close()
 	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
+	if err := to.Lstat(&st); err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
 	out.Attr.FromStat(&st)
@@ -398,18 +393,14 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 		return errno
 	}
 	if layers[0] == 0 {
-		upper := n.ovl.Path(0, rel)
-		var err error
 		if dir {
 			// Only whiteouts can be left in a merged-empty directory.
-			if err = layer.ClearDir(upper); err == nil {
-				err = syscall.Rmdir(upper)
+			if err := n.ovl.ClearDir(rel); err != nil {
+				return toErrno(n.m.logger, err)
 			}
-		} else {
-			err = syscall.Unlink(upper)
 		}
-		if err != nil {
-			return toErrno(n.m.logger, err)
+		if errno := n.backingUnlink(name, dir); errno != 0 {
+			return errno
 		}
 	}
 	if lower {
@@ -477,7 +468,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 				return syscall.ENOTEMPTY
 			}
 			if layers[0] == 0 {
-				if err := layer.ClearDir(dst.ovl.Path(0, target)); err != nil {
+				if err := dst.ovl.ClearDir(target); err != nil {
 					return toErrno(n.m.logger, err)
 				}
 			}
@@ -508,9 +499,13 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 // mknod, or left by a rename with RENAME_WHITEOUT, in any volume, since
 // every volume's upper layer may be stacked under another one later.
 func (n *volNode) markRealDevice(name string) syscall.Errno {
-	p := filepath.Join(n.backingPath(), name)
-	if err := layer.MarkRealDevice(p); err != nil {
-		n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", p, "error", err)
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	if err := layer.MarkRealDevice(l); err != nil {
+		n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
 		return toErrno(n.m.logger, err)
 	}
 	return 0
@@ -551,16 +546,4 @@ func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscal
 		}
 	}
 	return 0
-}
-
-// backingRename renames name in this directory to newName in dst on the
-// upper layer, where copyUp has put both. go-fuse's loopback would do it
-// for a rename with flags through fds of the two directories, after
-// checking that their inode numbers are still the nodes' own; a node
-// shown from a lower layer keeps the lower inode's number after its
-// copy-up, so that check answered EBUSY.
-func (n *volNode) backingRename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
-	err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(n.backingPath(), name),
-		unix.AT_FDCWD, filepath.Join(dst.backingPath(), newName), uint(flags))
-	return toErrno(n.m.logger, err)
 }

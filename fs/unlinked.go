@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -32,11 +31,16 @@ func (n *volNode) holdSpecial(name string) {
 	default:
 		return
 	}
-	p := filepath.Join(n.backingPath(), name)
+	i := 0
 	if c.lowerOnly() {
-		p = c.shownPath()
+		i = c.shownLayer()
 	}
-	fd, err := unix.Open(p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	l, errno := n.at(i, name)
+	if errno != 0 {
+		return
+	}
+	fd, err := l.Open(unix.O_PATH, 0)
+	l.Close()
 	if err != nil {
 		return
 	}
@@ -70,20 +74,7 @@ func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) sys
 		}
 		err = syscall.Chown(p, u, g)
 	}
-	if err == nil && in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME|fuse.FATTR_ATIME_NOW|fuse.FATTR_MTIME_NOW) != 0 {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if a, ok := in.GetATime(); ok {
-			ts[0] = unix.NsecToTimespec(a.UnixNano())
-		}
-		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
-			ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
-		}
-		if m, ok := in.GetMTime(); ok {
-			ts[1] = unix.NsecToTimespec(m.UnixNano())
-		}
-		if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-			ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
-		}
+	if ts, ok := setattrTimes(in); ok && err == nil {
 		err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
 	}
 	if err != nil {
@@ -166,10 +157,10 @@ func (n *volNode) OnForget() {
 // pathLeads reports whether the node's path still names an entry, in
 // the layer the node is shown from.
 func (n *volNode) pathLeads() bool {
-	p := n.backingPath()
+	i := 0
 	if n.lowerOnly() {
-		p = n.shownPath()
+		i = n.shownLayer()
 	}
 	var st syscall.Stat_t
-	return syscall.Lstat(p, &st) == nil
+	return n.st.Lstat(i, n.rel(), &st) == nil
 }

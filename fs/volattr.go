@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"os"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
@@ -20,7 +19,7 @@ var _ = (gofs.NodeGetattrer)((*volNode)(nil))
 func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if n.lowerOnly() {
 		var st syscall.Stat_t
-		if err := syscall.Lstat(n.shownPath(), &st); err != nil {
+		if err := n.st.Lstat(n.shownLayer(), n.rel(), &st); err != nil {
 			// Unlinked while open: the handle still has the file,
 			// which a local filesystem shows with no links.
 			fd, ok := lowerFd(f)
@@ -39,12 +38,17 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
 		return 0
 	}
-	errno := n.LoopbackNode.Getattr(ctx, attrHandle(f), out)
+	var errno syscall.Errno
+	if h, ok := attrHandle(f).(gofs.FileGetattrer); ok {
+		errno = h.Getattr(ctx, out)
+	} else {
+		errno = n.backingGetattr(out)
+	}
 	if errno == 0 {
 		n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
 		n.shownCtime(&out.Attr)
-		// The loopback fills in the backing inode number; go-fuse
-		// puts the node's in its place, logging each time it must.
+		// The backing inode number; go-fuse would put the node's in
+		// its place, logging each time it must.
 		out.Ino = n.StableAttr().Ino
 	}
 	if errno != syscall.ENOENT {
@@ -138,14 +142,17 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 		var err error
 		if fd, ok := handleFd(h); ok {
 			err = unix.Fchown(fd, -1, -1)
+		} else if l, errno := n.at(0, ""); errno != 0 {
+			return errno
 		} else {
-			err = unix.Lchown(n.backingPath(), -1, -1)
+			err = l.Chown(-1, -1)
+			l.Close()
 		}
 		if err != nil {
 			return toErrno(n.m.logger, err)
 		}
 	}
-	if errno := n.LoopbackNode.Setattr(ctx, h, in, out); errno != 0 {
+	if errno := n.backingSetattr(ctx, h, in, out); errno != 0 {
 		return errno
 	}
 	killed, errno := n.killprivSetattr(ctx, h, in)
@@ -165,24 +172,36 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 var _ = (gofs.NodeReadlinker)((*volNode)(nil))
 
 func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	if n.lowerOnly() {
-		target, err := os.Readlink(n.shownPath())
-		if err != nil {
-			return nil, toErrno(n.m.logger, err)
-		}
-		return []byte(target), 0
+	l, errno := n.shown()
+	if errno != 0 {
+		return nil, errno
 	}
-	return n.LoopbackNode.Readlink(ctx)
+	defer l.Close()
+	target, err := l.Readlink()
+	if err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return []byte(target), 0
+}
+
+// shown names the node's entry in the layer it is shown from.
+func (n *volNode) shown() (layer.Loc, syscall.Errno) {
+	i := 0
+	if n.lowerOnly() {
+		i = n.shownLayer()
+	}
+	return n.at(i, "")
 }
 
 var _ = (gofs.NodeGetxattrer)((*volNode)(nil))
 
 func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	p := n.backingPath()
-	if n.lowerOnly() {
-		p = n.shownPath()
+	l, errno := n.shown()
+	if errno != 0 {
+		return 0, errno
 	}
-	sz, err := unix.Lgetxattr(p, layer.StoredXattr(attr), dest)
+	defer l.Close()
+	sz, err := l.Getxattr(layer.StoredXattr(attr), dest)
 	return uint32(sz), toErrno(n.m.logger, err)
 }
 
@@ -195,7 +214,12 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Setxattr(ctx, layer.StoredXattr(attr), data, flags)
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	return toErrno(n.m.logger, l.Setxattr(layer.StoredXattr(attr), data, int(flags)))
 }
 
 var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
@@ -207,7 +231,12 @@ func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
-	return n.LoopbackNode.Removexattr(ctx, layer.StoredXattr(attr))
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	return toErrno(n.m.logger, l.Removexattr(layer.StoredXattr(attr)))
 }
 
 var _ = (gofs.NodeListxattrer)((*volNode)(nil))
@@ -215,11 +244,12 @@ var _ = (gofs.NodeListxattrer)((*volNode)(nil))
 // Listxattr lists what the task set, never the layer format's own marks
 // (see xattr.go).
 func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	p := n.backingPath()
-	if n.lowerOnly() {
-		p = n.shownPath()
+	l, errno := n.shown()
+	if errno != 0 {
+		return 0, errno
 	}
-	sz, err := layer.ListShownXattrs(p, dest)
+	defer l.Close()
+	sz, err := layer.ListShownXattrs(l, dest)
 	if err != nil {
 		return 0, toErrno(n.m.logger, err)
 	}
@@ -230,8 +260,13 @@ var _ = (gofs.NodeStatxer)((*volNode)(nil))
 
 func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
 	if n.lowerOnly() {
+		l, errno := n.shown()
+		if errno != 0 {
+			return errno
+		}
+		defer l.Close()
 		var st unix.Statx_t
-		if err := unix.Statx(unix.AT_FDCWD, n.shownPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
+		if err := l.Statx(int(flags), int(mask), &st); err != nil {
 			return toErrno(n.m.logger, err)
 		}
 		out.FromStatx(&st)
@@ -248,8 +283,13 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 	}
 	// By path: the node is the entry itself, so a final symbolic link
 	// (swapped in by a task, say) is never followed.
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
 	var st unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, n.backingPath(), int(flags)|unix.AT_SYMLINK_NOFOLLOW, int(mask), &st); err != nil {
+	if err := l.Statx(int(flags), int(mask), &st); err != nil {
 		return toErrno(n.m.logger, err)
 	}
 	out.FromStatx(&st)

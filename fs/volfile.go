@@ -4,8 +4,6 @@ import (
 	"context"
 	"syscall"
 
-	"github.com/allocfs/allocfs/fs/layer"
-
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -39,10 +37,12 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			return nil, 0, errno
 		}
 	}
-	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	lf, errno := n.backingOpen(0, flags)
 	if errno != 0 {
 		return nil, 0, errno
 	}
+	var fh gofs.FileHandle = lf
+	var fuseFlags uint32
 	if flags&syscall.O_TRUNC != 0 {
 		// The open truncated the file: an unprivileged caller's
 		// truncate clears set-id bits as a write does.
@@ -191,13 +191,14 @@ func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *f
 	if errno := n.copyUp(); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	ch, fh, fuseFlags, errno := n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
-	if errno == 0 {
-		if child, ok := ch.Operations().(*volNode); ok {
-			return ch, child.passthroughFile(fh), fuseFlags, 0
-		}
+	ch, fh, errno := n.backingTmpfile(ctx, flags, mode, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
 	}
-	return ch, n.m.wrapFile(fh), fuseFlags, errno
+	if child, ok := ch.Operations().(*volNode); ok {
+		return ch, child.passthroughFile(fh), 0, 0
+	}
+	return ch, n.m.wrapFile(fh), 0, 0
 }
 
 // daemonHandle is what a file handle served by the daemon offers: the
@@ -264,7 +265,7 @@ func (n *volNode) repointLocked() {
 		if f.upper >= 0 {
 			continue
 		}
-		fd, err := layer.OpenBeneath(n.ovl.Roots[0], rel, syscall.O_RDONLY)
+		fd, err := n.st.Open(0, rel, syscall.O_RDONLY)
 		if err != nil {
 			n.m.logger.Error("an fd opened before a copy-up cannot follow it", "path", rel, "error", err)
 			continue

@@ -3,7 +3,7 @@ package fs
 import (
 	"context"
 	"os"
-	"path/filepath"
+	"path"
 	"sync"
 	"syscall"
 
@@ -15,13 +15,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// volNode is a file or directory inside a volume. It serves the volume's
-// upper layer through go-fuse's loopback node, which already refuses
-// renames and links between volumes (or views) with EXDEV, as between bind
-// mounts, and adds NAME_MAX on every name-taking operation.
+// volNode is a file or directory inside a volume, served from the
+// volume's layers fd-relative (backing.go). Renames and links between
+// volumes (or views) fail with EXDEV, as between bind mounts, and every
+// name-taking operation checks NAME_MAX.
 type volNode struct {
-	*gofs.LoopbackNode
+	gofs.Inode
 	m *Mount
+	// st is the volume's stack of layers (only the upper one for a
+	// volume without lowers); vroot is the volume's root node, which
+	// paths inside the volume start from.
+	st    *layer.Stack
+	vroot *gofs.Inode
 	// slot is mixed into inode numbers; see identity.go.
 	slot uint64
 	// ro freezes the volume: every change fails with EROFS.
@@ -64,20 +69,6 @@ type volNode struct {
 	task *taskNode
 }
 
-var _ = (gofs.NodeWrapChilder)((*volNode)(nil))
-
-// WrapChild makes every node the loopback creates below a volume root a
-// volNode.
-func (n *volNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	if lb, ok := ops.(*gofs.LoopbackNode); ok {
-		// Whatever the loopback creates is new, so in the upper layer.
-		return &volNode{LoopbackNode: lb, m: n.m, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: []int{0}}
-	}
-	// A task directory's layout children (volumes, memory trees, the
-	// alloc/ view) are nodes of their own.
-	return ops
-}
-
 // volumeInode returns the root node of the volume at key ("alloc/data",
 // "<task>/local", ...) of an allocation, as seen in view. task is set for
 // a task directory's own volume, whose layout children it presents.
@@ -92,27 +83,21 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		return nil, errno
 	}
 	dir := m.store.LayerPath(v.Upper)
+	stack := &layer.Stack{Roots: []string{dir}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes}
+	for _, l := range v.Lowers {
+		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
+	}
 	var rst syscall.Stat_t
-	if err := syscall.Lstat(dir, &rst); err != nil {
+	if err := stack.Lstat(0, "", &rst); err != nil {
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
 		return nil, syscall.EIO
 	}
-	root := &gofs.LoopbackRoot{
-		Path: dir,
-		// Dev is mixed into every inode number the loopback derives:
-		// choosing it this way yields backing inode ^ slot<<viewShift.
-		Dev: rst.Dev ^ slot<<(viewShift-32),
-	}
-	node := &volNode{LoopbackNode: &gofs.LoopbackNode{RootData: root}, m: m, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
+	node := &volNode{m: m, st: stack, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
+	node.vroot = node.EmbeddedInode()
 	if len(v.Lowers) > 0 {
-		o := &layer.Stack{Roots: []string{dir}, Links: &m.links, Ctimes: &m.ctimes}
-		for _, l := range v.Lowers {
-			o.Roots = append(o.Roots, m.store.LayerPath(l))
-		}
-		node.ovl = o
-		node.layers = o.All()
+		node.ovl = stack
+		node.layers = stack.All()
 	}
-	root.RootNode = node
 	out.Attr.FromStat(&rst)
 	node.mergedNlink("", node.layers, &out.Attr)
 	ino := rst.Ino ^ slot<<viewShift
@@ -133,7 +118,7 @@ func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if n.ovl != nil {
 		return n.ovlLookup(ctx, name, out)
 	}
-	return n.LoopbackNode.Lookup(ctx, name, out)
+	return n.lookupUpper(ctx, name, out)
 }
 
 // reserved reports whether name is a layout child of a task directory.
@@ -175,8 +160,13 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 	if n.task == nil {
 		return n.openDir()
 	}
-	ds, errno := n.LoopbackNode.Readdir(ctx)
+	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
+	if err != nil {
+		return nil, 0, toErrno(n.m.logger, err)
+	}
+	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
 	if errno != 0 {
+		syscall.Close(fd)
 		return nil, 0, errno
 	}
 	defer ds.Close()
@@ -237,7 +227,7 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.ovl != nil {
 		return n.removeEntry(name, false)
 	}
-	return n.LoopbackNode.Unlink(ctx, name)
+	return n.backingUnlink(name, false)
 }
 
 var _ = (gofs.NodeRmdirer)((*volNode)(nil))
@@ -252,7 +242,7 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.ovl != nil {
 		return n.removeEntry(name, true)
 	}
-	return n.LoopbackNode.Rmdir(ctx, name)
+	return n.backingUnlink(name, true)
 }
 
 var _ = (gofs.NodeCreater)((*volNode)(nil))
@@ -269,35 +259,17 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 			return nil, nil, 0, errno
 		}
 	}
-	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	ch, fh, errno := n.backingCreate(ctx, name, flags, mode, out)
 	if errno != 0 {
-		return nil, nil, 0, errno
-	}
-	n.inheritGroup(name, &out.Attr)
-	if errno := n.restoreMode(name, mode, &out.Attr); errno != 0 {
-		releaseHandle(ctx, fh)
 		return nil, nil, 0, errno
 	}
 	if child, ok := ch.Operations().(*volNode); ok {
 		if kfh, ok := child.killprivHandle(fh); ok {
-			return ch, kfh, fuseFlags, 0
+			return ch, kfh, 0, 0
 		}
-		return ch, child.passthroughFile(fh), fuseFlags, 0
+		return ch, child.passthroughFile(fh), 0, 0
 	}
-	return ch, n.m.wrapFile(fh), fuseFlags, 0
-}
-
-// restoreMode gives the new entry name the mode bits the caller asked for
-// (see killpriv.go); a failure leaves an entry with fewer bits than asked,
-// so it is reported.
-func (n *volNode) restoreMode(name string, mode uint32, attr *fuse.Attr) syscall.Errno {
-	if mode&modeSpecial == 0 {
-		return 0
-	}
-	if err := restoreMode(filepath.Join(n.backingPath(), name), mode, attr); err != nil {
-		return toErrno(n.m.logger, err)
-	}
-	return 0
+	return ch, n.m.wrapFile(fh), 0, 0
 }
 
 var _ = (gofs.NodeMkdirer)((*volNode)(nil))
@@ -316,18 +288,14 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 			return nil, errno
 		}
 	}
-	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	ch, errno := n.backingMkdir(ctx, name, mode, out)
 	if errno == 0 && hid {
 		// The new directory replaces one a lower layer still holds:
 		// opaque, it shows none of that directory's entries.
-		if err := layer.MarkOpaque(n.ovl.Path(0, filepath.Join(n.rel(), name))); err != nil {
+		if err := n.ovl.MarkOpaque(path.Join(n.rel(), name)); err != nil {
 			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
 			return nil, toErrno(n.m.logger, err)
 		}
-	}
-	if errno == 0 {
-		n.inheritGroup(name, &out.Attr)
-		errno = n.restoreMode(name, mode, &out.Attr)
 	}
 	return ch, errno
 }
@@ -346,15 +314,7 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 			return nil, errno
 		}
 	}
-	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
-	if errno == 0 && mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 {
-		errno = n.markRealDevice(name)
-	}
-	if errno == 0 {
-		n.inheritGroup(name, &out.Attr)
-		errno = n.restoreMode(name, mode, &out.Attr)
-	}
-	return ch, errno
+	return n.backingMknod(ctx, name, mode, rdev, out)
 }
 
 var _ = (gofs.NodeSymlinker)((*volNode)(nil))
@@ -371,11 +331,7 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 			return nil, errno
 		}
 	}
-	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
-	if errno == 0 {
-		n.inheritGroup(name, &out.Attr)
-	}
-	return ch, errno
+	return n.backingSymlink(ctx, target, name, out)
 }
 
 var _ = (gofs.NodeLinker)((*volNode)(nil))
@@ -387,10 +343,29 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	if t, ok := target.(*volNode); ok && n.ovl != nil && t.ovl == n.ovl {
+	t, ok := target.(*volNode)
+	if !ok || t.vroot != n.vroot {
+		return nil, syscall.EXDEV
+	}
+	if _, parent := t.Parent(); parent == nil {
+		// No name to link from: a file made with O_TMPFILE, whose
+		// LINK comes without the descriptor that names it.
+		return nil, syscall.EXDEV
+	}
+	if n.ovl != nil {
 		return n.ovlLink(t, name, out)
 	}
-	return n.LoopbackNode.Link(ctx, target, name, out)
+	to, errno := n.backingLink(t, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer to.Close()
+	var st syscall.Stat_t
+	gen, err := lstatBirth(to, &st)
+	if err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return n.upperChild(ctx, &st, gen, out), 0
 }
 
 var _ = (gofs.NodeRenamer)((*volNode)(nil))
@@ -402,76 +377,55 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
-	if dst, ok := newParent.(*volNode); ok {
-		if errno := dst.refuse(newName, false); errno != 0 {
-			return errno
+	dst, ok := newParent.(*volNode)
+	if !ok {
+		if len(newName) > maxNameLen {
+			return syscall.ENAMETOOLONG
 		}
-	} else if len(newName) > maxNameLen {
-		return syscall.ENAMETOOLONG
+		return syscall.EXDEV
 	}
-	if dst, ok := newParent.(*volNode); ok && flags&renameExchange == 0 {
+	if errno := dst.refuse(newName, false); errno != 0 {
+		return errno
+	}
+	if dst.vroot != n.vroot {
+		return syscall.EXDEV
+	}
+	if flags&renameExchange == 0 {
 		dst.holdSpecial(newName)
 	}
-	if dst, ok := newParent.(*volNode); ok && n.ovl != nil && dst.ovl == n.ovl {
+	if n.ovl != nil {
 		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
-	if flags&renameWhiteout != 0 {
-		if dst, ok := newParent.(*volNode); ok && nonEmptyDir(filepath.Join(dst.backingPath(), newName)) {
-			// ext4 makes the whiteout before it finds the target not
-			// empty, and stamps the source directory's times on the
-			// way out: a failed rename must change nothing.
-			return syscall.ENOTEMPTY
-		}
+	if flags&renameWhiteout != 0 && dst.nonEmptyDir(newName) {
+		// ext4 makes the whiteout before it finds the target not
+		// empty, and stamps the source directory's times on the way
+		// out: a failed rename must change nothing.
+		return syscall.ENOTEMPTY
 	}
-	errno := n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+	errno := n.backingRename(name, dst, newName, flags)
 	if errno == 0 && flags&renameWhiteout != 0 {
 		return n.markRealDevice(name)
 	}
 	return errno
 }
 
-// nonEmptyDir reports whether p is a directory with entries. Anything
-// else is never opened: opening a FIFO would wait for a writer.
-func nonEmptyDir(p string) bool {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+// nonEmptyDir reports whether name in this directory is a directory with
+// entries. Anything else is never opened: opening a FIFO would wait for
+// a writer.
+func (n *volNode) nonEmptyDir(name string) bool {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return false
+	}
+	defer l.Close()
+	fd, err := l.Open(unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
-	f := os.NewFile(uintptr(fd), p)
+	f := os.NewFile(uintptr(fd), l.String())
 	defer f.Close()
 	names, _ := f.Readdirnames(1)
 	return len(names) > 0
-}
-
-// backingPath is the node's path on the backing store.
-func (n *volNode) backingPath() string {
-	return filepath.Join(n.RootData.Path, n.EmbeddedInode().Path(n.RootData.RootNode.EmbeddedInode()))
-}
-
-// inheritGroup gives a new entry the group of a setgid parent, as a local
-// filesystem does. The loopback chowns every new entry to the caller's
-// uid and primary gid, which is right only when the parent is not setgid.
-// A failure here leaves the caller's group, which is what the caller
-// would have had without setgid, so it is logged, not returned.
-func (n *volNode) inheritGroup(name string, attr *fuse.Attr) {
-	dir := n.backingPath()
-	var st syscall.Stat_t
-	if err := syscall.Lstat(dir, &st); err != nil || st.Mode&syscall.S_ISGID == 0 || attr.Gid == st.Gid {
-		return
-	}
-	p := filepath.Join(dir, name)
-	if err := syscall.Lchown(p, -1, int(st.Gid)); err != nil {
-		n.m.logger.Warn("could not give a new entry its setgid parent's group", "path", p, "error", err)
-		return
-	}
-	// chown may also have cleared set-id bits of a file: report what is
-	// on disk now.
-	var cst syscall.Stat_t
-	if err := syscall.Lstat(p, &cst); err == nil {
-		ino := attr.Ino
-		attr.FromStat(&cst)
-		attr.Ino = ino
-	}
 }
 
 // dirStream is what go-fuse's loopback directory stream offers a handle.
@@ -525,7 +479,7 @@ func (n *volNode) mapDirent(e *fuse.DirEntry) {
 func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 	// Opened beneath the layer root, never through a symbolic link that
 	// a task swapped in for one of the directories on the way.
-	fd, err := layer.OpenBeneath(n.RootData.Path, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
+	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
 		return nil, 0, toErrno(n.m.logger, err)
 	}

@@ -17,7 +17,7 @@ import (
 // mountedXattrs lists p's extended attributes through the mount, sorted.
 func mountedXattrs(t *testing.T, p string) []string {
 	t.Helper()
-	names, err := layer.ListXattrs(p)
+	names, err := layer.ListXattrs(layer.PathLoc(p))
 	if err != nil {
 		t.Fatalf("listxattr %s: %v", p, err)
 	}
@@ -104,7 +104,7 @@ func TestTaskOverlayXattrsRoundTrip(t *testing.T) {
 	st, err := tm.store.Get("b")
 	must(t, err)
 	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "d")
-	if layer.IsOpaque(backing) {
+	if layer.IsOpaque(layer.PathLoc(backing)) {
 		t.Errorf("the task's attribute made the backing directory opaque")
 	}
 	if _, err := os.Lstat(filepath.Join(d, "below")); err != nil {

@@ -20,11 +20,11 @@ import (
 // never shown to a task nor carried by a later copy-up.
 const OriginXattr = "trusted.overlay.allocfs.origin"
 
-// Origin returns the lower inode number the upper entry p was copied up
+// Origin returns the lower inode number the upper entry l was copied up
 // from, and false for an entry made in the upper layer.
-func Origin(p string) (uint64, bool) {
+func Origin(l Loc) (uint64, bool) {
 	var buf [24]byte
-	n, err := unix.Lgetxattr(p, OriginXattr, buf[:])
+	n, err := l.Getxattr(OriginXattr, buf[:])
 	if err != nil {
 		return 0, false
 	}
@@ -43,13 +43,11 @@ func Origin(p string) (uint64, bool) {
 // copy (their directories copied up as needed), so that the names stay
 // one file with the right link count, as they were below.
 func (s *Stack) CopyUp(rel string, from int) error {
-	src := s.Path(from, rel)
 	var st syscall.Stat_t
-	if err := syscall.Lstat(src, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: src, Err: err}
+	if err := s.Lstat(from, rel, &st); err != nil {
+		return err
 	}
-	dst := s.Path(0, rel)
-	if done, err := s.upperHolds(dst); done || err != nil {
+	if done, err := s.upperHolds(rel); done || err != nil {
 		return err
 	}
 	if err := s.copyInto(from, rel, &st); err != nil {
@@ -73,11 +71,10 @@ func (s *Stack) CopyUp(rel string, from int) error {
 		if err := s.EnsureUpperDir(filepath.Dir(name)); err != nil {
 			return err
 		}
-		restoreDir := s.quietly(s.Path(0, filepath.Dir(name)), true)
-		restoreFile := s.quietly(dst, false)
-		err = unix.Linkat(unix.AT_FDCWD, dst, unix.AT_FDCWD, s.Path(0, name), 0)
-		if err != nil {
-			return &os.PathError{Op: "link", Path: s.Path(0, name), Err: err}
+		restoreDir := s.quietly(filepath.Dir(name), true)
+		restoreFile := s.quietly(rel, false)
+		if err := s.link(rel, name); err != nil {
+			return err
 		}
 		if err := errors.Join(restoreFile(), restoreDir()); err != nil {
 			return err
@@ -90,8 +87,12 @@ func (s *Stack) CopyUp(rel string, from int) error {
 // copyEntry), leaving the times of the upper directory it lands in as
 // they were: a copy-up is not a change a task made to that directory.
 func (s *Stack) copyInto(from int, rel string, st *syscall.Stat_t) error {
-	restore := s.quietly(s.Path(0, filepath.Dir(rel)), true)
-	dst := s.Path(0, rel)
+	restore := s.quietly(filepath.Dir(rel), true)
+	dst, err := s.Loc(0, rel)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
 	if err := s.copyEntry(from, rel, dst, st); err != nil {
 		return err
 	}
@@ -99,20 +100,47 @@ func (s *Stack) copyInto(from int, rel string, st *syscall.Stat_t) error {
 	return errors.Join(s.Ctimes.seal(dst, st.Ctim), restore())
 }
 
-// upperHolds reports whether dst already holds a copied-up entry, and
-// removes a whiteout there.
-func (s *Stack) upperHolds(dst string) (bool, error) {
+// Lstat stats rel in the layer at position i.
+func (s *Stack) Lstat(i int, rel string, st *syscall.Stat_t) error {
+	l, err := s.Loc(i, rel)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	return l.Lstat(st)
+}
+
+// link gives the upper entry rel the other name to, in the upper layer.
+func (s *Stack) link(rel, to string) error {
+	from, err := s.Loc(0, rel)
+	if err != nil {
+		return err
+	}
+	defer from.Close()
+	dst, err := s.Loc(0, to)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	return Link(from, dst)
+}
+
+// upperHolds reports whether the upper layer already holds a copied-up
+// entry at rel, and removes a whiteout there.
+func (s *Stack) upperHolds(rel string) (bool, error) {
+	dst, err := s.Loc(0, rel)
+	if err != nil {
+		return false, err
+	}
+	defer dst.Close()
 	var st syscall.Stat_t
-	if err := syscall.Lstat(dst, &st); err != nil {
+	if err := dst.Lstat(&st); err != nil {
 		return false, nil
 	}
 	if !IsWhiteoutAt(dst, &st) {
 		return true, nil
 	}
-	if err := syscall.Unlink(dst); err != nil {
-		return false, &os.PathError{Op: "unlink whiteout", Path: dst, Err: err}
-	}
-	return false, nil
+	return false, dst.Unlink()
 }
 
 // Resolve looks rel up from the volume's root, component by component,
@@ -120,7 +148,7 @@ func (s *Stack) upperHolds(dst string) (bool, error) {
 func (s *Stack) Resolve(rel string) ([]int, syscall.Stat_t, error) {
 	layers := s.All()
 	var st syscall.Stat_t
-	if err := syscall.Lstat(s.Roots[0], &st); err != nil {
+	if err := s.Lstat(0, "", &st); err != nil {
 		return nil, st, err
 	}
 	if rel == "" || rel == "." {
@@ -170,29 +198,33 @@ func (s *Stack) EnsureUpperDir(rel string) error {
 
 // copyEntry copies one entry (not a directory's content) of the layer
 // at from, whose lstat is st, to dst in the upper layer.
-func (s *Stack) copyEntry(from int, rel, dst string, st *syscall.Stat_t) error {
+func (s *Stack) copyEntry(from int, rel string, dst Loc, st *syscall.Stat_t) error {
 	perm := st.Mode & 07777
 	origin := strconv.FormatUint(st.Ino, 10)
-	src := s.Path(from, rel)
+	src, err := s.Loc(from, rel)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		// Complete, metadata included, before it gets its name.
-		return copyFile(s.Roots[from], rel, dst, st, origin)
+		return s.copyFile(from, rel, dst, st, origin)
 	case syscall.S_IFDIR:
-		if err := syscall.Mkdir(dst, perm&0o777); err != nil {
-			return &os.PathError{Op: "mkdir", Path: dst, Err: err}
+		if err := dst.Mkdir(perm & 0o777); err != nil {
+			return err
 		}
 	case syscall.S_IFLNK:
-		target, err := os.Readlink(src)
+		target, err := src.Readlink()
 		if err != nil {
 			return err
 		}
-		if err := os.Symlink(target, dst); err != nil {
+		if err := dst.Symlink(target); err != nil {
 			return err
 		}
 	default:
-		if err := syscall.Mknod(dst, st.Mode, int(st.Rdev)); err != nil {
-			return &os.PathError{Op: "mknod", Path: dst, Err: err}
+		if err := dst.Mknod(st.Mode, int(st.Rdev)); err != nil {
+			return err
 		}
 		if IsWhiteout(st) {
 			// A visible device 0/0 is a task's own: it stays one.
@@ -201,27 +233,24 @@ func (s *Stack) copyEntry(from int, rel, dst string, st *syscall.Stat_t) error {
 			}
 		}
 	}
-	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+	if err := dst.Chown(int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
 		// chown cleared set-id bits: put the mode back.
-		if err := syscall.Chmod(dst, perm); err != nil {
-			return &os.PathError{Op: "chmod", Path: dst, Err: err}
+		if err := dst.Chmod(perm); err != nil {
+			return err
 		}
 	}
 	// After the chown, which would drop security.capability.
 	if err := CopyXattrs(src, dst); err != nil {
 		return err
 	}
-	if err := unix.Lsetxattr(dst, OriginXattr, []byte(origin), 0); err != nil {
-		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst, Err: err}
+	if err := dst.Setxattr(OriginXattr, []byte(origin), 0); err != nil {
+		return err
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "utimes", Path: dst, Err: err}
-	}
-	return nil
+	return dst.Utimes(ts)
 }
 
 // copyFile copies a regular file into an unnamed file (O_TMPFILE) in
@@ -230,28 +259,25 @@ func (s *Stack) copyEntry(from int, rel, dst string, st *syscall.Stat_t) error {
 // leaves a partial file, or a temporary name, behind. Its bytes are
 // cloned where the filesystem can (FICLONE), else copied segment by
 // segment around holes.
-func copyFile(srcRoot, rel, dst string, st *syscall.Stat_t, origin string) error {
-	fd, err := OpenBeneath(srcRoot, rel, unix.O_RDONLY)
+func (s *Stack) copyFile(from int, rel string, dst Loc, st *syscall.Stat_t, origin string) error {
+	fd, err := s.Open(from, rel, unix.O_RDONLY)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	tfd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, st.Mode&0o777)
+	dir := Loc{Dir: dst.Dir, path: filepath.Dir(dst.path)}
+	tfd, err := dir.Open(unix.O_TMPFILE|unix.O_WRONLY, st.Mode&0o777)
 	if err != nil {
-		return &os.PathError{Op: "open O_TMPFILE", Path: filepath.Dir(dst), Err: err}
+		return err
 	}
 	defer unix.Close(tfd)
 	if err := fillCopy(tfd, fd, st); err != nil {
-		return &os.PathError{Op: "copy up", Path: dst, Err: err}
+		return &os.PathError{Op: "copy up", Path: dst.path, Err: err}
 	}
 	if err := unix.Fsetxattr(tfd, OriginXattr, []byte(origin), 0); err != nil {
-		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst, Err: err}
+		return &os.PathError{Op: "setxattr " + OriginXattr, Path: dst.path, Err: err}
 	}
-	fdPath := fmt.Sprintf("/proc/self/fd/%d", tfd)
-	if err := unix.Linkat(unix.AT_FDCWD, fdPath, unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW); err != nil {
-		return &os.PathError{Op: "link", Path: dst, Err: err}
-	}
-	return nil
+	return Link(Loc{Dir: tfd, path: "copy of " + dst.path}, dst)
 }
 
 // CopyAnonymous copies the open lower file fd into an unnamed file of the
@@ -265,9 +291,14 @@ func (s *Stack) CopyAnonymous(fd int) (int, error) {
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return -1, &os.PathError{Op: "fstat", Path: "lower file", Err: err}
 	}
-	tfd, err := unix.Open(s.Roots[0], unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, st.Mode&0o777)
+	root, err := s.Loc(0, "")
 	if err != nil {
-		return -1, &os.PathError{Op: "open O_TMPFILE", Path: s.Roots[0], Err: err}
+		return -1, err
+	}
+	defer root.Close()
+	tfd, err := root.Open(unix.O_TMPFILE|unix.O_RDWR, st.Mode&0o777)
+	if err != nil {
+		return -1, err
 	}
 	err = fillCopy(tfd, fd, &st)
 	if err != nil {
@@ -313,31 +344,6 @@ func fillCopy(tfd, fd int, st *syscall.Stat_t) error {
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tfd), ts, 0)
-}
-
-// OpenBeneath opens rel beneath the layer root with openat2
-// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: a task that swaps a directory on
-// the way for a symbolic link to /etc gets an error, not /etc.
-func OpenBeneath(root, rel string, flags int) (int, error) {
-	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, &os.PathError{Op: "open", Path: root, Err: err}
-	}
-	defer unix.Close(dir)
-	if rel == "" {
-		rel = "."
-	}
-	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
-	for {
-		fd, err := unix.Openat2(dir, rel, &how)
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return -1, &os.PathError{Op: "openat2", Path: filepath.Join(root, rel), Err: err}
-		}
-		return fd, nil
-	}
 }
 
 // copySparse copies in's bytes into out, the empty file of a copy-up,
@@ -448,8 +454,13 @@ func (s *Stack) Materialize(rel string, layers []int) error {
 // MarkOpaque makes the upper directory rel hide the lower layers at its
 // path, without a change a task could see in its ctime.
 func (s *Stack) MarkOpaque(rel string) error {
-	restore := s.quietly(s.Path(0, rel), false)
-	if err := MarkOpaque(s.Path(0, rel)); err != nil {
+	restore := s.quietly(rel, false)
+	l, err := s.Loc(0, rel)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := MarkOpaque(l); err != nil {
 		return err
 	}
 	return restore()

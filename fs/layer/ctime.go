@@ -1,7 +1,6 @@
 package layer
 
 import (
-	"os"
 	"sync"
 	"syscall"
 
@@ -50,15 +49,15 @@ func (c *Ctimes) Shown(st *syscall.Stat_t) syscall.Timespec {
 	return m.shown
 }
 
-// seal records that the entry at p, changed by allocfs just now, shows
+// seal records that the entry at l, changed by allocfs just now, shows
 // the ctime shown.
-func (c *Ctimes) seal(p string, shown syscall.Timespec) error {
+func (c *Ctimes) seal(l Loc, shown syscall.Timespec) error {
 	if c == nil {
 		return nil
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: p, Err: err}
+	if err := l.Lstat(&st); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -69,24 +68,34 @@ func (c *Ctimes) seal(p string, shown syscall.Timespec) error {
 	return nil
 }
 
-// quietly returns, before allocfs changes the upper entry p on its own
+// quietly returns, before allocfs changes the upper entry rel on its own
 // account, a function to call after the change: it hides the change from
-// p's ctime and, with keepTimes, puts p's access and modification times
-// back (entries a copy-up makes in a directory are not a task's change of
-// it).
-func (s *Stack) quietly(p string, keepTimes bool) func() error {
+// rel's ctime and, with keepTimes, puts rel's access and modification
+// times back (entries a copy-up makes in a directory are not a task's
+// change of it).
+func (s *Stack) quietly(rel string, keepTimes bool) func() error {
 	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
-		return func() error { return &os.PathError{Op: "lstat", Path: p, Err: err} }
+	l, err := s.Loc(0, rel)
+	if err == nil {
+		err = l.Lstat(&st)
+		l.Close()
+	}
+	if err != nil {
+		return func() error { return err }
 	}
 	shown := s.Ctimes.Shown(&st)
 	return func() error {
+		l, err := s.Loc(0, rel)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
 		if keepTimes {
 			ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
-			if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return &os.PathError{Op: "utimes", Path: p, Err: err}
+			if err := l.Utimes(ts); err != nil {
+				return err
 			}
 		}
-		return s.Ctimes.seal(p, shown)
+		return s.Ctimes.seal(l, shown)
 	}
 }

@@ -1,11 +1,6 @@
 package layer
 
-import (
-	"os"
-	"syscall"
-
-	"golang.org/x/sys/unix"
-)
+import "syscall"
 
 // OpaqueXattr marks an upper directory that hides the lower layers at its
 // path; its value is "y".
@@ -23,40 +18,34 @@ func IsWhiteout(st *syscall.Stat_t) bool {
 // would take it for a whiteout; allocfs never does.
 const RealDeviceXattr = "trusted.overlay.allocfs.device"
 
-// IsWhiteoutAt reports whether p, whose lstat is st, is a whiteout: a
+// IsWhiteoutAt reports whether l, whose lstat is st, is a whiteout: a
 // character device 0/0 that is not a task's own (RealDeviceXattr).
-func IsWhiteoutAt(p string, st *syscall.Stat_t) bool {
+func IsWhiteoutAt(l Loc, st *syscall.Stat_t) bool {
 	if !IsWhiteout(st) {
 		return false
 	}
-	_, err := unix.Lgetxattr(p, RealDeviceXattr, nil)
+	_, err := l.Getxattr(RealDeviceXattr, nil)
 	return err != nil
 }
 
-// MarkRealDevice records that the character device 0/0 at p is a task's
+// MarkRealDevice records that the character device 0/0 at l is a task's
 // own, not a whiteout. Other entries need no mark.
-func MarkRealDevice(p string) error {
-	if err := unix.Lsetxattr(p, RealDeviceXattr, []byte("y"), 0); err != nil {
-		return &os.PathError{Op: "setxattr " + RealDeviceXattr, Path: p, Err: err}
-	}
-	return nil
+func MarkRealDevice(l Loc) error {
+	return l.Setxattr(RealDeviceXattr, []byte("y"), 0)
 }
 
 // IsDir reports whether st is a directory.
 func IsDir(st *syscall.Stat_t) bool { return st.Mode&syscall.S_IFMT == syscall.S_IFDIR }
 
-// IsOpaque reports whether the directory p hides the lower layers at its
+// IsOpaque reports whether the directory l hides the lower layers at its
 // path.
-func IsOpaque(p string) bool {
+func IsOpaque(l Loc) bool {
 	buf := make([]byte, 1)
-	n, err := unix.Lgetxattr(p, OpaqueXattr, buf)
+	n, err := l.Getxattr(OpaqueXattr, buf)
 	return err == nil && n == 1 && buf[0] == 'y'
 }
 
-// MarkOpaque makes the directory p hide the lower layers at its path.
-func MarkOpaque(p string) error {
-	if err := unix.Lsetxattr(p, OpaqueXattr, []byte("y"), 0); err != nil {
-		return &os.PathError{Op: "setxattr " + OpaqueXattr, Path: p, Err: err}
-	}
-	return nil
+// MarkOpaque makes the directory l hide the lower layers at its path.
+func MarkOpaque(l Loc) error {
+	return l.Setxattr(OpaqueXattr, []byte("y"), 0)
 }

@@ -103,7 +103,7 @@ func TestCopyUpKeepsHardLinks(t *testing.T) {
 			t.Errorf("%s, hidden or replaced in the middle layer, was linked into the upper one: %v", n, err)
 		}
 	}
-	if o, ok := Origin(s.Path(0, "f1")); !ok || o != lowerIno {
+	if o, ok := Origin(PathLoc(s.Path(0, "f1"))); !ok || o != lowerIno {
 		t.Errorf("origin of the copy: %d, %v; want %d", o, ok, lowerIno)
 	}
 	if after := lstat(t, s.Path(2, "f1")); after.Nlink != lowerBefore.Nlink || after.Ctim != lowerBefore.Ctim {
@@ -159,7 +159,7 @@ func TestCopyUpKeepsAttributes(t *testing.T) {
 	if string(data) != "data at 4 MiB" {
 		t.Errorf("copy reads %q at 4 MiB", data)
 	}
-	names, err := ListXattrs(p)
+	names, err := ListXattrs(PathLoc(p))
 	must(t, err)
 	slices.Sort(names)
 	want := []string{OriginXattr, StoredXattr("trusted.overlay.task"), "user.tag"}
@@ -167,7 +167,7 @@ func TestCopyUpKeepsAttributes(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("copy's xattrs %v, want %v (the lower's origin mark replaced by the copy's own)", names, want)
 	}
-	if o, ok := Origin(p); !ok || o != lower.Ino {
+	if o, ok := Origin(PathLoc(p)); !ok || o != lower.Ino {
 		t.Errorf("origin %d, %v; want the lower inode %d, not the lower's own origin", o, ok, lower.Ino)
 	}
 }
@@ -181,11 +181,11 @@ func TestTaskDeviceIsNoWhiteout(t *testing.T) {
 		write(t, filepath.Join(root, "hidden"), "below")
 		write(t, filepath.Join(root, "dev"), "below")
 		must(t, syscall.Mknod(filepath.Join(root, "lowerdev"), syscall.S_IFCHR, 0))
-		must(t, MarkRealDevice(filepath.Join(root, "lowerdev")))
+		must(t, MarkRealDevice(PathLoc(filepath.Join(root, "lowerdev"))))
 	})
 	must(t, s.Whiteout("hidden"))
 	must(t, syscall.Mknod(s.Path(0, "dev"), syscall.S_IFCHR, 0))
-	must(t, MarkRealDevice(s.Path(0, "dev")))
+	must(t, MarkRealDevice(PathLoc(s.Path(0, "dev"))))
 	if _, _, err := s.Visible("hidden", s.All()); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("a whited-out name: %v, want ENOENT", err)
 	}
@@ -257,9 +257,9 @@ func TestCopyUpRefusesBadStacks(t *testing.T) {
 	if entries, _ := os.ReadDir(s.Roots[0]); len(entries) != 0 {
 		t.Errorf("a failed copy-up left %v in the upper layer", entries)
 	}
-	if fd, err := OpenBeneath(s.Roots[1], "link/secret", unix.O_RDONLY); err == nil {
+	if fd, err := s.Open(1, "link/secret", unix.O_RDONLY); err == nil {
 		unix.Close(fd)
-		t.Error("OpenBeneath followed a symbolic link out of the layer")
+		t.Error("Stack.Open followed a symbolic link out of the layer")
 	}
 	if err := s.CopyUp("link/secret", 1); err == nil {
 		t.Error("copy-up through a symbolic link succeeded")

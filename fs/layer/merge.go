@@ -40,10 +40,10 @@ type MergeStats struct {
 func Merge(d MergeDisk, dst, upper, lower string, through bool) (MergeStats, error) {
 	m := &merger{disk: d, dst: dst}
 	srcs := []string{upper}
-	opaque := IsOpaque(upper)
+	opaque := IsOpaque(PathLoc(upper))
 	if !opaque {
 		srcs = append(srcs, lower)
-		opaque = IsOpaque(lower)
+		opaque = IsOpaque(PathLoc(lower))
 	}
 	err := m.dir("", srcs, opaque, through)
 	return m.stats, err
@@ -83,7 +83,7 @@ func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
 				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
 			}
 			if !IsDir(&st) {
-				if IsWhiteoutAt(filepath.Join(src, child), &st) && !childThrough {
+				if IsWhiteoutAt(PathLoc(filepath.Join(src, child)), &st) && !childThrough {
 					continue // hides nothing any more
 				}
 				if err := m.disk.Link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
@@ -116,7 +116,7 @@ func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
 // directory must then be opaque.
 func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 	top := filepath.Join(srcs[k], child)
-	if IsOpaque(top) {
+	if IsOpaque(PathLoc(top)) {
 		return []string{srcs[k]}, true, nil
 	}
 	if k+1 >= len(srcs) {
@@ -130,7 +130,7 @@ func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 	case err != nil:
 		return nil, false, &os.PathError{Op: "lstat", Path: under, Err: err}
 	case IsDir(&st):
-		return []string{srcs[k], srcs[k+1]}, IsOpaque(under), nil
+		return []string{srcs[k], srcs[k+1]}, IsOpaque(PathLoc(under)), nil
 	default:
 		return []string{srcs[k]}, true, nil
 	}
@@ -147,11 +147,11 @@ func copyDirAttrs(src, dst string, opaque bool) error {
 	if err := unix.Lstat(src, &st); err != nil {
 		return &os.PathError{Op: "lstat", Path: src, Err: err}
 	}
-	if err := CopyXattrs(src, dst); err != nil {
+	if err := CopyXattrs(PathLoc(src), PathLoc(dst)); err != nil {
 		return err
 	}
 	if opaque {
-		if err := MarkOpaque(dst); err != nil {
+		if err := MarkOpaque(PathLoc(dst)); err != nil {
 			return err
 		}
 	}

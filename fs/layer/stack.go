@@ -14,6 +14,8 @@ import (
 // data dir's one filesystem.
 type Stack struct {
 	Roots []string
+	// Cache, when set, keeps the roots' descriptors between calls.
+	Cache *RootCache
 	// Links, when set, keeps a lower file's names one file across its
 	// copy-up.
 	Links *Links
@@ -39,7 +41,8 @@ func (s *Stack) All() []int {
 	return all
 }
 
-// Path is rel's backing path in the layer at position i.
+// Path is rel's backing path in the layer at position i, for errors and
+// logs: entries are reached through Loc and Open, never by path.
 func (s *Stack) Path(i int, rel string) string { return filepath.Join(s.Roots[i], rel) }
 
 // Visible computes where rel, inside a directory visible in dirLayers, is
@@ -53,21 +56,27 @@ func (s *Stack) Visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, err
 	var shown syscall.Stat_t
 	for _, i := range dirLayers {
 		var st syscall.Stat_t
-		p := s.Path(i, rel)
-		if err := syscall.Lstat(p, &st); err != nil {
+		l, err := s.Loc(i, rel)
+		if err == nil {
+			err = l.Lstat(&st)
+		}
+		if err != nil {
+			l.Close()
 			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
 				continue
 			}
-			return nil, shown, &os.PathError{Op: "lstat", Path: p, Err: err}
+			return nil, shown, err
 		}
-		if IsWhiteoutAt(p, &st) || (len(layers) > 0 && !IsDir(&st)) {
-			break
+		stop := IsWhiteoutAt(l, &st) || (len(layers) > 0 && !IsDir(&st))
+		if !stop {
+			if len(layers) == 0 {
+				shown = st
+			}
+			layers = append(layers, i)
+			stop = !IsDir(&st) || IsOpaque(l)
 		}
-		if len(layers) == 0 {
-			shown = st
-		}
-		layers = append(layers, i)
-		if !IsDir(&st) || IsOpaque(p) {
+		l.Close()
+		if stop {
 			break
 		}
 	}
@@ -107,16 +116,16 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 	seen := make(map[string]bool)
 	var out []Entry
 	for _, i := range dirLayers {
-		dir := s.Path(i, rel)
-		f, err := openDir(dir)
+		f, err := s.openDir(i, rel)
 		if err != nil {
 			return nil, err
 		}
 		entries, err := f.ReadDir(-1)
-		f.Close()
 		if err != nil {
+			f.Close()
 			return nil, err
 		}
+		dir := Loc{Dir: int(f.Fd()), path: f.Name()}
 		for _, e := range entries {
 			name := e.Name()
 			if seen[name] {
@@ -124,14 +133,15 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 			}
 			seen[name] = true
 			if e.Type()&os.ModeCharDevice != 0 {
-				if fi, err := e.Info(); err == nil {
-					if st, ok := fi.Sys().(*syscall.Stat_t); ok && IsWhiteoutAt(filepath.Join(dir, name), st) {
-						continue
-					}
+				var st syscall.Stat_t
+				at := dir.child(name)
+				if at.Lstat(&st) == nil && IsWhiteoutAt(at, &st) {
+					continue
 				}
 			}
 			out = append(out, Entry{Name: name, Mode: FileTypeBits(e.Type())})
 		}
+		f.Close()
 	}
 	return out, nil
 }
@@ -158,54 +168,60 @@ func FileTypeBits(t os.FileMode) uint32 {
 // Whiteout hides rel in the lower layers: rel's directory must be in the
 // upper layer.
 func (s *Stack) Whiteout(rel string) error {
-	p := s.Path(0, rel)
-	if err := syscall.Mknod(p, syscall.S_IFCHR, 0); err != nil {
-		return &os.PathError{Op: "mknod whiteout", Path: p, Err: err}
+	l, err := s.Loc(0, rel)
+	if err != nil {
+		return err
 	}
-	return nil
+	defer l.Close()
+	return l.Mknod(syscall.S_IFCHR, 0)
 }
 
 // ClearWhiteout removes a whiteout at rel in the upper layer before an
 // entry is made there, and reports whether there was one.
 func (s *Stack) ClearWhiteout(rel string) (bool, error) {
-	p := s.Path(0, rel)
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil || !IsWhiteoutAt(p, &st) {
+	l, err := s.Loc(0, rel)
+	if err != nil {
 		return false, nil
 	}
-	if err := syscall.Unlink(p); err != nil {
-		return false, &os.PathError{Op: "unlink whiteout", Path: p, Err: err}
+	defer l.Close()
+	var st syscall.Stat_t
+	if err := l.Lstat(&st); err != nil || !IsWhiteoutAt(l, &st) {
+		return false, nil
+	}
+	if err := l.Unlink(); err != nil {
+		return false, err
 	}
 	return true, nil
 }
 
-// ClearDir removes what is left in an upper directory whose merged view
-// is empty: only whiteouts can be.
-func ClearDir(dir string) error {
-	f, err := openDir(dir)
+// ClearDir removes what is left in the upper directory rel whose merged
+// view is empty: only whiteouts can be.
+func (s *Stack) ClearDir(rel string) error {
+	f, err := s.openDir(0, rel)
 	if err != nil {
 		return err
 	}
-	entries, err := f.ReadDir(-1)
-	f.Close()
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+	dir := Loc{Dir: int(f.Fd()), path: f.Name()}
+	for _, name := range names {
+		if err := dir.child(name).Unlink(); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// openDir opens the directory p for listing, never anything else: a FIFO
-// swapped in for it would block the open until a writer came, and a
-// symbolic link could lead out of the layer.
-func openDir(p string) (*os.File, error) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+// openDir opens the directory rel of the layer at position i for listing,
+// never anything else: a FIFO swapped in for it would block the open
+// until a writer came, and a symbolic link could lead out of the layer.
+func (s *Stack) openDir(i int, rel string) (*os.File, error) {
+	fd, err := s.Open(i, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+		return nil, err
 	}
-	return os.NewFile(uintptr(fd), p), nil
+	return os.NewFile(uintptr(fd), s.Path(i, rel)), nil
 }

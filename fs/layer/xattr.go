@@ -42,11 +42,11 @@ func FormatXattr(stored string) bool {
 	return !shown
 }
 
-// ListShownXattrs answers listxattr(2) for the backing entry p: the names
+// ListShownXattrs answers listxattr(2) for the backing entry l: the names
 // a task may see, NUL-terminated, into dest, or the size needed when dest
 // is empty.
-func ListShownXattrs(p string, dest []byte) (uint32, error) {
-	names, err := ListXattrs(p)
+func ListShownXattrs(l Loc, dest []byte) (uint32, error) {
+	names, err := ListXattrs(l)
 	if err != nil {
 		return 0, err
 	}
@@ -67,15 +67,10 @@ func ListShownXattrs(p string, dest []byte) (uint32, error) {
 
 // CopyXattrs gives dst every extended attribute of src but the format's
 // own, so that a copy-up keeps what the task set.
-func CopyXattrs(src, dst string) error {
+func CopyXattrs(src, dst Loc) error {
 	names, err := ListXattrs(src)
 	return copyXattrs(names, err, func(name string) ([]byte, error) { return GetXattr(src, name) },
-		func(name string, val []byte) error {
-			if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
-				return &os.PathError{Op: "setxattr " + name, Path: dst, Err: err}
-			}
-			return nil
-		})
+		func(name string, val []byte) error { return dst.Setxattr(name, val, 0) })
 }
 
 // copyXattrs hands set every attribute of names (with the error that
@@ -99,19 +94,19 @@ func copyXattrs(names []string, err error, get func(name string) ([]byte, error)
 	return nil
 }
 
-// ListXattrs returns the names of p's extended attributes, stored names
+// ListXattrs returns the names of l's extended attributes, stored names
 // included, without following a symbolic link.
-func ListXattrs(p string) ([]string, error) {
-	buf, err := growing(func(b []byte) (int, error) { return unix.Llistxattr(p, b) })
-	return splitNames(buf, err, "listxattr", p)
+func ListXattrs(l Loc) ([]string, error) {
+	buf, err := growing(l.Listxattr)
+	return splitNames(buf, err, "listxattr", l.String())
 }
 
-// GetXattr returns the value of p's extended attribute name, without
+// GetXattr returns the value of l's extended attribute name, without
 // following a symbolic link.
-func GetXattr(p, name string) ([]byte, error) {
-	buf, err := growing(func(b []byte) (int, error) { return unix.Lgetxattr(p, name, b) })
+func GetXattr(l Loc, name string) ([]byte, error) {
+	buf, err := growing(func(b []byte) (int, error) { return l.Getxattr(name, b) })
 	if err != nil {
-		return nil, &os.PathError{Op: "getxattr " + name, Path: p, Err: err}
+		return nil, &os.PathError{Op: "getxattr " + name, Path: l.String(), Err: err}
 	}
 	return buf, nil
 }

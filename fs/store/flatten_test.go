@@ -102,7 +102,7 @@ func writeGeneration(t *testing.T, i int, data, local string) {
 	must(t, unix.Mknod(filepath.Join(data, fmt.Sprintf("f%d", i-1)), unix.S_IFCHR, 0))
 	if i%2 == 0 {
 		mustWrite(t, filepath.Join(data, "e", own), own+"\n", 0o644)
-		must(t, layer.MarkOpaque(filepath.Join(data, "e")))
+		must(t, layer.MarkOpaque(layer.PathLoc(filepath.Join(data, "e"))))
 	}
 }
 
@@ -121,7 +121,7 @@ func layerTrees(t *testing.T, s *Store) string {
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
-		names, err := layer.ListXattrs(p)
+		names, err := layer.ListXattrs(layer.PathLoc(p))
 		if err != nil {
 			return err
 		}

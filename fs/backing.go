@@ -1,0 +1,445 @@
+package fs
+
+import (
+	"context"
+	"os"
+	"path"
+	"syscall"
+
+	"github.com/allocfs/allocfs/fs/layer"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// The operations of a volume node on its backing entries. Each one is
+// fd-relative (layer.Loc): the directory holding the entry is opened
+// beneath its layer's root and the entry named in it, so no backing path
+// is ever built, a task's path is limited only by the mount's PATH_MAX,
+// and a symbolic link swapped into a layer is never followed.
+
+// rel is the node's path inside its volume ("" for the root).
+func (n *volNode) rel() string { return n.EmbeddedInode().Path(n.vroot) }
+
+// at names name in the node's directory (the node's own entry for "") in
+// the layer at position i. The caller closes it.
+func (n *volNode) at(i int, name string) (layer.Loc, syscall.Errno) {
+	l, err := n.st.Loc(i, path.Join(n.rel(), name))
+	if err != nil {
+		return l, toErrno(n.m.logger, err)
+	}
+	return l, 0
+}
+
+// shownLayer is the layer the node's entry is shown from.
+func (n *volNode) shownLayer() int {
+	if l := n.nodeLayers(); len(l) > 0 {
+		return l[0]
+	}
+	return 0
+}
+
+// lstatBirth stats the entry at l and returns its birth time, which
+// tells apart two files that had the same inode number in turn.
+func lstatBirth(l layer.Loc, st *syscall.Stat_t) (uint64, error) {
+	var x unix.Statx_t
+	if err := l.Statx(unix.AT_STATX_SYNC_AS_STAT, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil {
+		return 0, err
+	}
+	*st = statFromStatx(&x)
+	if x.Mask&unix.STATX_BTIME == 0 {
+		return 1, nil
+	}
+	return uint64(x.Btime.Sec)<<30 | uint64(x.Btime.Nsec), nil
+}
+
+// statFromStatx is the stat(2) view of a statx(2) answer.
+func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
+	ts := func(t unix.StatxTimestamp) syscall.Timespec { return syscall.Timespec{Sec: t.Sec, Nsec: int64(t.Nsec)} }
+	return syscall.Stat_t{
+		Dev:     unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:     x.Ino,
+		Nlink:   uint64(x.Nlink),
+		Mode:    uint32(x.Mode),
+		Uid:     x.Uid,
+		Gid:     x.Gid,
+		Rdev:    unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+		Size:    int64(x.Size),
+		Blksize: int64(x.Blksize),
+		Blocks:  int64(x.Blocks),
+		Atim:    ts(x.Atime),
+		Mtim:    ts(x.Mtime),
+		Ctim:    ts(x.Ctime),
+	}
+}
+
+// upperChild returns the node for an entry of the upper layer of this
+// directory, whose lstat is st and birth gen: the node the kernel
+// already holds for it, or a new one.
+func (n *volNode) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64, out *fuse.EntryOut) *gofs.Inode {
+	out.Attr.FromStat(st)
+	ino := st.Ino ^ n.slot<<viewShift
+	out.Attr.Ino = ino
+	child := n.newChild([]int{0})
+	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino, Gen: gen})
+}
+
+// newChild makes a node for an entry of this volume visible in layers.
+func (n *volNode) newChild(layers []int) *volNode {
+	return &volNode{m: n.m, st: n.st, vroot: n.vroot, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: layers}
+}
+
+// lookupUpper finds name in the upper layer of this directory.
+func (n *volNode) lookupUpper(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer l.Close()
+	var st syscall.Stat_t
+	gen, err := lstatBirth(l, &st)
+	if err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return n.upperChild(ctx, &st, gen, out), 0
+}
+
+// owner is the uid and gid a new entry gets: the caller's, with the
+// group of a setgid directory (dir is this directory's entry), as a
+// local filesystem gives it.
+func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
+	c, ok := fuse.FromContext(ctx)
+	if !ok || os.Geteuid() != 0 {
+		// Without root, entries stay the daemon's.
+		return 0, 0, false
+	}
+	uid, gid := int(c.Uid), int(c.Gid)
+	var st syscall.Stat_t
+	if (layer.Loc{Dir: dir.Dir}).Lstat(&st) == nil && st.Mode&syscall.S_ISGID != 0 {
+		gid = int(st.Gid)
+	}
+	return uid, gid, true
+}
+
+// made finishes an entry just made at l: it gets its owner (owner), the
+// mode bits asked for (restoreMode) and a node. An entry that cannot be
+// finished is removed again.
+func (n *volNode) made(ctx context.Context, l layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if uid, gid, ok := n.owner(ctx, l); ok {
+		if err := l.Chown(uid, gid); err != nil {
+			n.unmake(l)
+			return nil, toErrno(n.m.logger, err)
+		}
+	}
+	var st syscall.Stat_t
+	gen, err := lstatBirth(l, &st)
+	if err == nil && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		err = restoreMode(l, &st, mode)
+	}
+	if err != nil {
+		n.unmake(l)
+		return nil, toErrno(n.m.logger, err)
+	}
+	return n.upperChild(ctx, &st, gen, out), 0
+}
+
+// unmake removes an entry an operation made and then failed to finish.
+func (n *volNode) unmake(l layer.Loc) {
+	err := l.Unlink()
+	if err != nil {
+		err = l.Rmdir()
+	}
+	if err != nil {
+		n.m.logger.Error("could not remove an entry left by a failed operation", "path", l.String(), "error", err)
+	}
+}
+
+func (n *volNode) backingMkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer l.Close()
+	if err := l.Mkdir(mode & 0o777); err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return n.made(ctx, l, mode, out)
+}
+
+func (n *volNode) backingMknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer l.Close()
+	if err := l.Mknod(mode&^0o7000, int(rdev)); err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	if mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 {
+		// The task's own device 0/0, never to be taken for a whiteout.
+		if err := layer.MarkRealDevice(l); err != nil {
+			n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
+			n.unmake(l)
+			return nil, toErrno(n.m.logger, err)
+		}
+	}
+	return n.made(ctx, l, mode, out)
+}
+
+func (n *volNode) backingSymlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer l.Close()
+	if err := l.Symlink(target); err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return n.made(ctx, l, 0, out)
+}
+
+// backingCreate makes and opens a regular file. Its handle is returned
+// unwrapped: the caller chooses how it is served.
+func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return nil, nil, errno
+	}
+	defer l.Close()
+	fd, err := l.Open(int(flags)&^syscall.O_APPEND|syscall.O_CREAT, mode&0o777)
+	if err != nil {
+		return nil, nil, toErrno(n.m.logger, err)
+	}
+	ch, errno := n.made(ctx, l, mode, out)
+	if errno != 0 {
+		syscall.Close(fd)
+		return nil, nil, errno
+	}
+	return ch, gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
+}
+
+// backingTmpfile makes an unnamed file (O_TMPFILE) in this directory.
+func (n *volNode) backingTmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return nil, nil, errno
+	}
+	defer l.Close()
+	fd, err := l.Open(int(flags)&^syscall.O_APPEND|unix.O_TMPFILE, mode&0o777)
+	if err != nil {
+		return nil, nil, toErrno(n.m.logger, err)
+	}
+	file := layer.Loc{Dir: fd}
+	if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			syscall.Close(fd)
+			return nil, nil, toErrno(n.m.logger, err)
+		}
+	}
+	var st syscall.Stat_t
+	gen, err := lstatBirth(file, &st)
+	if err == nil {
+		err = restoreMode(file, &st, mode)
+	}
+	if err != nil {
+		syscall.Close(fd)
+		return nil, nil, toErrno(n.m.logger, err)
+	}
+	return n.upperChild(ctx, &st, gen, out), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
+}
+
+func (n *volNode) backingUnlink(name string, dir bool) syscall.Errno {
+	l, errno := n.at(0, name)
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	if dir {
+		return toErrno(n.m.logger, l.Rmdir())
+	}
+	return toErrno(n.m.logger, l.Unlink())
+}
+
+// backingLink gives the upper entry of t the name name in this directory.
+func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno) {
+	from, errno := t.at(0, "")
+	if errno != 0 {
+		return from, errno
+	}
+	defer from.Close()
+	to, errno := n.at(0, name)
+	if errno != 0 {
+		return to, errno
+	}
+	if err := layer.Link(from, to); err != nil {
+		to.Close()
+		return to, toErrno(n.m.logger, err)
+	}
+	return to, 0
+}
+
+// backingRename renames name in this directory to newName in dst on the
+// upper layer.
+func (n *volNode) backingRename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+	from, errno := n.at(0, name)
+	if errno != 0 {
+		return errno
+	}
+	defer from.Close()
+	to, errno := dst.at(0, newName)
+	if errno != 0 {
+		return errno
+	}
+	defer to.Close()
+	return toErrno(n.m.logger, layer.Rename(from, to, uint(flags)))
+}
+
+// backingGetattr stats the node's upper entry.
+func (n *volNode) backingGetattr(out *fuse.AttrOut) syscall.Errno {
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	var st syscall.Stat_t
+	if err := l.Lstat(&st); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	out.FromStat(&st)
+	return 0
+}
+
+// backingSetattr changes the node's upper entry as SETATTR asks, through
+// the handle h when there is one, and answers its attributes.
+func (n *volNode) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if fsa, ok := h.(gofs.FileSetattrer); ok {
+		return fsa.Setattr(ctx, in, out)
+	}
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	if mode, ok := in.GetMode(); ok {
+		if err := l.Chmod(mode & 0o7777); err != nil {
+			return toErrno(n.m.logger, err)
+		}
+	}
+	uid, gid := -1, -1
+	if v, ok := in.GetUID(); ok {
+		uid = int(v)
+	}
+	if v, ok := in.GetGID(); ok {
+		gid = int(v)
+	}
+	if uid != -1 || gid != -1 {
+		if err := l.Chown(uid, gid); err != nil {
+			return toErrno(n.m.logger, err)
+		}
+	}
+	// The size before the times: a truncate would stamp over them.
+	if size, ok := in.GetSize(); ok {
+		fd, err := l.Open(unix.O_WRONLY|unix.O_NONBLOCK, 0)
+		if err == nil {
+			err = unix.Ftruncate(fd, int64(size))
+			unix.Close(fd)
+		}
+		if err != nil {
+			return toErrno(n.m.logger, err)
+		}
+	}
+	if ts, ok := setattrTimes(in); ok {
+		if err := l.Utimes(ts); err != nil {
+			return toErrno(n.m.logger, err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := l.Lstat(&st); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	out.FromStat(&st)
+	return 0
+}
+
+// setattrTimes is the utimensat(2) argument for SETATTR's times, and
+// false when it sets none.
+func setattrTimes(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
+	pick := func(set, now uint32, sec uint64, nsec uint32) unix.Timespec {
+		switch {
+		case in.Valid&set == 0:
+			return unix.Timespec{Nsec: unix.UTIME_OMIT}
+		case in.Valid&now != 0:
+			return unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		return unix.Timespec{Sec: int64(sec), Nsec: int64(nsec)}
+	}
+	if in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) == 0 {
+		return nil, false
+	}
+	return []unix.Timespec{
+		pick(fuse.FATTR_ATIME, fuse.FATTR_ATIME_NOW, in.Atime, in.Atimensec),
+		pick(fuse.FATTR_MTIME, fuse.FATTR_MTIME_NOW, in.Mtime, in.Mtimensec),
+	}, true
+}
+
+// backingOpen opens the node's entry in the layer at position i.
+func (n *volNode) backingOpen(i int, flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
+	flags &^= syscall.O_APPEND | syscall.O_CREAT | syscall.O_EXCL | fuse.FMODE_EXEC
+	fd, err := n.st.Open(i, n.rel(), int(flags))
+	if err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
+}
+
+var _ = (gofs.NodeStatfser)((*volNode)(nil))
+
+// Statfs answers for the filesystem of the volume's upper layer.
+func (n *volNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	fd, err := n.st.Open(0, "", unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	defer unix.Close(fd)
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(fd, &st); err != nil {
+		return toErrno(n.m.logger, err)
+	}
+	out.FromStatfsT(&st)
+	return 0
+}
+
+var _ = (gofs.NodeCopyFileRanger)((*volNode)(nil))
+
+// CopyFileRange copies between two open files of volumes with
+// copy_file_range(2), which the backing filesystem may do by reference.
+func (n *volNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	in, ok := readFd(fhIn)
+	if !ok {
+		return 0, syscall.EXDEV
+	}
+	dst, ok := handleFd(fhOut)
+	if !ok {
+		return 0, syscall.EXDEV
+	}
+	if k, ok := fhOut.(*daemonFile); ok {
+		if kf, ok := k.daemonHandle.(*killprivFile); ok {
+			if errno := kf.kill(ctx); errno != 0 {
+				return 0, errno
+			}
+		}
+	}
+	roff, woff := int64(offIn), int64(offOut)
+	c, err := unix.CopyFileRange(in, &roff, dst, &woff, int(length), int(flags))
+	return uint32(c), toErrno(n.m.logger, err)
+}
+
+// readFd is the descriptor a handle reads from: a lower file's copy once
+// it has one.
+func readFd(f gofs.FileHandle) (int, bool) {
+	if fd, ok := lowerFd(f); ok {
+		return fd, true
+	}
+	return handleFd(f)
+}
