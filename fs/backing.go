@@ -79,6 +79,7 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 // already holds for it, or a new one.
 func (n *volNode) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64, out *fuse.EntryOut) *gofs.Inode {
 	out.Attr.FromStat(st)
+	n.shownCtime(&out.Attr) // keyed by the backing inode number
 	ino := st.Ino ^ n.slot<<viewShift
 	out.Attr.Ino = ino
 	child := n.newChild([]int{0})

@@ -44,6 +44,19 @@
 // that compare device and inode behave; after a restart of the daemon the
 // slots, and so the high bits, may differ.
 //
+// # Backing entries
+//
+// A volume node holds no path and no descriptor of its own: each
+// operation names its entry through the volume's layer.Stack as the
+// directory that holds it, opened beneath the layer root, and the name
+// in it (backing.go, layer.Loc), and makes its change with an *at() call.
+// So a task's paths are limited by the mount's PATH_MAX only, a symbolic
+// link planted in a layer is never followed, and the daemon's descriptors
+// are bounded by what is open, not by what the kernel caches. New
+// entries are made as root and given the caller's uid and, in a setgid
+// directory, the directory's group, in one chown; the mode bits asked for
+// are put back afterwards (restoreMode), since chown clears set-id bits.
+//
 // # Kernel caching
 //
 // Entries and attributes are cached for MountOptions.StableTimeout: every
@@ -57,7 +70,8 @@
 //
 // # Data path
 //
-// Regular files inside volumes are opened by go-fuse's loopback file, which
+// Regular files inside volumes are served through go-fuse's loopback file
+// handle (a descriptor and its read, write, lock and sync calls), which
 // offers its fd for passthrough: when the kernel accepts it (root, kernel
 // 6.9 or later), reads and writes never reach the daemon. NewMount reports
 // whether the kernel offered passthrough. HANDLE_KILLPRIV_V2 stops the

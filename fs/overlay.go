@@ -104,7 +104,6 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 				c.layers = layers
 				c.mu.Unlock()
 				c.mergedNlink(filepath.Join(n.rel(), name), layers, &out.Attr)
-				c.shownCtime(&out.Attr)
 			}
 			return ch, 0
 		}

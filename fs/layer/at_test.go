@@ -169,3 +169,72 @@ func TestRootCacheStaysBounded(t *testing.T) {
 		t.Errorf("cache holds %d roots after Close", c.Len())
 	}
 }
+
+// TestCopyUpDeepHardLinks copies up a file whose two names lie deeper
+// than PATH_MAX in a lower layer: both names end up one upper file.
+func TestCopyUpDeepHardLinks(t *testing.T) {
+	requireRoot(t)
+	var deep string
+	s := newStack(t, func(root string) {
+		deep = deepRel(t, root, 25)
+		dir, err := openBeneath(mustOpen(t, root), deep, unix.O_PATH|unix.O_DIRECTORY)
+		must(t, err)
+		defer unix.Close(dir)
+		fd, err := unix.Openat(dir, "f1", unix.O_CREAT|unix.O_WRONLY, 0o644)
+		must(t, err)
+		unix.Close(fd)
+		must(t, unix.Linkat(dir, "f1", dir, "f2", 0))
+	})
+	if len(deep) <= unix.PathMax {
+		t.Fatalf("test tree is only %d bytes deep", len(deep))
+	}
+	must(t, s.EnsureUpperDir(deep))
+	must(t, s.CopyUp(deep+"/f1", 1))
+	var st1, st2 syscall.Stat_t
+	must(t, s.Lstat(0, deep+"/f1", &st1))
+	must(t, s.Lstat(0, deep+"/f2", &st2))
+	if st1.Ino != st2.Ino || st1.Nlink != 2 {
+		t.Errorf("upper names: inodes %d and %d, nlink %d; want one inode with 2 links", st1.Ino, st2.Ino, st1.Nlink)
+	}
+}
+
+func mustOpen(t *testing.T, dir string) int {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// TestMergeDeepTree merges a pair of layers whose trees go deeper than
+// PATH_MAX: the merged layer holds the deep files of both.
+func TestMergeDeepTree(t *testing.T) {
+	dir := t.TempDir()
+	upper, lower, dst := filepath.Join(dir, "u"), filepath.Join(dir, "l"), filepath.Join(dir, "m")
+	for _, p := range []string{upper, lower, dst} {
+		must(t, os.Mkdir(p, 0o755))
+	}
+	deep := deepRel(t, upper, 25)
+	if deepRel(t, lower, 25) != deep || len(deep) <= unix.PathMax {
+		t.Fatalf("test trees differ or are only %d bytes deep", len(deep))
+	}
+	for root, name := range map[string]string{upper: "from-upper", lower: "from-lower"} {
+		d, err := openBeneath(mustOpen(t, root), deep, unix.O_PATH|unix.O_DIRECTORY)
+		must(t, err)
+		fd, err := unix.Openat(d, name, unix.O_CREAT|unix.O_WRONLY, 0o644)
+		must(t, err)
+		unix.Close(fd)
+		unix.Close(d)
+	}
+	stats, err := Merge(&osDisk{}, dst, upper, lower, false)
+	must(t, err)
+	if stats.Links != 2 || stats.Dirs != 25 {
+		t.Errorf("merge made %+v, want 2 links and 25 directories", stats)
+	}
+	s := &Stack{Roots: []string{dst}}
+	entries, err := s.List(deep, []int{0})
+	must(t, err)
+	if len(entries) != 2 {
+		t.Errorf("deep merged directory holds %v, want both files", entries)
+	}
+}

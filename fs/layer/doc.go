@@ -22,6 +22,27 @@
 // in the layers below it, down to the first opaque one; a non-directory
 // hides everything below it.
 //
+// # Reaching entries: fd-relative, never by path
+//
+// No function here builds a backing path to reach an entry. A Loc names
+// one: the directory that holds it, opened (O_PATH) with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS beneath its layer's root, and its
+// name there, which every call passes to an *at() system call
+// (getxattrat and its siblings for attributes, fchmodat2 for modes).
+// Two things follow:
+//
+//	depth      PATH_MAX bounds the path a task gives relative to its
+//	           own directory, never the data dir's prefix in front of
+//	           it; a path inside a layer longer than PATH_MAX is opened
+//	           in steps, each beneath the directory the last one opened
+//	links      a symbolic link swapped into a layer for a directory (a
+//	           task racing an operation) is an error, never a way out
+//
+// Layer roots, where every walk starts, come from a RootCache: bounded,
+// pinned while in use, so a busy mount does not re-walk the data dir for
+// each call and never keeps one descriptor per layer it ever served.
+// PathLoc names an absolute path for the store's own walks and tests.
+//
 // # Copy-up
 //
 // A write to an entry shown from a lower layer copies it up first

@@ -1,10 +1,11 @@
 package layer
 
 import (
-	"io/fs"
+	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Links finds every name of a lower layer's file that has more than one,
@@ -44,30 +45,47 @@ func (l *Links) Names(root string, ino uint64) ([]string, error) {
 }
 
 // walkLinks maps the inode number of every regular file of the tree at
-// root with more than one link to its names.
+// root with more than one link to its names. It walks from directory
+// descriptors, so a tree deeper than PATH_MAX is walked whole.
 func walkLinks(root string) (map[uint64][]string, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
 	names := make(map[uint64][]string)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok || st.Nlink < 2 {
-			return nil
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		names[st.Ino] = append(names[st.Ino], rel)
-		return nil
-	})
+	err = walkLinksAt(os.NewFile(uintptr(fd), root), "", names)
 	return names, err
+}
+
+// walkLinksAt adds the hard-linked files under dir, at rel in the layer,
+// to names, and closes dir.
+func walkLinksAt(dir *os.File, rel string, names map[uint64][]string) error {
+	defer dir.Close()
+	entries, err := dir.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	dfd := int(dir.Fd())
+	for _, e := range entries {
+		child := filepath.Join(rel, e.Name())
+		switch {
+		case e.Type().IsRegular():
+			var st unix.Stat_t
+			if err := unix.Fstatat(dfd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return &os.PathError{Op: "lstat", Path: filepath.Join(dir.Name(), e.Name()), Err: err}
+			}
+			if st.Nlink >= 2 {
+				names[st.Ino] = append(names[st.Ino], child)
+			}
+		case e.IsDir():
+			fd, err := unix.Openat(dfd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return &os.PathError{Op: "open", Path: filepath.Join(dir.Name(), e.Name()), Err: err}
+			}
+			if err := walkLinksAt(os.NewFile(uintptr(fd), filepath.Join(dir.Name(), e.Name())), child, names); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

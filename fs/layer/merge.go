@@ -12,13 +12,14 @@ import (
 // MergeDisk is how Merge changes its destination: every entry it makes is
 // one of these calls, so that a caller can stop a merge at any step, as
 // the store's crash tests do, or count and fail them. The store's Disk is
-// one.
+// one. Entries are named fd-relative (Loc), so a tree deeper than
+// PATH_MAX merges whole.
 type MergeDisk interface {
-	// Mkdir creates a directory with mode (the umask applies; Merge sets
-	// the final mode itself).
-	Mkdir(path string, mode uint32) error
-	// Link makes newpath a hard link of oldpath.
-	Link(oldpath, newpath string) error
+	// MkdirAt creates a directory with mode (the umask applies; Merge
+	// sets the final mode itself).
+	MkdirAt(l Loc, mode uint32) error
+	// LinkAt makes to a hard link of from.
+	LinkAt(from, to Loc) error
 }
 
 // MergeStats counts what a merge made.
@@ -38,36 +39,67 @@ type MergeStats struct {
 // the caller syncs dst before anything names it. On error, dst holds a
 // partial merge for the caller to remove.
 func Merge(d MergeDisk, dst, upper, lower string, through bool) (MergeStats, error) {
-	m := &merger{disk: d, dst: dst}
-	srcs := []string{upper}
-	opaque := IsOpaque(PathLoc(upper))
-	if !opaque {
-		srcs = append(srcs, lower)
-		opaque = IsOpaque(PathLoc(lower))
+	m := &merger{disk: d}
+	dstDir, err := openMergeDir(unix.AT_FDCWD, dst, dst)
+	if err != nil {
+		return m.stats, err
 	}
-	err := m.dir("", srcs, opaque, through)
+	defer dstDir.Close()
+	u, err := openMergeDir(unix.AT_FDCWD, upper, upper)
+	if err != nil {
+		return m.stats, err
+	}
+	defer u.Close()
+	srcs := []*os.File{u}
+	opaque := IsOpaque(dirLoc(u))
+	if !opaque {
+		l, err := openMergeDir(unix.AT_FDCWD, lower, lower)
+		if err != nil {
+			return m.stats, err
+		}
+		defer l.Close()
+		srcs = append(srcs, l)
+		opaque = IsOpaque(dirLoc(l))
+	}
+	err = m.dir(dstDir, srcs, opaque, through)
 	return m.stats, err
 }
 
 // merger is one Merge under way.
 type merger struct {
 	disk  MergeDisk
-	dst   string
 	stats MergeStats
 }
 
-// dir fills the directory rel of the merged layer, already created, with
-// the entries of the directories rel in srcs (layer roots, upper first: a
-// name in the first hides the same name in the second), then gives it
-// the attributes of srcs[0]'s, which is the one the pair showed. opaque
-// says that nothing below the merged layer may show through rel; through
-// that something would, were it not opaque, so the mark is needed.
-func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
-	dst := filepath.Join(m.dst, rel)
+// openMergeDir opens the directory name of dir for a merge: for listing,
+// never through a symbolic link. shown names it in errors.
+func openMergeDir(dir int, name, shown string) (*os.File, error) {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: shown, Err: err}
+	}
+	return os.NewFile(uintptr(fd), shown), nil
+}
+
+// openChild opens the directory name in the open directory parent.
+func openChild(parent *os.File, name string) (*os.File, error) {
+	return openMergeDir(int(parent.Fd()), name, filepath.Join(parent.Name(), name))
+}
+
+// dirLoc names the open directory f itself.
+func dirLoc(f *os.File) Loc { return Loc{Dir: int(f.Fd()), path: f.Name()} }
+
+// dir fills dst, a directory of the merged layer already created, with
+// the entries of the directories srcs (upper first: a name in the first
+// hides the same name in the second), then gives it the attributes of
+// srcs[0], the one the pair showed. opaque says that nothing below the
+// merged layer may show through it; through that something would, were
+// it not opaque, so the mark is needed.
+func (m *merger) dir(dst *os.File, srcs []*os.File, opaque, through bool) error {
 	childThrough := through && !opaque
 	seen := make(map[string]bool)
 	for k, src := range srcs {
-		entries, err := os.ReadDir(filepath.Join(src, rel))
+		entries, err := src.ReadDir(-1)
 		if err != nil {
 			return err
 		}
@@ -77,63 +109,86 @@ func (m *merger) dir(rel string, srcs []string, opaque, through bool) error {
 				continue
 			}
 			seen[name] = true
-			child := filepath.Join(rel, name)
+			from := dirLoc(src).child(name)
 			var st syscall.Stat_t
-			if err := syscall.Lstat(filepath.Join(src, child), &st); err != nil {
-				return &os.PathError{Op: "lstat", Path: filepath.Join(src, child), Err: err}
+			if err := from.Lstat(&st); err != nil {
+				return err
 			}
+			to := dirLoc(dst).child(name)
 			if !IsDir(&st) {
-				if IsWhiteoutAt(PathLoc(filepath.Join(src, child)), &st) && !childThrough {
+				if IsWhiteoutAt(from, &st) && !childThrough {
 					continue // hides nothing any more
 				}
-				if err := m.disk.Link(filepath.Join(src, child), filepath.Join(m.dst, child)); err != nil {
+				if err := m.disk.LinkAt(from, to); err != nil {
 					return err
 				}
 				m.stats.Links++
 				continue
 			}
-			csrcs, copaque, err := childSources(srcs, k, child)
-			if err != nil {
-				return err
-			}
-			if err := m.disk.Mkdir(filepath.Join(m.dst, child), 0o700); err != nil {
-				return err
-			}
-			m.stats.Dirs++
-			if err := m.dir(child, csrcs, copaque, childThrough); err != nil {
+			if err := m.child(dst, srcs, k, name, childThrough); err != nil {
 				return err
 			}
 		}
 	}
-	return copyDirAttrs(filepath.Join(srcs[0], rel), dst, opaque && through)
+	return copyDirAttrs(dirLoc(srcs[0]), dirLoc(dst), opaque && through)
 }
 
-// childSources returns, for a directory child found in srcs[k], the
-// layers whose directories merge into it and whether it hides everything
+// child merges the directory name, found in srcs[k], into a new
+// directory of dst.
+func (m *merger) child(dst *os.File, srcs []*os.File, k int, name string, through bool) error {
+	csrcs, copaque, err := childSources(srcs, k, name)
+	for _, f := range csrcs {
+		defer f.Close()
+	}
+	if err != nil {
+		return err
+	}
+	if err := m.disk.MkdirAt(dirLoc(dst).child(name), 0o700); err != nil {
+		return err
+	}
+	m.stats.Dirs++
+	cdst, err := openChild(dst, name)
+	if err != nil {
+		return err
+	}
+	defer cdst.Close()
+	return m.dir(cdst, csrcs, copaque, through)
+}
+
+// childSources opens, for a directory name found in srcs[k], the
+// directories that merge into it, and says whether it hides everything
 // below. The upper's directory merges with the lower's only when it is
 // not opaque and the lower holds a directory there too; a whiteout or a
 // non-directory in the lower hides the layers below it, so the merged
-// directory must then be opaque.
-func childSources(srcs []string, k int, child string) ([]string, bool, error) {
-	top := filepath.Join(srcs[k], child)
-	if IsOpaque(PathLoc(top)) {
-		return []string{srcs[k]}, true, nil
+// directory must then be opaque. The caller closes what it returns, on
+// error too.
+func childSources(srcs []*os.File, k int, name string) ([]*os.File, bool, error) {
+	top, err := openChild(srcs[k], name)
+	if err != nil {
+		return nil, false, err
+	}
+	out := []*os.File{top}
+	if IsOpaque(dirLoc(top)) {
+		return out, true, nil
 	}
 	if k+1 >= len(srcs) {
-		return []string{srcs[k]}, false, nil
+		return out, false, nil
 	}
-	under := filepath.Join(srcs[k+1], child)
+	under := dirLoc(srcs[k+1]).child(name)
 	var st syscall.Stat_t
-	switch err := syscall.Lstat(under, &st); {
+	switch err := under.Lstat(&st); {
 	case errors.Is(err, syscall.ENOENT):
-		return []string{srcs[k]}, false, nil
+		return out, false, nil
 	case err != nil:
-		return nil, false, &os.PathError{Op: "lstat", Path: under, Err: err}
-	case IsDir(&st):
-		return []string{srcs[k], srcs[k+1]}, IsOpaque(PathLoc(under)), nil
-	default:
-		return []string{srcs[k]}, true, nil
+		return out, false, err
+	case !IsDir(&st):
+		return out, true, nil
 	}
+	u, err := openChild(srcs[k+1], name)
+	if err != nil {
+		return out, false, err
+	}
+	return append(out, u), IsOpaque(dirLoc(u)), nil
 }
 
 // copyDirAttrs gives the directory dst the extended attributes, owner,
@@ -142,28 +197,24 @@ func childSources(srcs []string, k int, child string) ([]string, bool, error) {
 // else would move them. The opaque mark is set only when asked, since the
 // merged directory may need it where its source had none, or not need it
 // where its source had one.
-func copyDirAttrs(src, dst string, opaque bool) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(src, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: src, Err: err}
+func copyDirAttrs(src, dst Loc, opaque bool) error {
+	var st syscall.Stat_t
+	if err := src.Lstat(&st); err != nil {
+		return err
 	}
-	if err := CopyXattrs(PathLoc(src), PathLoc(dst)); err != nil {
+	if err := CopyXattrs(src, dst); err != nil {
 		return err
 	}
 	if opaque {
-		if err := MarkOpaque(PathLoc(dst)); err != nil {
+		if err := MarkOpaque(dst); err != nil {
 			return err
 		}
 	}
-	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
-		return &os.PathError{Op: "chown", Path: dst, Err: err}
+	if err := dst.Chown(int(st.Uid), int(st.Gid)); err != nil {
+		return err
 	}
-	if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
-		return &os.PathError{Op: "chmod", Path: dst, Err: err}
+	if err := dst.Chmod(st.Mode & 0o7777); err != nil {
+		return err
 	}
-	ts := []unix.Timespec{st.Atim, st.Mtim}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "utimes", Path: dst, Err: err}
-	}
-	return nil
+	return dst.Utimes([]unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)})
 }

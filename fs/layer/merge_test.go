@@ -28,18 +28,18 @@ func (d *osDisk) step() error {
 	return nil
 }
 
-func (d *osDisk) Mkdir(p string, mode uint32) error {
+func (d *osDisk) MkdirAt(l Loc, mode uint32) error {
 	if err := d.step(); err != nil {
 		return err
 	}
-	return os.Mkdir(p, os.FileMode(mode))
+	return l.Mkdir(mode)
 }
 
-func (d *osDisk) Link(oldpath, newpath string) error {
+func (d *osDisk) LinkAt(from, to Loc) error {
 	if err := d.step(); err != nil {
 		return err
 	}
-	return os.Link(oldpath, newpath)
+	return Link(from, to)
 }
 
 // writeTree makes files (name ending in "/" for a directory) under root.

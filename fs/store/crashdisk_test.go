@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/allocfs/allocfs/fs/layer"
 )
 
 // errDead is the failure of every step from the one a crash falls on.
@@ -196,11 +198,18 @@ func (d *crashDisk) Rename(oldpath, newpath string, flags uint) error {
 	return d.OSDisk.Rename(oldpath, newpath, flags)
 }
 
-func (d *crashDisk) Link(oldpath, newpath string) error {
-	if err := d.step("link", newpath); err != nil {
+func (d *crashDisk) MkdirAt(l layer.Loc, mode uint32) error {
+	if err := d.step("mkdir", l.String()); err != nil {
 		return err
 	}
-	return d.OSDisk.Link(oldpath, newpath)
+	return d.OSDisk.MkdirAt(l, mode)
+}
+
+func (d *crashDisk) LinkAt(from, to layer.Loc) error {
+	if err := d.step("link", to.String()); err != nil {
+		return err
+	}
+	return d.OSDisk.LinkAt(from, to)
 }
 
 func (d *crashDisk) Remove(p string) error {

@@ -41,8 +41,10 @@ type Disk interface {
 	Syncfs(path string) error
 	// Rename is renameat2 with flags (0 or RENAME_NOREPLACE).
 	Rename(oldpath, newpath string, flags uint) error
-	// Link makes newpath a hard link of oldpath (a flatten's merge).
-	Link(oldpath, newpath string) error
+	// MkdirAt and LinkAt are Mkdir and link(2) of entries named
+	// fd-relative (a flatten's merge, which may go deeper than PATH_MAX).
+	MkdirAt(l layer.Loc, mode uint32) error
+	LinkAt(from, to layer.Loc) error
 	// Remove unlinks a file or removes an empty directory.
 	Remove(path string) error
 	// RemoveAll removes a whole tree (a layer), never following links.
@@ -114,12 +116,9 @@ func (OSDisk) Rename(oldpath, newpath string, flags uint) error {
 	return nil
 }
 
-func (OSDisk) Link(oldpath, newpath string) error {
-	if err := unix.Linkat(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, 0); err != nil {
-		return &os.LinkError{Op: "link", Old: oldpath, New: newpath, Err: err}
-	}
-	return nil
-}
+func (OSDisk) MkdirAt(l layer.Loc, mode uint32) error { return l.Mkdir(mode) }
+
+func (OSDisk) LinkAt(from, to layer.Loc) error { return layer.Link(from, to) }
 
 func (OSDisk) Remove(p string) error { return os.Remove(p) }
 

@@ -1,5 +1,7 @@
 package store
 
+import "github.com/allocfs/allocfs/fs/layer"
+
 // faultDisk takes every step on the real disk after asking fn, which may
 // fail it as the disk would: tests use it to make one step of a change
 // fail and check that nothing else changed.
@@ -71,11 +73,18 @@ func (d faultDisk) Rename(oldpath, newpath string, flags uint) error {
 	return d.OSDisk.Rename(oldpath, newpath, flags)
 }
 
-func (d faultDisk) Link(oldpath, newpath string) error {
-	if err := d.fn("link", newpath); err != nil {
-		return pathErr("link", newpath, err)
+func (d faultDisk) MkdirAt(l layer.Loc, mode uint32) error {
+	if err := d.fn("mkdir", l.String()); err != nil {
+		return pathErr("mkdir", l.String(), err)
 	}
-	return d.OSDisk.Link(oldpath, newpath)
+	return d.OSDisk.MkdirAt(l, mode)
+}
+
+func (d faultDisk) LinkAt(from, to layer.Loc) error {
+	if err := d.fn("link", to.String()); err != nil {
+		return pathErr("link", to.String(), err)
+	}
+	return d.OSDisk.LinkAt(from, to)
 }
 
 func (d faultDisk) Remove(p string) error {
