@@ -227,55 +227,37 @@ type where struct {
 }
 
 func (f *storeFS) locate(name string) (*where, error) {
+	at := place{kind: placeAlloc}
 	if name == "." {
-		return &where{skeleton: f.rootNames(), base: "."}, nil
+		return &where{skeleton: layoutNames(f.st, at), base: "."}, nil
 	}
 	comps := strings.Split(name, "/")
 	base := comps[len(comps)-1]
-	if comps[0] != allocdir.SharedAllocName {
-		i := f.st.TaskIndex(comps[0])
-		if i < 0 {
-			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
-		}
-		if len(comps) == 1 {
-			w, err := f.volume(comps[0], nil, base)
-			if err != nil {
-				return nil, err
+	for i, c := range comps {
+		next := layoutChild(f.st, at, c)
+		switch next.kind {
+		case placeNone:
+			if at.kind == placeTask {
+				// An entry of the task's own volume.
+				return f.volume(at.key, comps[i:], base)
 			}
-			w.skeleton = append([]string(nil), taskChildren...)
-			return w, nil
+			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
+		case placeVolume:
+			return f.volume(next.key, comps[i+1:], base)
+		case placeMemory:
+			return &where{mem: f.memRoot(f.st.Tasks[next.task], next.name), memRest: comps[i+1:], base: base}, nil
 		}
-		switch comps[1] {
-		case allocdir.SharedAllocName:
-			comps = comps[1:]
-		case allocdir.TaskLocal, allocdir.TmpDirName:
-			return f.volume(comps[0]+"/"+comps[1], comps[2:], base)
-		case allocdir.TaskSecrets, allocdir.TaskPrivate:
-			return &where{mem: f.memRoot(f.st.Tasks[i], comps[1]), memRest: comps[2:], base: base}, nil
-		default:
-			return f.volume(comps[0], comps[1:], base)
+		at = next
+	}
+	if at.kind == placeTask {
+		w, err := f.volume(at.key, nil, base)
+		if err != nil {
+			return nil, err
 		}
+		w.skeleton = layoutNames(f.st, at)
+		return w, nil
 	}
-	if len(comps) == 1 {
-		names := append([]string(nil), allocdir.SharedAllocDirs...)
-		sort.Strings(names)
-		return &where{skeleton: names, base: base}, nil
-	}
-	for _, sub := range allocdir.SharedAllocDirs {
-		if comps[1] == sub {
-			return f.volume(allocdir.SharedAllocName+"/"+sub, comps[2:], base)
-		}
-	}
-	return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
-}
-
-func (f *storeFS) rootNames() []string {
-	names := []string{allocdir.SharedAllocName}
-	for _, t := range f.st.Tasks {
-		names = append(names, t.Name)
-	}
-	sort.Strings(names)
-	return names
+	return &where{skeleton: layoutNames(f.st, at), base: base}, nil
 }
 
 func (f *storeFS) volume(key string, rest []string, base string) (*where, error) {

@@ -32,6 +32,11 @@
 //	        ├── secrets/ private/ memDir: memory only, capped in bytes and entries
 //	        └── alloc/            sharedNode again, as a second view
 //
+// One router, layoutChild (layout.go), says what each name of the
+// skeleton leads to; the tree asks it one lookup at a time, the read side
+// of the allocdir contract (storeFS.locate) a whole path at once, so the
+// two never disagree.
+//
 // The skeleton (everything that is not inside a volume or a memory tree)
 // is synthesised from the allocation's state and cannot be written. The
 // <task>/alloc view shows the same volumes as alloc/ without a bind mount.

@@ -3,13 +3,13 @@ package fs
 import (
 	"context"
 	"hash/fnv"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -125,11 +125,25 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
-	if name == allocdir.SharedAllocName {
-		return a.m.sharedInode(ctx, &a.Inode, st, 0, out)
-	}
-	if st.TaskIndex(name) >= 0 {
-		return a.m.volumeInode(ctx, &a.Inode, st, name, 0, &taskNode{m: a.m, id: a.id, task: name}, out)
+	return a.m.layoutInode(ctx, &a.Inode, st, layoutChild(st, place{kind: placeAlloc}, name), out)
+}
+
+// layoutInode returns the node of the layout directory p (layout.go),
+// a child of parent in the allocation st.
+func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.State, p place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	switch p.kind {
+	case placeShared:
+		return m.sharedInode(ctx, parent, st, p.view, out)
+	case placeTask:
+		return m.volumeInode(ctx, parent, st, p.key, 0, &taskNode{m: m, id: st.ID, task: p.key}, out)
+	case placeVolume:
+		return m.volumeInode(ctx, parent, st, p.key, p.view, nil, out)
+	case placeMemory:
+		d := m.memRoot(ctx, parent, st.ID, st.Tasks[p.task], p.name)
+		var attrOut fuse.AttrOut
+		d.Getattr(ctx, nil, &attrOut)
+		out.Attr = attrOut.Attr
+		return d.EmbeddedInode(), 0
 	}
 	return nil, syscall.ENOENT
 }
@@ -141,11 +155,14 @@ func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 	if err != nil {
 		return nil, toErrno(a.m.logger, err)
 	}
-	entries := []fuse.DirEntry{{Name: allocdir.SharedAllocName, Mode: syscall.S_IFDIR, Ino: syntheticIno("shared", a.id, "0")}}
-	for _, t := range st.Tasks {
-		entries = append(entries, fuse.DirEntry{Name: t.Name, Mode: syscall.S_IFDIR})
+	var entries []fuse.DirEntry
+	for _, n := range layoutNames(st, place{kind: placeAlloc}) {
+		e := fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR}
+		if n == allocdir.SharedAllocName {
+			e.Ino = syntheticIno("shared", a.id, "0")
+		}
+		entries = append(entries, e)
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
 	return gofs.NewListDirStream(withDots(a.EmbeddedInode(), entries)), 0
 }
 
@@ -177,19 +194,13 @@ func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 	if err != nil {
 		return nil, toErrno(s.m.logger, err)
 	}
-	for _, sub := range allocdir.SharedAllocDirs {
-		if sub == name {
-			return s.m.volumeInode(ctx, &s.Inode, st, allocdir.SharedAllocName+"/"+name, s.view, nil, out)
-		}
-	}
-	return nil, syscall.ENOENT
+	return s.m.layoutInode(ctx, &s.Inode, st, layoutChild(st, place{kind: placeShared, view: s.view}, name), out)
 }
 
 var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
 
 func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	names := append([]string(nil), allocdir.SharedAllocDirs...)
-	sort.Strings(names)
+	names := layoutNames(nil, place{kind: placeShared})
 	entries := make([]fuse.DirEntry, 0, len(names))
 	for _, n := range names {
 		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
@@ -206,9 +217,6 @@ type taskNode struct {
 	task string
 }
 
-// taskChildren are the names a task directory shows, sorted.
-var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocdir.TaskPrivate, allocdir.TaskSecrets, allocdir.TmpDirName}
-
 // Lookup finds the layout child name of the task directory parent.
 func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := t.m.store.View(t.id)
@@ -219,19 +227,7 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 	if i < 0 {
 		return nil, syscall.ENOENT
 	}
-	switch name {
-	case allocdir.SharedAllocName:
-		return t.m.sharedInode(ctx, parent, st, uint64(i+1), out)
-	case allocdir.TaskLocal, allocdir.TmpDirName:
-		return t.m.volumeInode(ctx, parent, st, t.task+"/"+name, 0, nil, out)
-	case allocdir.TaskSecrets, allocdir.TaskPrivate:
-		d := t.m.memRoot(ctx, parent, t.id, st.Tasks[i], name)
-		var attrOut fuse.AttrOut
-		d.Getattr(ctx, nil, &attrOut)
-		out.Attr = attrOut.Attr
-		return d.EmbeddedInode(), 0
-	}
-	return nil, syscall.ENOENT
+	return t.m.layoutInode(ctx, parent, st, layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name), out)
 }
 
 // memRoots holds the memory-only directories of every task: they live as
