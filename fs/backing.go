@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path"
 	"syscall"
@@ -201,14 +202,28 @@ func (n *volNode) backingSymlink(ctx context.Context, target, name string, out *
 }
 
 // backingCreate makes and opens a regular file. Its handle is returned
-// unwrapped: the caller chooses how it is served.
+// unwrapped: the caller chooses how it is served. A file that exists
+// already (made behind a negative entry the kernel still had) is opened
+// as it is: its owner and mode are not the caller's to set.
 func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, nil, errno
 	}
 	defer l.Close()
-	fd, err := l.Open(int(flags)&^syscall.O_APPEND|syscall.O_CREAT, mode&0o777)
+	flags &^= syscall.O_APPEND
+	fd, err := l.Open(int(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o777)
+	if errors.Is(err, syscall.EEXIST) && flags&syscall.O_EXCL == 0 {
+		if fd, err = l.Open(int(flags)&^syscall.O_CREAT, 0); err == nil {
+			var st syscall.Stat_t
+			gen, err := lstatBirth(l, &st)
+			if err != nil {
+				syscall.Close(fd)
+				return nil, nil, toErrno(n.m.logger, err)
+			}
+			return n.upperChild(ctx, &st, gen, out), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
+		}
+	}
 	if err != nil {
 		return nil, nil, toErrno(n.m.logger, err)
 	}
@@ -263,8 +278,11 @@ func (n *volNode) backingUnlink(name string, dir bool) syscall.Errno {
 }
 
 // backingLink gives the upper entry of t the name name in this directory.
+// A file with no name yet (made with O_TMPFILE: the linkat(2) that names
+// it comes as LINK without a descriptor) is linked from one of its open
+// handles.
 func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno) {
-	from, errno := t.at(0, "")
+	from, errno := t.linkSource()
 	if errno != 0 {
 		return from, errno
 	}
@@ -278,6 +296,18 @@ func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno
 		return to, toErrno(n.m.logger, err)
 	}
 	return to, 0
+}
+
+// linkSource names t's file for a link: its entry, or, when it has none,
+// an open handle of it.
+func (t *volNode) linkSource() (layer.Loc, syscall.Errno) {
+	if _, parent := t.Parent(); parent != nil {
+		return t.at(0, "")
+	}
+	if fd, ok := handleFd(t.openFile()); ok {
+		return layer.Loc{Dir: fd}, 0
+	}
+	return layer.Loc{Dir: -1}, syscall.ENOENT
 }
 
 // backingRename renames name in this directory to newName in dst on the
@@ -416,13 +446,15 @@ var _ = (gofs.NodeCopyFileRanger)((*volNode)(nil))
 // CopyFileRange copies between two open files of volumes with
 // copy_file_range(2), which the backing filesystem may do by reference.
 func (n *volNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	// A handle without a descriptor of its own: the kernel copies
+	// through reads and writes instead.
 	in, ok := readFd(fhIn)
 	if !ok {
-		return 0, syscall.EXDEV
+		return 0, syscall.EOPNOTSUPP
 	}
 	dst, ok := handleFd(fhOut)
 	if !ok {
-		return 0, syscall.EXDEV
+		return 0, syscall.EOPNOTSUPP
 	}
 	if k, ok := fhOut.(*daemonFile); ok {
 		if kf, ok := k.daemonHandle.(*killprivFile); ok {

@@ -3,6 +3,7 @@ package fs
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -70,4 +71,39 @@ func TestMountNeverFollowsPlantedSymlink(t *testing.T) {
 	}
 	must(t, os.Remove(backing))
 	must(t, os.Rename(backing+".moved", backing))
+}
+
+// TestMountTmpfileLink makes a file with O_TMPFILE and gives it a name
+// with linkat, the atomic way to publish a file, on a plain volume and on
+// one with a lower layer: the name shows the data, and it is the same
+// file as the descriptor.
+func TestMountTmpfileLink(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(string) {})
+	for kind, dir := range map[string]string{"plain": filepath.Join(tm.dir, "new/alloc/logs"), "snapshot": data} {
+		t.Run(kind, func(t *testing.T) {
+			fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR, 0o640)
+			if err != nil {
+				t.Fatalf("O_TMPFILE: %v", err)
+			}
+			defer unix.Close(fd)
+			if _, err := unix.Write(fd, []byte("published")); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, "published")
+			if err := unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW); err != nil {
+				t.Fatalf("linkat of the unnamed file: %v", err)
+			}
+			got, err := os.ReadFile(p)
+			if err != nil || string(got) != "published" {
+				t.Errorf("the linked name reads %q, %v", got, err)
+			}
+			var byFd, byName unix.Stat_t
+			must(t, unix.Fstat(fd, &byFd))
+			must(t, unix.Lstat(p, &byName))
+			if byFd.Ino != byName.Ino || byName.Nlink != 1 || byName.Mode&0o777 != 0o640 {
+				t.Errorf("name: ino %d nlink %d mode %o; descriptor: ino %d", byName.Ino, byName.Nlink, byName.Mode&0o777, byFd.Ino)
+			}
+		})
+	}
 }

@@ -347,11 +347,6 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	if !ok || t.vroot != n.vroot {
 		return nil, syscall.EXDEV
 	}
-	if _, parent := t.Parent(); parent == nil {
-		// No name to link from: a file made with O_TMPFILE, whose
-		// LINK comes without the descriptor that names it.
-		return nil, syscall.EXDEV
-	}
 	if n.ovl != nil {
 		return n.ovlLink(t, name, out)
 	}
