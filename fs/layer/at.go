@@ -23,15 +23,16 @@ import (
 
 // Loc names one entry the fd-relative way: the directory holding it and
 // its name there. An empty Name is the directory itself. A Loc made by
-// Stack.Loc owns its Dir; one made by PathLoc names an absolute path (the
-// store's own walks, tests) and owns nothing.
+// Stack.Loc holds its Dir until Close; one made by PathLoc names an
+// absolute path (the store's own walks, tests) and holds nothing.
 type Loc struct {
 	Dir  int
 	Name string
 	// path names the entry in errors and logs; it is never used to
 	// reach it.
-	path  string
-	owned bool
+	path string
+	// release gives Dir back: closes it, or unpins a cached layer root.
+	release func()
 }
 
 // PathLoc names the entry at the absolute path p.
@@ -48,10 +49,10 @@ func (l Loc) child(name string) Loc {
 
 // Close releases the directory descriptor the Loc owns.
 func (l *Loc) Close() {
-	if l.owned && l.Dir >= 0 {
-		unix.Close(l.Dir)
+	if l.release != nil {
+		l.release()
 	}
-	l.Dir, l.owned = -1, false
+	l.Dir, l.release = -1, nil
 }
 
 // at is the (name, flags) pair of an *at() call on the entry: the
@@ -340,23 +341,20 @@ func (s *Stack) Loc(i int, rel string) (Loc, error) {
 	if err != nil {
 		return Loc{Dir: -1}, err
 	}
-	defer done()
 	rel = cleanRel(rel)
 	path := filepath.Join(s.Roots[i], rel)
-	dirRel, name := "", rel
-	if k := strings.LastIndexByte(rel, '/'); k >= 0 {
-		dirRel, name = rel[:k], rel[k+1:]
+	k := strings.LastIndexByte(rel, '/')
+	if k < 0 {
+		// An entry of the root: the root's own descriptor, pinned
+		// until Close.
+		return Loc{Dir: root, Name: rel, path: path, release: done}, nil
 	}
-	var dir int
-	if dirRel == "" {
-		dir, err = unix.FcntlInt(uintptr(root), unix.F_DUPFD_CLOEXEC, 0)
-	} else {
-		dir, err = openBeneath(root, dirRel, unix.O_PATH|unix.O_DIRECTORY)
-	}
+	defer done()
+	dir, err := openBeneath(root, rel[:k], unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return Loc{Dir: -1}, &os.PathError{Op: "open directory", Path: filepath.Dir(path), Err: err}
 	}
-	return Loc{Dir: dir, Name: name, path: path, owned: true}, nil
+	return Loc{Dir: dir, Name: rel[k+1:], path: path, release: func() { unix.Close(dir) }}, nil
 }
 
 // Open opens rel, inside the volume, in the layer at position i, beneath
