@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -35,21 +36,48 @@ const beneathFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESO
 // for dirfd itself) with flags, refusing any symbolic link on the way and
 // anything outside dirfd: a link planted since p was resolved makes the
 // open fail instead of being followed. O_CLOEXEC is always added, so no
-// child inherits the fd by accident.
+// child inherits the fd by accident. A path longer than PATH_MAX (a tree
+// made deep through the mount, which resolves each name on its own) is
+// opened in steps, each beneath the directory the last one opened.
 func OpenBeneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 	if p == "" {
 		p = "."
 	}
+	rest, step := p, -1
+	defer func() {
+		if step >= 0 {
+			unix.Close(step)
+		}
+	}()
+	for len(rest) > unix.PathMax-1 {
+		cut := strings.LastIndexByte(rest[:unix.PathMax-1], '/')
+		if cut <= 0 {
+			return -1, &fs.PathError{Op: "open", Path: p, Err: unix.ENAMETOOLONG}
+		}
+		next, err := openat2Beneath(dirfd, rest[:cut], unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return -1, &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		if step >= 0 {
+			unix.Close(step)
+		}
+		step, dirfd, rest = next, next, rest[cut+1:]
+	}
+	fd, err := openat2Beneath(dirfd, rest, flags, mode)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: p, Err: err}
+	}
+	return fd, nil
+}
+
+func openat2Beneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: beneathFlags}
 	for {
 		fd, err := unix.Openat2(dirfd, p, &how)
 		if err == unix.EINTR || err == unix.EAGAIN {
 			continue
 		}
-		if err != nil {
-			return -1, &fs.PathError{Op: "open", Path: p, Err: err}
-		}
-		return fd, nil
+		return fd, err
 	}
 }
 

@@ -1,9 +1,14 @@
 package fs
 
 import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -105,5 +110,58 @@ func TestMountTmpfileLink(t *testing.T) {
 				t.Errorf("name: ino %d nlink %d mode %o; descriptor: ino %d", byName.Ino, byName.Nlink, byName.Mode&0o777, byFd.Ino)
 			}
 		})
+	}
+}
+
+// TestReadSideBeyondPathMax makes a tree deeper than PATH_MAX through the
+// mount and reads it back through the allocdir contract: Stat of the
+// deep file, and the snapshot a migration streams, which carries it.
+func TestReadSideBeyondPathMax(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := unix.Open(filepath.Join(tm.dir, "a", "alloc", "data"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	var parts []string
+	for i := range 25 {
+		name := fmt.Sprintf("%02d", i) + strings.Repeat("d", 198)
+		must(t, unix.Mkdirat(dir, name, 0o755))
+		next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		must(t, err)
+		unix.Close(dir)
+		dir, parts = next, append(parts, name)
+	}
+	fd, err := unix.Openat(dir, "f", unix.O_CREAT|unix.O_WRONLY, 0o644)
+	must(t, err)
+	_, err = unix.Write(fd, []byte("deep"))
+	unix.Close(fd)
+	unix.Close(dir)
+	must(t, err)
+	deep := "alloc/data/" + strings.Join(parts, "/") + "/f"
+	if len(deep) <= pathMax {
+		t.Fatalf("test path is only %d bytes", len(deep))
+	}
+
+	ad := NewAllocDir(tm.mount.logger, tm.store, tm.mount, tm.dir, "a")
+	fi, err := ad.Stat(deep)
+	if err != nil || fi.Size != 4 {
+		t.Fatalf("Stat of a %d-byte path: %+v, %v", len(deep), fi, err)
+	}
+	var buf bytes.Buffer
+	must(t, ad.Snapshot(&buf))
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("the snapshot has no %d-byte entry for the deep file: %v", len(deep), err)
+		}
+		if h.Name == deep {
+			body, err := io.ReadAll(tr)
+			if err != nil || string(body) != "deep" {
+				t.Errorf("the deep file in the snapshot reads %q, %v", body, err)
+			}
+			return
+		}
 	}
 }
