@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,14 +143,41 @@ func (e *benchEnv) run(b *testing.B, fn func(b *testing.B, s benchSide)) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { os.RemoveAll(backing) })
+			before := e.mount.RequestCounts()
 			b.ResetTimer()
 			b.StartTimer()
 			fn(b, benchSide{dir: filepath.Join(side.dir, filepath.Base(backing)), backing: backing})
+			b.StopTimer()
+			if side.name == "mount" {
+				e.reportRequests(b, before)
+			}
 		})
 	}
 	if !e.mount.Passthrough() {
 		e.log.Warn("the mount ran without passthrough: file data went through the daemon")
 	}
+}
+
+// reportRequests reports the FUSE requests the mount served since before,
+// per benchmark op (setup included), and logs them by opcode: what a
+// workload costs in round trips.
+func (e *benchEnv) reportRequests(b *testing.B, before map[string]uint64) {
+	var total uint64
+	var byOp []any
+	after := e.mount.RequestCounts()
+	names := make([]string, 0, len(after))
+	for name := range after {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if n := after[name] - before[name]; n > 0 {
+			total += n
+			byOp = append(byOp, name, n)
+		}
+	}
+	b.ReportMetric(float64(total)/float64(b.N), "fuse-req/op")
+	e.log.Info("FUSE requests", append([]any{"benchmark", b.Name(), "total", total}, byOp...)...)
 }
 
 // fsTypeName names the filesystem holding p, for the log.

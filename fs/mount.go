@@ -67,6 +67,8 @@ type Mount struct {
 	ctimes layer.Ctimes
 	// roots keeps the layer roots every fd-relative call starts from.
 	roots *layer.RootCache
+	// requests counts what the kernel asks, by opcode.
+	requests *countingFS
 
 	// passthrough is whether the kernel negotiated passthrough; it is
 	// learnt after the mount is up, when requests are already served.
@@ -151,10 +153,12 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
-	server, err := gofs.Mount(dir, m.root, fopts)
+	m.requests = &countingFS{fs: gofs.NewNodeFS(m.root, fopts)}
+	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
 	}
+	go server.Serve()
 	m.server = server
 	if err := server.WaitMount(); err != nil {
 		m.Unmount()

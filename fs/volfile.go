@@ -42,7 +42,6 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		return nil, 0, errno
 	}
 	var fh gofs.FileHandle = lf
-	var fuseFlags uint32
 	if flags&syscall.O_TRUNC != 0 {
 		// The open truncated the file: an unprivileged caller's
 		// truncate clears set-id bits as a write does.
@@ -55,7 +54,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		}
 	}
 	if kfh, ok := n.killprivHandle(fh); ok {
-		return kfh, fuseFlags, 0
+		return kfh, 0, 0
 	}
 	n.mu.Lock()
 	served := n.daemonServed
@@ -64,10 +63,17 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		// The kernel refuses passthrough on an inode that has handles
 		// served by the daemon open (EIO): stay with the daemon until
 		// they are closed.
-		return n.daemonFile(fh), fuseFlags, 0
+		return n.daemonFile(fh), 0, 0
 	}
-	return n.passthroughFile(fh), fuseFlags, 0
+	return n.passthroughFile(fh), passthroughOpenFlags, 0
 }
+
+// passthroughOpenFlags are the open flags of a handle offered for
+// passthrough. No FLUSH on close: the data never passed through the
+// daemon, and the kernel keeps file locks itself, so there is nothing a
+// flush could do but cost a round trip per close (go-fuse's would dup and
+// close the backing fd).
+const passthroughOpenFlags = fuse.FOPEN_NOFLUSH
 
 // volFile is an open regular file of a volume. Its fd is offered to the
 // kernel for passthrough, so with passthrough on, no read or write ever
@@ -196,7 +202,7 @@ func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *f
 		return nil, nil, 0, errno
 	}
 	if child, ok := ch.Operations().(*volNode); ok {
-		return ch, child.passthroughFile(fh), 0, 0
+		return ch, child.passthroughFile(fh), passthroughOpenFlags, 0
 	}
 	return ch, n.m.wrapFile(fh), 0, 0
 }

@@ -267,7 +267,7 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		if kfh, ok := child.killprivHandle(fh); ok {
 			return ch, kfh, 0, 0
 		}
-		return ch, child.passthroughFile(fh), 0, 0
+		return ch, child.passthroughFile(fh), passthroughOpenFlags, 0
 	}
 	return ch, n.m.wrapFile(fh), 0, 0
 }
