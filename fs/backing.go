@@ -107,9 +107,9 @@ func (n *volNode) lookupUpper(ctx context.Context, name string, out *fuse.EntryO
 	return n.upperChild(ctx, &st, gen, out), 0
 }
 
-// owner is the uid and gid a new entry gets: the caller's, with the
-// group of a setgid directory (dir is this directory's entry), as a
-// local filesystem gives it.
+// owner is the uid and gid a new entry of the directory dir gets: the
+// caller's, with the group of a setgid directory, as a local filesystem
+// gives it.
 func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 	c, ok := fuse.FromContext(ctx)
 	if !ok || os.Geteuid() != 0 {
@@ -118,26 +118,28 @@ func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 	}
 	uid, gid := int(c.Uid), int(c.Gid)
 	var st syscall.Stat_t
-	if (layer.Loc{Dir: dir.Dir}).Lstat(&st) == nil && st.Mode&syscall.S_ISGID != 0 {
+	if dir.Lstat(&st) == nil && st.Mode&syscall.S_ISGID != 0 {
 		gid = int(st.Gid)
 	}
 	return uid, gid, true
 }
 
 // made finishes an entry just made at l: it gets its owner (owner), the
-// mode bits asked for (restoreMode) and a node. An entry that cannot be
-// finished is removed again.
-func (n *volNode) made(ctx context.Context, l layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if uid, gid, ok := n.owner(ctx, l); ok {
-		if err := l.Chown(uid, gid); err != nil {
+// mode bits asked for (restoreMode) and a node. file is the new entry to
+// change: l itself, or, for a file made open, its descriptor, so that
+// another file renamed onto the name meanwhile is never the one changed.
+// An entry that cannot be finished is removed again.
+func (n *volNode) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok {
+		if err := file.Chown(uid, gid); err != nil {
 			n.unmake(l)
 			return nil, toErrno(n.m.logger, err)
 		}
 	}
 	var st syscall.Stat_t
-	gen, err := lstatBirth(l, &st)
+	gen, err := lstatBirth(file, &st)
 	if err == nil && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-		err = restoreMode(l, &st, mode)
+		err = restoreMode(file, &st, mode)
 	}
 	if err != nil {
 		n.unmake(l)
@@ -166,7 +168,7 @@ func (n *volNode) backingMkdir(ctx context.Context, name string, mode uint32, ou
 	if err := l.Mkdir(mode & 0o777); err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
-	return n.made(ctx, l, mode, out)
+	return n.made(ctx, l, l, mode, out)
 }
 
 func (n *volNode) backingMknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -186,7 +188,7 @@ func (n *volNode) backingMknod(ctx context.Context, name string, mode, rdev uint
 			return nil, toErrno(n.m.logger, err)
 		}
 	}
-	return n.made(ctx, l, mode, out)
+	return n.made(ctx, l, l, mode, out)
 }
 
 func (n *volNode) backingSymlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -198,13 +200,11 @@ func (n *volNode) backingSymlink(ctx context.Context, target, name string, out *
 	if err := l.Symlink(target); err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
-	return n.made(ctx, l, 0, out)
+	return n.made(ctx, l, l, 0, out)
 }
 
 // backingCreate makes and opens a regular file. Its handle is returned
-// unwrapped: the caller chooses how it is served. A file that exists
-// already (made behind a negative entry the kernel still had) is opened
-// as it is: its owner and mode are not the caller's to set.
+// unwrapped: the caller chooses how it is served.
 func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
@@ -214,20 +214,18 @@ func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode ui
 	flags &^= syscall.O_APPEND
 	fd, err := l.Open(int(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o777)
 	if errors.Is(err, syscall.EEXIST) && flags&syscall.O_EXCL == 0 {
-		if fd, err = l.Open(int(flags)&^syscall.O_CREAT, 0); err == nil {
-			var st syscall.Stat_t
-			gen, err := lstatBirth(l, &st)
-			if err != nil {
-				syscall.Close(fd)
-				return nil, nil, toErrno(n.m.logger, err)
-			}
-			return n.upperChild(ctx, &st, gen, out), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
-		}
+		// The kernel sent CREATE on a negative entry that is stale
+		// (the name was made through another view, or by allocfs).
+		// It checks no permission on a file a CREATE opens, so the
+		// existing file must not be opened here: ESTALE makes the
+		// kernel look the name up again and open it with the checks
+		// an open of an existing file gets.
+		return nil, nil, syscall.ESTALE
 	}
 	if err != nil {
 		return nil, nil, toErrno(n.m.logger, err)
 	}
-	ch, errno := n.made(ctx, l, mode, out)
+	ch, errno := n.made(ctx, l, layer.Loc{Dir: fd}, mode, out)
 	if errno != 0 {
 		syscall.Close(fd)
 		return nil, nil, errno
@@ -247,7 +245,7 @@ func (n *volNode) backingTmpfile(ctx context.Context, flags, mode uint32, out *f
 		return nil, nil, toErrno(n.m.logger, err)
 	}
 	file := layer.Loc{Dir: fd}
-	if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok {
+	if uid, gid, ok := n.owner(ctx, l); ok {
 		if err := unix.Fchown(fd, uid, gid); err != nil {
 			syscall.Close(fd)
 			return nil, nil, toErrno(n.m.logger, err)
@@ -299,13 +297,25 @@ func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno
 }
 
 // linkSource names t's file for a link: its entry, or, when it has none,
-// an open handle of it.
+// a duplicate of an open handle's descriptor, taken while the handle is
+// still tracked, so that a RELEASE racing the link cannot close it and
+// hand its number to another file.
 func (t *volNode) linkSource() (layer.Loc, syscall.Errno) {
 	if _, parent := t.Parent(); parent != nil {
 		return t.at(0, "")
 	}
-	if fd, ok := handleFd(t.openFile()); ok {
-		return layer.Loc{Dir: fd}, 0
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for lf := range t.openFiles {
+		fd, ok := lf.PassthroughFd()
+		if !ok {
+			continue
+		}
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return layer.Loc{Dir: -1}, toErrno(t.m.logger, err)
+		}
+		return layer.FdLoc(dup, "unnamed file"), 0
 	}
 	return layer.Loc{Dir: -1}, syscall.ENOENT
 }

@@ -3,9 +3,11 @@ package fs
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -163,5 +165,93 @@ func TestReadSideBeyondPathMax(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// openFds counts this process's open descriptors.
+func openFds(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	must(t, err)
+	return len(entries)
+}
+
+// TestMountCreateBehindStaleNegativeEntry makes a name through one view
+// of a volume while the other view still caches its absence, then opens
+// it with O_CREAT through the other view. The kernel sends CREATE, for
+// which it checks no permission on an existing file: the open must still
+// get the errors an open of that existing entry gets (EISDIR for a
+// directory, EACCES for a 0600 file of another user), and leave no
+// descriptor behind in the daemon.
+func TestMountCreateBehindStaleNegativeEntry(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	viewA := filepath.Join(tm.dir, "a", "alloc", "data")
+	viewB := filepath.Join(tm.dir, "a", "web", "alloc", "data")
+
+	if _, err := os.Lstat(filepath.Join(viewB, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lstat before: %v", err)
+	}
+	must(t, os.Mkdir(filepath.Join(viewA, "x"), 0o755))
+	fds := openFds(t)
+	fd, err := unix.Open(filepath.Join(viewB, "x"), unix.O_CREAT|unix.O_RDONLY, 0o644)
+	if err == nil {
+		unix.Close(fd)
+	}
+	if !errors.Is(err, syscall.EISDIR) {
+		t.Errorf("open(O_CREAT) of a directory behind a stale negative entry: %v, want EISDIR", err)
+	}
+	if got := openFds(t); got != fds {
+		t.Errorf("the daemon holds %d descriptors after the refused open, %d before", got, fds)
+	}
+
+	nobody := allocdir.Nobody()
+	if nobody == nil {
+		t.Skip("no user nobody to open as")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv (util-linux) is needed to open as nobody")
+	}
+	secret := filepath.Join(viewB, "secret")
+	if _, err := os.Lstat(secret); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lstat before: %v", err)
+	}
+	must(t, os.WriteFile(filepath.Join(viewA, "secret"), []byte("top secret"), 0o600))
+	cmd := exec.Command("setpriv", "--reuid="+strconv.Itoa(nobody.UID), "--regid="+strconv.Itoa(nobody.GID),
+		"--clear-groups", "sh", "-c", `exec 3<>"$1" && cat <&3`, "sh", secret)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("nobody's open(O_CREAT|O_RDWR) of root's 0600 file behind a stale negative entry: %v: %q, want Permission denied", err, out)
+	}
+	if got, err := os.ReadFile(filepath.Join(viewA, "secret")); err != nil || string(got) != "top secret" {
+		t.Errorf("the file after the refused open: %q, %v", got, err)
+	}
+}
+
+// TestMountTmpfileInSetgidDirectory checks that a file made with O_TMPFILE
+// in a setgid directory gets the directory's group, as one made by name
+// does.
+func TestMountTmpfileInSetgidDirectory(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	sg := filepath.Join(tm.dir, "a", "alloc", "data", "sg")
+	must(t, os.Mkdir(sg, 0o775))
+	must(t, os.Chown(sg, -1, 1234))
+	must(t, unix.Chmod(sg, 0o2775))
+	fd, err := unix.Open(sg, unix.O_TMPFILE|unix.O_RDWR, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	must(t, unix.Fstat(fd, &st))
+	byName := filepath.Join(sg, "named")
+	must(t, os.WriteFile(byName, nil, 0o640))
+	if st.Gid != 1234 || lstatT(t, byName).Gid != 1234 {
+		t.Errorf("groups in a setgid directory of group 1234: O_TMPFILE file %d, named file %d", st.Gid, lstatT(t, byName).Gid)
 	}
 }

@@ -38,6 +38,12 @@ type Loc struct {
 // PathLoc names the entry at the absolute path p.
 func PathLoc(p string) Loc { return Loc{Dir: unix.AT_FDCWD, Name: p, path: p} }
 
+// FdLoc names the open file fd itself (for a link of a file with no
+// name); the Loc owns fd and closes it.
+func FdLoc(fd int, path string) Loc {
+	return Loc{Dir: fd, path: path, release: func() { unix.Close(fd) }}
+}
+
 // String names the entry for errors and logs.
 func (l Loc) String() string { return l.path }
 

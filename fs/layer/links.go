@@ -46,46 +46,72 @@ func (l *Links) Names(root string, ino uint64) ([]string, error) {
 
 // walkLinks maps the inode number of every regular file of the tree at
 // root with more than one link to its names. It walks from directory
-// descriptors, so a tree deeper than PATH_MAX is walked whole.
+// descriptors, so a tree deeper than PATH_MAX is walked whole, and holds
+// two of them at most, however deep the tree: a lower layer never
+// changes, so ".." of a directory is the one the walk came from.
 func walkLinks(root string) (map[uint64][]string, error) {
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	names := make(map[uint64][]string)
-	err = walkLinksAt(os.NewFile(uintptr(fd), root), "", names)
+	up, err := walkLinksAt(fd, root, "", names)
+	if up >= 0 {
+		unix.Close(up)
+	}
 	return names, err
 }
 
-// walkLinksAt adds the hard-linked files under dir, at rel in the layer,
-// to names, and closes dir.
-func walkLinksAt(dir *os.File, rel string, names map[uint64][]string) error {
-	defer dir.Close()
-	entries, err := dir.ReadDir(-1)
-	if err != nil {
-		return err
-	}
-	dfd := int(dir.Fd())
+// walkLinksAt adds the hard-linked files under the directory dir (at rel
+// in the layer, shown in errors as shown) to names. It owns dir, and
+// returns in its place a descriptor of dir's parent, opened through
+// "..", for the caller to go on with (-1 on error).
+func walkLinksAt(dir int, shown, rel string, names map[uint64][]string) (int, error) {
+	f := os.NewFile(uintptr(dir), shown)
+	entries, err := f.ReadDir(-1)
+	var subdirs []string
 	for _, e := range entries {
-		child := filepath.Join(rel, e.Name())
+		if err != nil {
+			break
+		}
 		switch {
 		case e.Type().IsRegular():
 			var st unix.Stat_t
-			if err := unix.Fstatat(dfd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return &os.PathError{Op: "lstat", Path: filepath.Join(dir.Name(), e.Name()), Err: err}
-			}
-			if st.Nlink >= 2 {
-				names[st.Ino] = append(names[st.Ino], child)
+			if err = unix.Fstatat(dir, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				err = &os.PathError{Op: "lstat", Path: filepath.Join(shown, e.Name()), Err: err}
+			} else if st.Nlink >= 2 {
+				names[st.Ino] = append(names[st.Ino], filepath.Join(rel, e.Name()))
 			}
 		case e.IsDir():
-			fd, err := unix.Openat(dfd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return &os.PathError{Op: "open", Path: filepath.Join(dir.Name(), e.Name()), Err: err}
-			}
-			if err := walkLinksAt(os.NewFile(uintptr(fd), filepath.Join(dir.Name(), e.Name())), child, names); err != nil {
-				return err
-			}
+			subdirs = append(subdirs, e.Name())
 		}
 	}
-	return nil
+	for _, sub := range subdirs {
+		if err != nil {
+			break
+		}
+		child, oerr := unix.Openat(dir, sub, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if oerr != nil {
+			err = &os.PathError{Op: "open", Path: filepath.Join(shown, sub), Err: oerr}
+			break
+		}
+		// Only the child stays open while it is walked; the walk
+		// comes back to this directory through its "..".
+		f.Close()
+		dir, err = walkLinksAt(child, filepath.Join(shown, sub), filepath.Join(rel, sub), names)
+		if err != nil {
+			return -1, err
+		}
+		f = os.NewFile(uintptr(dir), shown)
+	}
+	if err != nil {
+		f.Close()
+		return -1, err
+	}
+	up, oerr := unix.Openat(dir, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f.Close()
+	if oerr != nil {
+		return -1, &os.PathError{Op: "open", Path: filepath.Join(shown, ".."), Err: oerr}
+	}
+	return up, nil
 }

@@ -37,7 +37,9 @@ type MergeStats struct {
 // one, which then keeps the whiteouts and opaque marks needed to hide
 // them; without it they hide nothing and are dropped. Nothing is synced:
 // the caller syncs dst before anything names it. On error, dst holds a
-// partial merge for the caller to remove.
+// partial merge for the caller to remove. It holds up to three
+// descriptors per level of depth (the destination and the two sources),
+// so a tree thousands of levels deep needs that many of the mount's.
 func Merge(d MergeDisk, dst, upper, lower string, through bool) (MergeStats, error) {
 	m := &merger{disk: d}
 	dstDir, err := openMergeDir(unix.AT_FDCWD, dst, dst)
