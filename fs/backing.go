@@ -99,6 +99,11 @@ func (n *volNode) lookupUpper(ctx context.Context, name string, out *fuse.EntryO
 		return nil, errno
 	}
 	defer l.Close()
+	return n.upperChildAt(ctx, l, out)
+}
+
+// upperChildAt is upperChild for the upper entry at l.
+func (n *volNode) upperChildAt(ctx context.Context, l layer.Loc, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var st syscall.Stat_t
 	gen, err := lstatBirth(l, &st)
 	if err != nil {

@@ -78,8 +78,12 @@ type knownDivergence struct {
 //   - "reading or listing changes times": the snapshot's own reads
 //     changed an mtime or ctime.
 //
-// It is empty: the fixed seeds and a fresh one, 5,000 ops each in every
-// shape and as both identities, show no divergence (2026-12-01).
+// It is empty. Four full runs of the fixed seeds and a fresh one, 5,000 ops
+// each in every shape and as both identities, showed no divergence
+// (2026-12-01). One race is known and not listed, since it is timing, not
+// a result: an open right after the close of a daemon-served handle of the
+// same file can get EIO from the kernel (seed 207, adopt, as the user,
+// step 1726, about one run in 7 to 25; issue 10's notes).
 var knownDivergences = []knownDivergence{}
 
 // diffShapes are the volume shapes the test runs on.

@@ -157,10 +157,11 @@ func (n *volNode) OnForget() {
 // pathLeads reports whether the node's path still names an entry, in
 // the layer the node is shown from.
 func (n *volNode) pathLeads() bool {
-	i := 0
-	if n.lowerOnly() {
-		i = n.shownLayer()
+	l, errno := n.shown()
+	if errno != 0 {
+		return false
 	}
+	defer l.Close()
 	var st syscall.Stat_t
-	return n.st.Lstat(i, n.rel(), &st) == nil
+	return l.Lstat(&st) == nil
 }

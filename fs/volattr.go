@@ -208,6 +208,12 @@ func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
 
 func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return n.changeUpper(func(l layer.Loc) error { return l.Setxattr(layer.StoredXattr(attr), data, int(flags)) })
+}
+
+// changeUpper makes change to the node's entry in the upper layer,
+// copying it up first: every change is a write.
+func (n *volNode) changeUpper(change func(l layer.Loc) error) syscall.Errno {
 	if n.ro {
 		return syscall.EROFS
 	}
@@ -219,24 +225,13 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		return errno
 	}
 	defer l.Close()
-	return toErrno(n.m.logger, l.Setxattr(layer.StoredXattr(attr), data, int(flags)))
+	return toErrno(n.m.logger, change(l))
 }
 
 var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
 
 func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	if n.ro {
-		return syscall.EROFS
-	}
-	if errno := n.copyUp(); errno != 0 {
-		return errno
-	}
-	l, errno := n.at(0, "")
-	if errno != 0 {
-		return errno
-	}
-	defer l.Close()
-	return toErrno(n.m.logger, l.Removexattr(layer.StoredXattr(attr)))
+	return n.changeUpper(func(l layer.Loc) error { return l.Removexattr(layer.StoredXattr(attr)) })
 }
 
 var _ = (gofs.NodeListxattrer)((*volNode)(nil))

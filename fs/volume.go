@@ -355,12 +355,7 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 		return nil, errno
 	}
 	defer to.Close()
-	var st syscall.Stat_t
-	gen, err := lstatBirth(to, &st)
-	if err != nil {
-		return nil, toErrno(n.m.logger, err)
-	}
-	return n.upperChild(ctx, &st, gen, out), 0
+	return n.upperChildAt(ctx, to, out)
 }
 
 var _ = (gofs.NodeRenamer)((*volNode)(nil))
