@@ -78,12 +78,13 @@ type knownDivergence struct {
 //   - "reading or listing changes times": the snapshot's own reads
 //     changed an mtime or ctime.
 //
-// It is empty. Four full runs of the fixed seeds and a fresh one, 5,000 ops
+// It is empty. Full runs of the fixed seeds and a fresh one, 5,000 ops
 // each in every shape and as both identities, showed no divergence
-// (2026-12-01). One race is known and not listed, since it is timing, not
-// a result: an open right after the close of a daemon-served handle of the
-// same file can get EIO from the kernel (seed 207, adopt, as the user,
-// step 1726, about one run in 7 to 25; issue 10's notes).
+// (2026-12-01). The last one this test found was timing, not a result: an
+// open right after the close of a daemon-served handle of the same file
+// got EIO from the kernel about one run in 40 (seed 207, adopt, as the
+// user, step 1726); releaseOrder (fs/releaseorder.go) fixed it, and
+// TestOpensOfAFileWhoseSetidBitsChange reproduces it in most runs.
 var knownDivergences = []knownDivergence{}
 
 // diffShapes are the volume shapes the test runs on.

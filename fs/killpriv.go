@@ -130,29 +130,43 @@ func (f *killprivFile) Allocate(ctx context.Context, off uint64, size uint64, mo
 	return f.LoopbackFile.Allocate(ctx, off, size, mode)
 }
 
-// killprivHandle makes fh, an open handle of the node's file, a
-// daemon-served one if the file carries set-id bits. While a handle the
-// kernel serves by passthrough is open (the bits were set on an open
-// file), the kernel would refuse a daemon-served one with EIO: the new
-// handle stays with passthrough, and the bits with it until that file is
-// closed and opened again.
-func (n *volNode) killprivHandle(fh gofs.FileHandle) (gofs.FileHandle, bool) {
+// serveOpen chooses who serves fh, a new handle of the node's own file,
+// and counts it, in one step under the node's lock: the kernel fails with
+// EIO an open whose kind differs from the inode's other open handles, so
+// two opens racing must not choose apart. The kernel serves it by
+// passthrough unless handles served by the daemon are open, or the file
+// carries set-id bits: the first unprivileged write must clear them, and
+// only a write that reaches the daemon can. While a passthrough handle is
+// open (the bits were set on an open file) the new handle joins it, and
+// the bits stay until that file is closed and opened again. It returns
+// the handle to give go-fuse and its open flags.
+func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 	lf, ok := fh.(*gofs.LoopbackFile)
 	if !ok {
-		return fh, false
+		return n.m.wrapFile(fh), 0
+	}
+	setid := false
+	if fd, _ := lf.PassthroughFd(); fd >= 0 {
+		var st unix.Stat_t
+		setid = unix.Fstat(fd, &st) == nil && killBits(st.Mode) != 0
 	}
 	n.mu.Lock()
-	pt := n.passthroughOpen
+	on := n.m.passthrough.Load()
+	daemon := n.daemonServed > 0 || setid && (n.passthroughOpen == 0 || !on)
+	switch {
+	case daemon:
+		n.daemonServed++
+	case on:
+		n.passthroughOpen++
+	}
 	n.mu.Unlock()
-	if pt > 0 && n.m.passthrough.Load() {
-		return fh, false
+	switch {
+	case !daemon:
+		return n.asPassthroughFile(lf, on), passthroughOpenFlags
+	case setid:
+		return n.asDaemonFile(&killprivFile{LoopbackFile: lf, logger: n.m.logger}), 0
 	}
-	fd, _ := lf.PassthroughFd()
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || killBits(st.Mode) == 0 {
-		return fh, false
-	}
-	return n.daemonFile(&killprivFile{LoopbackFile: lf, logger: n.m.logger}), true
+	return n.asDaemonFile(lf), 0
 }
 
 // killprivSetattr clears set-id bits when the kernel says a size change by

@@ -189,3 +189,64 @@ func TestNoopChownStampsCtime(t *testing.T) {
 		}
 	}
 }
+
+// TestOpensOfAFileWhoseSetidBitsChange opens and closes one file from
+// several goroutines while another sets and clears its set-id bits, so
+// that each open chooses between the kernel (passthrough) and the daemon
+// (a set-id file) while handles of the other kind are being opened and
+// released. The kernel fails with EIO an open whose kind differs from the
+// inode's open handles: the choice and its count are one step, and a
+// release is finished before an open of its inode starts.
+func TestOpensOfAFileWhoseSetidBitsChange(t *testing.T) {
+	_, vol, _ := setidSides(t)
+	p := filepath.Join(vol, "toggled")
+	must(t, os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755))
+	const rounds = 4000
+	stop := make(chan struct{})
+	toggled := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				toggled <- nil
+				return
+			default:
+			}
+			mode := uint32(0o755)
+			if i%2 == 0 {
+				mode = 0o4755
+			}
+			if err := unix.Chmod(p, mode); err != nil {
+				toggled <- err
+				return
+			}
+		}
+	}()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for range rounds {
+				fd, err := unix.Open(p, unix.O_RDONLY, 0)
+				if err != nil {
+					errs <- err
+					return
+				}
+				unix.Close(fd)
+			}
+			errs <- nil
+		}()
+	}
+	var failed error
+	for range 4 {
+		if err := <-errs; err != nil && failed == nil {
+			failed = err
+		}
+	}
+	close(stop)
+	if err := <-toggled; err != nil {
+		t.Fatalf("chmod: %v", err)
+	}
+	if failed != nil {
+		t.Fatalf("open of a file whose set-id bits change: %v", failed)
+	}
+}

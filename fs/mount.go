@@ -153,7 +153,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
-	m.requests = &countingFS{fs: gofs.NewNodeFS(m.root, fopts)}
+	m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
 	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)

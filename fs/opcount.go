@@ -8,7 +8,7 @@ import (
 
 // countingFS counts the requests that reach the filesystem fs, by opcode:
 // what a workload costs in round trips through /dev/fuse, which is what
-// metadata speed comes down to. Its methods are in opcount_gen.go; the
+// metadata speed comes down to. Its methods are in opcount_methods.go; the
 // counts cost one atomic add per request.
 type countingFS struct {
 	fs     fuse.RawFileSystem

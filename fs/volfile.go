@@ -53,19 +53,8 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			}
 		}
 	}
-	if kfh, ok := n.killprivHandle(fh); ok {
-		return kfh, 0, 0
-	}
-	n.mu.Lock()
-	served := n.daemonServed
-	n.mu.Unlock()
-	if served > 0 {
-		// The kernel refuses passthrough on an inode that has handles
-		// served by the daemon open (EIO): stay with the daemon until
-		// they are closed.
-		return n.daemonFile(fh), 0, 0
-	}
-	return n.passthroughFile(fh), passthroughOpenFlags, 0
+	fh, openFlags := n.serveOpen(fh)
+	return fh, openFlags, 0
 }
 
 // passthroughOpenFlags are the open flags of a handle offered for
@@ -89,25 +78,32 @@ type volFile struct {
 	tracked *gofs.LoopbackFile
 }
 
-// passthroughFile is m.wrapFile for a handle of n's file, counted in
-// n.passthroughOpen until it is released.
+// passthroughFile is a handle of n's file offered to the kernel for
+// passthrough, counted in n.passthroughOpen until it is released.
 func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
-	wrapped := n.m.wrapFile(fh)
-	if vf, ok := wrapped.(*volFile); ok {
-		n.mu.Lock()
+	lf, ok := fh.(*gofs.LoopbackFile)
+	if !ok {
+		return n.m.wrapFile(fh)
+	}
+	n.mu.Lock()
+	on := n.m.passthrough.Load()
+	if on {
 		n.passthroughOpen++
-		n.mu.Unlock()
-		vf.node = n
 	}
-	if lf, ok := fh.(*gofs.LoopbackFile); ok {
-		n.trackFile(lf)
-		if vf, ok := wrapped.(*volFile); ok {
-			vf.tracked = lf
-		} else {
-			return &trackedFile{LoopbackFile: lf, node: n}
-		}
+	n.mu.Unlock()
+	return n.asPassthroughFile(lf, on)
+}
+
+// asPassthroughFile wraps lf, a handle of n's file, as one the kernel
+// serves by passthrough if on (the caller has counted it in
+// n.passthroughOpen), or as one go-fuse serves when passthrough is off
+// for the mount.
+func (n *volNode) asPassthroughFile(lf *gofs.LoopbackFile, on bool) gofs.FileHandle {
+	n.trackFile(lf)
+	if !on {
+		return &trackedFile{LoopbackFile: lf, node: n}
 	}
-	return wrapped
+	return &volFile{LoopbackFile: lf, m: n.m, node: n, tracked: lf}
 }
 
 // trackFile counts lf in the node's openFiles until it is released.
@@ -366,6 +362,12 @@ func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
 	n.mu.Lock()
 	n.daemonServed++
 	n.mu.Unlock()
+	return n.asDaemonFile(fh)
+}
+
+// asDaemonFile wraps fh, a handle the caller has counted in
+// n.daemonServed, as a daemonFile.
+func (n *volNode) asDaemonFile(fh gofs.FileHandle) gofs.FileHandle {
 	df := &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
 	switch h := fh.(type) {
 	case *gofs.LoopbackFile:

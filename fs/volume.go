@@ -264,10 +264,8 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		return nil, nil, 0, errno
 	}
 	if child, ok := ch.Operations().(*volNode); ok {
-		if kfh, ok := child.killprivHandle(fh); ok {
-			return ch, kfh, 0, 0
-		}
-		return ch, child.passthroughFile(fh), passthroughOpenFlags, 0
+		fh, openFlags := child.serveOpen(fh)
+		return ch, fh, openFlags, 0
 	}
 	return ch, n.m.wrapFile(fh), 0, 0
 }
