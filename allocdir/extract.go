@@ -35,10 +35,13 @@ const (
 	// maxErrorBody caps how much of a sender's error entry is read: it
 	// ends up in an error message and in logs.
 	maxErrorBody = 64 << 10
-	// maxNameLen and maxLinkLen are the kernel's own path limits. A longer
-	// name could never be created anyway, and refusing it up front keeps
-	// an archive from filling memory with bookkeeping.
-	maxNameLen = unix.PathMax
+	// maxNameLen caps an entry's name. PATH_MAX does not bound a tree: a
+	// task makes one as deep as it likes by relative paths, and a volume
+	// snapshots it whole (the extractor opens such paths in steps). The
+	// cap holds some 250 levels of 255-byte names, and bounds what one
+	// entry keeps in memory while it is extracted.
+	maxNameLen = 64 << 10
+	// maxLinkLen is the kernel's limit on a symbolic link's target.
 	maxLinkLen = unix.PathMax - 1
 	// trailerSize is the end-of-archive marker: two zero blocks.
 	trailerSize = 2 * 512
@@ -289,7 +292,7 @@ func readError(cr *countingReader, name string, err error) error {
 		if name == "" {
 			return fmt.Errorf("failed to read snapshot: %w", err)
 		}
-		return fmt.Errorf("failed to read snapshot entry %q: %w", name, err)
+		return fmt.Errorf("failed to read snapshot entry %q: %w", shortName(name), err)
 	}
 	what := "corrupt archive"
 	if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -298,19 +301,29 @@ func readError(cr *countingReader, name string, err error) error {
 	if name == "" {
 		return fmt.Errorf("%w: %s: %w", ErrArchive, what, err)
 	}
-	return fmt.Errorf("%w: entry %q: %s: %w", ErrArchive, name, what, err)
+	return fmt.Errorf("%w: entry %q: %s: %w", ErrArchive, shortName(name), what, err)
+}
+
+// shortName is an entry's name as error messages show it: whole up to
+// 256 bytes, longer names (they may run to maxNameLen) by their two ends.
+func shortName(name string) string {
+	const end = 120
+	if len(name) <= 2*end+16 {
+		return name
+	}
+	return fmt.Sprintf("%s...[%d bytes]...%s", name[:end], len(name)-2*end, name[len(name)-end:])
 }
 
 func refuse(name, format string, args ...any) error {
-	return fmt.Errorf("%w: entry %q: %s", ErrArchive, name, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: entry %q: %s", ErrArchive, shortName(name), fmt.Sprintf(format, args...))
 }
 
 func refuseType(name, what string) error {
-	return fmt.Errorf("%w: entry %q: %w: %s", ErrArchive, name, ErrEntryType, what)
+	return fmt.Errorf("%w: entry %q: %w: %s", ErrArchive, shortName(name), ErrEntryType, what)
 }
 
 func refuseDuplicate(name string, err error) error {
-	return fmt.Errorf("%w: entry %q: duplicate entry (the name was already extracted): %w", ErrArchive, name, err)
+	return fmt.Errorf("%w: entry %q: duplicate entry (the name was already extracted): %w", ErrArchive, shortName(name), err)
 }
 
 // paxSparsePrefix starts the PAX records of every GNU sparse format
@@ -389,7 +402,7 @@ func isErrorEntryName(name string) bool {
 func senderError(tr *tar.Reader, name string) error {
 	body, err := io.ReadAll(io.LimitReader(tr, maxErrorBody))
 	if err != nil {
-		return fmt.Errorf("%w: entry %q: sender reported an error that could not be read: %w", ErrArchive, name, err)
+		return fmt.Errorf("%w: entry %q: sender reported an error that could not be read: %w", ErrArchive, shortName(name), err)
 	}
 	msg := strings.TrimSpace(strings.ToValidUTF8(string(body), string(utf8.RuneError)))
 	return refuse(name, "sender reported: %s", msg)
@@ -446,13 +459,13 @@ func checkLayout(comps []string) error {
 func fsError(entry string, err error) error {
 	switch {
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
-		return fmt.Errorf("%w: entry %q: path runs through a symbolic link: %w", ErrArchive, entry, err)
+		return fmt.Errorf("%w: entry %q: path runs through a symbolic link: %w", ErrArchive, shortName(entry), err)
 	case errors.Is(err, unix.ENOTDIR):
-		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", ErrArchive, entry, err)
+		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", ErrArchive, shortName(entry), err)
 	case errors.Is(err, unix.EEXIST):
 		return refuseDuplicate(entry, err)
 	}
-	return fmt.Errorf("failed to extract entry %q: %w", entry, err)
+	return fmt.Errorf("failed to extract entry %q: %w", shortName(entry), err)
 }
 
 // parent returns an fd for the directory that holds the last component

@@ -311,6 +311,10 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 		{name: "oversize_total", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 30)), fileEntry("alloc/data/g", strings.Repeat("x", 30)))
 		}},
+		{name: "name_longer_than_64KiB", archive: func(t *testing.T, e *snapEnv) []byte {
+			deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256)
+			return snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep+"/f", "x"))
+		}},
 		{name: "too_many_entries", opts: allocdir.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", ""), fileEntry("alloc/data/b", ""), fileEntry("alloc/data/c", ""))
 		}},
@@ -350,6 +354,20 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 				tc.check(t, e)
 			}
 		})
+	}
+}
+
+// TestExtractOverlongNameErrorIsShort: the refusal of a name past the cap
+// says why without quoting all of it.
+func TestExtractOverlongNameErrorIsShort(t *testing.T) {
+	t.Parallel()
+	e := newSnapEnv(t)
+	deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256) + "/f"
+	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep, "x"))
+	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+	e.assertRefused(t, err)
+	if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "longer than 65536 bytes") {
+		t.Errorf("got a %d-byte error %q, want a short one naming the cap", len(msg), msg)
 	}
 }
 

@@ -152,7 +152,8 @@ func TestReadSideBeyondPathMax(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	must(t, ad.Snapshot(&buf))
-	tr := tar.NewReader(&buf)
+	snap := buf.Bytes()
+	tr := tar.NewReader(bytes.NewReader(snap))
 	for {
 		h, err := tr.Next()
 		if err != nil {
@@ -163,8 +164,26 @@ func TestReadSideBeyondPathMax(t *testing.T) {
 			if err != nil || string(body) != "deep" {
 				t.Errorf("the deep file in the snapshot reads %q, %v", body, err)
 			}
-			return
+			break
 		}
+	}
+
+	// The receiving node of a remote migration takes it whole.
+	dest := filepath.Join(t.TempDir(), "received")
+	if _, err := allocdir.ExtractSnapshot(bytes.NewReader(snap), dest, allocdir.ExtractOptions{}); err != nil {
+		t.Fatalf("extracting a snapshot with a %d-byte entry: %v", len(deep), err)
+	}
+	root, err := unix.Open(dest, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	defer unix.Close(root)
+	fd, err = allocdir.OpenBeneath(root, deep, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatalf("the extracted deep file: %v", err)
+	}
+	f := os.NewFile(uintptr(fd), deep)
+	defer f.Close()
+	if body, err := io.ReadAll(f); err != nil || string(body) != "deep" {
+		t.Errorf("the extracted deep file reads %q, %v", body, err)
 	}
 }
 
