@@ -24,11 +24,14 @@ lint: tools
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 
-# bench compares the mount with its native backing filesystem
-# (fs/bench_test.go, docs/benchmarks.md): BENCH_ROUNDS rounds of every
-# workload, one whole workload per op, alternating which side of each pair
-# runs first, then the mount/native ratios (scripts/benchratio.sh). Needs
-# root and /dev/fuse; cold runs drop the page cache.
+# bench compares the mount and its peers (go-fuse's loopback, kernel
+# overlayfs and, for metadata, a no-op FUSE server) with their native
+# backing filesystem (fs/bench_test.go, fs/benchpeers_test.go,
+# docs/benchmarks.md): BENCH_ROUNDS rounds of every workload, one whole
+# workload per op, round i running the sides rotated by i-1 places so that
+# each takes its turn first, then the ratios against native
+# (scripts/benchratio.sh). Needs root and /dev/fuse; cold runs drop the
+# page cache.
 BENCH        ?= .
 BENCH_ROUNDS ?= 3
 BENCH_OUT    ?= bin/bench.txt
@@ -36,7 +39,7 @@ bench:
 	@mkdir -p $(dir $(BENCH_OUT)) && rm -f $(BENCH_OUT)
 	$(GO) test -c -o bin/fs.test ./fs
 	for i in $$(seq $(BENCH_ROUNDS)); do \
-		order=native-first; if [ $$((i % 2)) -eq 0 ]; then order=mount-first; fi; \
+		order=rotate-$$((i - 1)); \
 		echo "== round $$i of $(BENCH_ROUNDS) ($$order)" | tee -a $(BENCH_OUT); \
 		{ ALLOCFS_BENCH_ORDER=$$order ./bin/fs.test -test.run '^$$' -test.bench '$(BENCH)' -test.benchtime 1x -test.count 1 -test.timeout 30m 2>&1 || echo "FAIL: round $$i"; } | tee -a $(BENCH_OUT); \
 	done

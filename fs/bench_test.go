@@ -1,18 +1,22 @@
 package fs
 
-// Mount-versus-native benchmarks (issue 3). Every benchmark has two
-// sub-benchmarks running the same workload: "native" in a plain directory
-// on the filesystem that holds the store's data dir, and "mount" in
-// <mnt>/<alloc>/alloc/data, a passthrough loopback volume of the same
-// store. One op is one whole workload, so run them with -benchtime=1x and
-// compare the two lines of each pair (`make bench` does, and prints the
-// ratios). Cold variants drop the page, dentry and inode caches first,
+// Mount-versus-native benchmarks (issue 3), with peers (issue 11). Every
+// benchmark has sub-benchmarks running the same workload: "native" in a
+// plain directory on the filesystem that holds the store's data dir,
+// "mount" in <mnt>/<alloc>/alloc/data, a passthrough loopback volume of the
+// same store, and the peers of benchpeers_test.go beside them: "loopback"
+// (go-fuse's loopback), "overlay" (kernel overlayfs) and, for the metadata
+// benchmarks, "floor" (a FUSE server that only answers). One op is one
+// whole workload, so run them with -benchtime=1x and compare the lines of
+// each benchmark (`make bench` does, and prints the ratios against
+// native). Cold variants drop the page, dentry and inode caches first,
 // which needs root; so does mounting with passthrough.
 //
-// ALLOCFS_BENCH_DIR chooses the directory the store and the native
-// directory are created in (the default is the test's temp dir), and
-// ALLOCFS_BENCH_ORDER=mount-first runs the mount side of each pair first,
-// so that rounds can alternate which side goes first.
+// ALLOCFS_BENCH_DIR chooses the directory the store, the native directory
+// and the peers are created in (the default is the test's temp dir), and
+// ALLOCFS_BENCH_ORDER=rotate-N runs the sides rotated by N places
+// (mount-first is rotate-1), so that rounds can take turns at which side
+// goes first.
 
 import (
 	"errors"
@@ -55,13 +59,14 @@ const (
 )
 
 // benchEnv is one store mounted for one benchmark, next to a plain
-// directory on the same filesystem.
+// directory on the same filesystem and the peers.
 type benchEnv struct {
 	log    hclog.Logger
 	mount  *Mount
 	native string // plain directory beside the data dir, as deep as vol
 	vol    string // <mnt>/<alloc>/alloc/data
 	layer  string // the backing directory of vol
+	peers  []benchSideSpec
 }
 
 // benchSide is where one sub-benchmark runs: dir is the fresh directory
@@ -73,9 +78,10 @@ type benchSide struct {
 
 var benchEnvOnce sync.Once
 
-// newBenchEnv mounts a fresh store for benchmark b and unmounts it when b
-// ends. It skips b where FUSE mounts are impossible.
-func newBenchEnv(b *testing.B) *benchEnv {
+// newBenchEnv mounts a fresh store and the peers cfg asks for, for
+// benchmark b, and unmounts them when b ends. It skips b where FUSE mounts
+// are impossible; a peer that cannot be mounted skips only its side.
+func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 	b.Helper()
 	fstest.RequireFUSE(b)
 	base := b.TempDir()
@@ -118,6 +124,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	}
 	env.vol = filepath.Join(mnt, "bench", "alloc", "data")
 	env.layer = s.LayerPath(st.Volumes["alloc/data"].Upper)
+	env.peers = mountPeers(b, mountLog, base, cfg)
 	benchEnvOnce.Do(func() {
 		mountLog.Info("benchmark environment", "data_dir", s.DataDir(), "fs", fsTypeName(s.DataDir()),
 			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough())
@@ -125,31 +132,44 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	return env
 }
 
-// run runs fn as the sub-benchmarks native and mount, each in a fresh
-// directory that is removed (through the backing filesystem) afterwards.
+// sides returns every side of the benchmark in the order
+// ALLOCFS_BENCH_ORDER asks for; it fails b on a bad order.
+func (e *benchEnv) sides(b *testing.B) []benchSideSpec {
+	n, err := parseBenchOrder(os.Getenv("ALLOCFS_BENCH_ORDER"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	all := append([]benchSideSpec{
+		{name: sideNative, dir: e.native, backing: e.native},
+		{name: sideMount, dir: e.vol, backing: e.layer, counts: e.mount.RequestCounts},
+	}, e.peers...)
+	return rotated(all, n)
+}
+
+// run runs fn as one sub-benchmark per side, each in a fresh directory
+// that is removed (through its backing directory) afterwards.
 func (e *benchEnv) run(b *testing.B, fn func(b *testing.B, s benchSide)) {
-	sides := []struct{ name, dir, backing string }{
-		{"native", e.native, e.native},
-		{"mount", e.vol, e.layer},
-	}
-	if os.Getenv("ALLOCFS_BENCH_ORDER") == "mount-first" {
-		sides[0], sides[1] = sides[1], sides[0]
-	}
-	for _, side := range sides {
+	for _, side := range e.sides(b) {
 		b.Run(side.name, func(b *testing.B) {
+			if side.skip != "" {
+				b.Skip(side.skip)
+			}
 			b.StopTimer()
 			backing, err := os.MkdirTemp(side.backing, "w")
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { os.RemoveAll(backing) })
-			before := e.mount.RequestCounts()
+			var before map[string]uint64
+			if side.counts != nil {
+				before = side.counts()
+			}
 			b.ResetTimer()
 			b.StartTimer()
 			fn(b, benchSide{dir: filepath.Join(side.dir, filepath.Base(backing)), backing: backing})
 			b.StopTimer()
-			if side.name == "mount" {
-				e.reportRequests(b, before)
+			if side.counts != nil {
+				e.reportRequests(b, side.counts, before)
 			}
 		})
 	}
@@ -158,13 +178,13 @@ func (e *benchEnv) run(b *testing.B, fn func(b *testing.B, s benchSide)) {
 	}
 }
 
-// reportRequests reports the FUSE requests the mount served since before,
-// per benchmark op (setup included), and logs them by opcode: what a
-// workload costs in round trips.
-func (e *benchEnv) reportRequests(b *testing.B, before map[string]uint64) {
+// reportRequests reports the FUSE requests a side's server (counts)
+// served since before, per benchmark op (setup included), and logs them
+// by opcode: what a workload costs in round trips.
+func (e *benchEnv) reportRequests(b *testing.B, counts func() map[string]uint64, before map[string]uint64) {
 	var total uint64
 	var byOp []any
-	after := e.mount.RequestCounts()
+	after := counts()
 	names := make([]string, 0, len(after))
 	for name := range after {
 		names = append(names, name)
@@ -372,7 +392,7 @@ func reportRate(b *testing.B, count int, unit string) {
 // the rate of the writes alone, before the fsync. Before each op, an
 // untimed 1 GiB file is written and deleted (primeMemory).
 func BenchmarkSeqWrite(b *testing.B) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{})
 	block := benchData(benchSeqBlock)
 	env.run(b, func(b *testing.B, s benchSide) {
 		b.SetBytes(benchSeqSize)
@@ -400,7 +420,7 @@ func BenchmarkSeqWrite(b *testing.B) {
 // benchSeqRead sets up a 1 GiB file per side and times reading it in
 // 1 MiB reads, from the page cache (warm) or after dropping the caches.
 func benchSeqRead(b *testing.B, cold bool) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{})
 	block := benchData(benchSeqBlock)
 	env.run(b, func(b *testing.B, s benchSide) {
 		b.StopTimer()
@@ -446,7 +466,7 @@ func BenchmarkSeqReadCold(b *testing.B) { benchSeqRead(b, true) }
 // BenchmarkRandRead4K does 4 KiB preads at random aligned offsets of a
 // cached 256 MiB file, one at a time, from one open fd.
 func BenchmarkRandRead4K(b *testing.B) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{})
 	env.run(b, func(b *testing.B, s benchSide) {
 		b.StopTimer()
 		if _, err := writeSeq(filepath.Join(s.backing, "rand"), benchRandSize, benchData(benchSeqBlock)); err != nil {
@@ -524,10 +544,14 @@ func BenchmarkLowerRandRead4K(b *testing.B) {
 
 // benchLower writes a file of size on each side, the mount's into an
 // allocation that is then stopped and snapshot-migrated, so that the
-// new allocation shows it from a lower layer, and runs read on each
-// side's path as the sub-benchmarks native and mount.
+// new allocation shows it from a lower layer, the overlay's into its
+// lower directory and the loopback's into its backing directory, and
+// runs read on each side's path as that side's sub-benchmark.
 func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), block []byte) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{overlayLower: func(dir string) error {
+		_, err := writeSeq(filepath.Join(dir, "lower"), size, block)
+		return err
+	}})
 	store := env.mount.store
 	web := []allocdir.Task{{Name: "web"}}
 	prev, err := store.Create("lowersrc", web)
@@ -537,9 +561,6 @@ func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), 
 	if _, err := writeSeq(filepath.Join(store.LayerPath(prev.Volumes["alloc/data"].Upper), "lower"), size, block); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := writeSeq(filepath.Join(env.native, "lower"), size, block); err != nil {
-		b.Fatal(err)
-	}
 	if _, err := store.Stop("lowersrc"); err != nil {
 		b.Fatal(err)
 	}
@@ -547,19 +568,29 @@ func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), 
 		b.Fatal(err)
 	}
 	mnt := filepath.Dir(filepath.Dir(filepath.Dir(env.vol)))
-	sides := []struct{ name, path string }{
-		{"native", filepath.Join(env.native, "lower")},
-		{"mount", filepath.Join(mnt, "lower", "alloc", "data", "lower")},
+	sides := env.sides(b)
+	paths := make([]string, len(sides))
+	for i, side := range sides {
+		paths[i] = filepath.Join(side.dir, "lower")
+		switch side.name {
+		case sideMount:
+			paths[i] = filepath.Join(mnt, "lower", "alloc", "data", "lower")
+		case sideNative, sideLoopback:
+			if _, err := writeSeq(filepath.Join(side.backing, "lower"), size, block); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
-	if os.Getenv("ALLOCFS_BENCH_ORDER") == "mount-first" {
-		sides[0], sides[1] = sides[1], sides[0]
-	}
-	for _, side := range sides {
+	for i, side := range sides {
+		path := paths[i]
 		b.Run(side.name, func(b *testing.B) {
+			if side.skip != "" {
+				b.Skip(side.skip)
+			}
 			b.StopTimer()
 			settle()
 			b.StartTimer()
-			read(b, side.path)
+			read(b, path)
 		})
 	}
 }
@@ -570,7 +601,7 @@ func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), 
 // the writes; it reports writes/s and how long after the last write
 // returned the follower had read every byte (catchup-ms).
 func BenchmarkAppendFollow(b *testing.B) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{})
 	line := benchData(benchAppendSize)
 	line[len(line)-1] = '\n'
 	env.run(b, func(b *testing.B, s benchSide) {
@@ -660,7 +691,7 @@ func appendFollow(b *testing.B, path string, line []byte) (time.Duration, error)
 // (untimed, on the backing filesystem), so that they are cached whichever
 // side goes first.
 func benchCreate(b *testing.B, cold bool) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{floor: true})
 	data := benchData(benchFileSize)
 	env.run(b, func(b *testing.B, s benchSide) {
 		for i := 0; i < b.N; i++ {
@@ -720,7 +751,7 @@ func BenchmarkCreate10KCold(b *testing.B) { benchCreate(b, true) }
 // benchMetadata sets up a directory of 10,000 4 KiB files per side and
 // times op on it: cold after drop_caches, warm after one untimed op.
 func benchMetadata(b *testing.B, cold bool, unit string, op func(dir string) error) {
-	env := newBenchEnv(b)
+	env := newBenchEnv(b, benchConfig{floor: true})
 	env.run(b, func(b *testing.B, s benchSide) {
 		b.StopTimer()
 		if err := makeFiles(s.backing, benchFiles, benchFileSize); err != nil {

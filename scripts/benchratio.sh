@@ -1,13 +1,17 @@
 #!/bin/sh
 # benchratio.sh FILE... reads `go test -bench` output of the mount-versus-
-# native benchmarks (fs/bench_test.go), one or more rounds, and prints a
-# markdown table: per benchmark and metric, the median [min-max] of each
-# side and the ratio of the medians. Ratios are oriented so that higher
-# means the mount does better: mount/native for rates (units ending in
-# /s), native/mount for times (units ending in -ms). ns/op is left out:
-# every benchmark reports a rate that says the same.
+# native benchmarks and their peers (fs/bench_test.go,
+# fs/benchpeers_test.go), one or more rounds, and prints a markdown table:
+# per benchmark and metric, the median [min-max] of each side (native,
+# mount, loopback, overlay, floor) and the ratio of each side's median to
+# native's. Ratios are oriented so that higher means the side does better:
+# side/native for rates (units ending in /s), native/side for everything
+# else (times, counts). A side a benchmark does not have, or that was
+# skipped, shows "–". ns/op is left out: every benchmark reports a rate
+# that says the same.
 set -eu
 awk '
+BEGIN { ns = split("native mount loopback overlay floor", sides, " ") }
 function fmtv(v) {
 	if (v >= 1e6) return sprintf("%.2fM", v / 1e6)
 	if (v >= 1e4) return sprintf("%.0fk", v / 1e3)
@@ -25,7 +29,7 @@ function stats(s,    a, n, i, j, t) {
 	smin = a[1] + 0; smax = a[n] + 0; scount = n
 	smed = (n % 2) ? a[(n + 1) / 2] + 0 : (a[n / 2] + a[n / 2 + 1]) / 2
 }
-$1 ~ /^Benchmark.*\/(native|mount)(-[0-9]+)?$/ && $0 ~ /ns\/op/ {
+$1 ~ /^Benchmark.*\/(native|mount|loopback|overlay|floor)(-[0-9]+)?$/ && $0 ~ /ns\/op/ {
 	name = $1
 	sub(/-[0-9]+$/, "", name)
 	side = name; sub(/.*\//, "", side)
@@ -40,21 +44,36 @@ $1 ~ /^Benchmark.*\/(native|mount)(-[0-9]+)?$/ && $0 ~ /ns\/op/ {
 	}
 }
 END {
-	print "| benchmark | metric | native median [min–max] | mount median [min–max] | ratio | runs |"
-	print "|---|---|---|---|---|---|"
+	head = "| benchmark | metric |"; rule = "|---|---|"
+	for (s = 1; s <= ns; s++) { head = head " " sides[s] " median [min–max] |"; rule = rule "---|" }
+	for (s = 2; s <= ns; s++) { head = head " " sides[s] " ratio |"; rule = rule "---|" }
+	print head " runs |"
+	print rule "---|"
 	for (b = 1; b <= nb; b++) {
 		bench = order[b]
 		nu = split(units[bench], ul, " ")
 		for (u = 1; u <= nu; u++) {
 			key = bench SUBSEP ul[u]
-			if (!((key, "native") in vals) || !((key, "mount") in vals)) continue
-			stats(vals[key, "native"]); nmed = smed; ncell = fmtv(smed) " [" fmtv(smin) "–" fmtv(smax) "]"; nn = scount
-			stats(vals[key, "mount"]); mmed = smed; mcell = fmtv(smed) " [" fmtv(smin) "–" fmtv(smax) "]"
-			if (ul[u] ~ /\/s$/) { num = mmed; den = nmed; how = "mount/native" }
-			else { num = nmed; den = mmed; how = "native/mount" }
-			ratio = (den > 0) ? sprintf("%.2fx", num / den) : "–"
-			printf "| %s | %s | %s | %s | %s (%s) | %d |\n", bench, ul[u], ncell, mcell, ratio, how, nn
+			line = "| " bench " | " ul[u] " |"
+			runs = 0
+			for (s = 1; s <= ns; s++) {
+				med[s] = ""
+				if (!((key, sides[s]) in vals)) { line = line " – |"; continue }
+				stats(vals[key, sides[s]])
+				med[s] = smed
+				if (scount > runs) runs = scount
+				line = line " " fmtv(smed) " [" fmtv(smin) "–" fmtv(smax) "] |"
+			}
+			for (s = 2; s <= ns; s++) {
+				if (med[1] == "" || med[s] == "") { line = line " – |"; continue }
+				if (ul[u] ~ /\/s$/) { num = med[s]; den = med[1] }
+				else { num = med[1]; den = med[s] }
+				line = line " " ((den > 0) ? sprintf("%.2fx", num / den) : "–") " |"
+			}
+			print line " " runs " |"
 		}
 	}
+	print ""
+	print "Ratios are each side against native: side/native for rates (/s), native/side for the rest; higher is better."
 }
 ' "$@"
