@@ -167,7 +167,10 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 		for _, e := range entries {
 			child := name + "/" + e.Name()
-			ci, err := s.fsys.Lstat(child)
+			// Info is the entry's lstat (fs.DirEntry says so): free when
+			// the listing already made it, as the on-disk one does, one
+			// lstat otherwise, like Lstat.
+			ci, err := e.Info()
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
@@ -223,8 +226,19 @@ func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) erro
 	if err != nil {
 		return fmt.Errorf("failed to stat %q: %w", name, err)
 	}
-	if !opened.Mode().IsRegular() || !sameFile(info, opened) {
+	if !opened.Mode().IsRegular() {
 		return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
+	}
+	if !sameFile(info, opened) || opened.Size() != info.Size() {
+		// info may come from a listing made a while ago: the file was
+		// replaced or resized since. An lstat now, while the opened
+		// file is held, must name that same file again.
+		if info, err = s.fsys.Lstat(name); err != nil {
+			return fmt.Errorf("failed to stat %q: %w", name, err)
+		}
+		if !info.Mode().IsRegular() || !sameFile(info, opened) {
+			return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
+		}
 	}
 
 	if err := s.writeHeader(name, info, ""); err != nil {
