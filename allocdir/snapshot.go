@@ -157,30 +157,22 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 	mode := info.Mode()
 	switch {
 	case mode.IsDir():
-		if err := s.writeHeader(name, info, ""); err != nil {
-			return err
-		}
 		entries, err := s.fsys.ReadDir(name)
 		if err != nil {
 			if !isRoot && errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
+			if !isRoot && errors.Is(err, syscall.ENOTDIR) {
+				return errChanged
+			}
 			return fmt.Errorf("failed to list %q: %w", name, err)
+		}
+		if err := s.writeHeader(name, info, ""); err != nil {
+			return err
 		}
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 		for _, e := range entries {
-			child := name + "/" + e.Name()
-			// Info is the entry's lstat (fs.DirEntry says so): free when
-			// the listing already made it, as the on-disk one does, one
-			// lstat otherwise, like Lstat.
-			ci, err := e.Info()
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("failed to stat %q: %w", child, err)
-			}
-			if err := s.walk(child, ci, false); err != nil {
+			if err := s.walkEntry(name+"/"+e.Name(), e); err != nil {
 				return err
 			}
 		}
@@ -191,6 +183,9 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 			if !isRoot && errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
+			if !isRoot && errors.Is(err, fs.ErrInvalid) {
+				return errChanged
+			}
 			return fmt.Errorf("failed to read link %q: %w", name, err)
 		}
 		return s.writeHeader(name, info, target)
@@ -198,6 +193,35 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 		return s.writeFile(name, info, isRoot)
 	default:
 		return nil
+	}
+}
+
+// errChanged says that a name no longer holds the kind of file its
+// directory's listing said, and nothing was written for it yet.
+var errChanged = errors.New("changed since its directory was listed")
+
+// walkEntry archives the directory entry e, named child. Its lstat comes
+// from the listing (fs.DirEntry.Info: free when the listing made it, as the
+// on-disk one does), which may be older than the walk of the entries before
+// it: when the name now holds another kind of file, it is looked at again,
+// once.
+func (s *snapshotter) walkEntry(child string, e fs.DirEntry) error {
+	ci, err := e.Info()
+	for attempt := 0; ; attempt++ {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("failed to stat %q: %w", child, err)
+		}
+		err = s.walk(child, ci, false)
+		if !errors.Is(err, errChanged) {
+			return err
+		}
+		if attempt == 1 {
+			return fmt.Errorf("failed to read %q: replaced while snapshotting", child)
+		}
+		ci, err = s.fsys.Lstat(child)
 	}
 }
 
@@ -278,6 +302,10 @@ func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) erro
 		if !isRoot && errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
+		if !isRoot && errors.Is(err, syscall.ELOOP) {
+			// A link now sits there (opens never follow one).
+			return errChanged
+		}
 		return fmt.Errorf("failed to open %q: %w", name, err)
 	}
 	defer f.Close()
@@ -289,6 +317,9 @@ func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) erro
 		return fmt.Errorf("failed to stat %q: %w", name, err)
 	}
 	if !opened.Mode().IsRegular() {
+		if !isRoot {
+			return errChanged
+		}
 		return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
 	}
 	if !sameFile(info, opened) || opened.Size() != info.Size() {

@@ -761,34 +761,56 @@ func TestSnapshotFileChangedSinceListing(t *testing.T) {
 	}
 }
 
-// TestSnapshotFileBecameLinkSinceListing: a file swapped for a link after
-// the listing is never read through the link: the snapshot fails with
-// the error entry, and the receiver refuses it.
-func TestSnapshotFileBecameLinkSinceListing(t *testing.T) {
+// TestSnapshotEntryChangedKindSinceListing: a name whose file became a
+// link or a directory between the listing of its directory and its turn in
+// the walk is archived as what it is then, never with the content of
+// something else under the old kind's header.
+func TestSnapshotEntryChangedKindSinceListing(t *testing.T) {
 	t.Parallel()
-	dir := snapBuildAlloc(t)
-	p := filepath.Join(dir, "alloc/data/a.txt")
-	archive, err := snapStaleRun(t, dir, func() {
-		if err := os.Remove(p); err != nil {
-			t.Error(err)
-		}
-		if err := os.Symlink("secret.key", p); err != nil {
-			t.Error(err)
-		}
-	})
-	if err == nil {
-		t.Fatalf("WriteSnapshot: got nil error, want one")
+	for _, tc := range []struct {
+		name  string
+		make  func(p string) error
+		check func(t *testing.T, h *tar.Header)
+	}{
+		{"link", func(p string) error { return os.Symlink("secret.key", p) }, func(t *testing.T, h *tar.Header) {
+			if h.Typeflag != tar.TypeSymlink || h.Linkname != "secret.key" {
+				t.Errorf("got type %q to %q, want a link to secret.key", h.Typeflag, h.Linkname)
+			}
+		}},
+		{"directory", func(p string) error { return os.Mkdir(p, 0o755) }, func(t *testing.T, h *tar.Header) {
+			if h.Typeflag != tar.TypeDir {
+				t.Errorf("got type %q, want a directory", h.Typeflag)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := snapBuildAlloc(t)
+			p := filepath.Join(dir, "alloc/data/a.txt")
+			archive, err := snapStaleRun(t, dir, func() {
+				if err := os.Remove(p); err != nil {
+					t.Error(err)
+				}
+				if err := tc.make(p); err != nil {
+					t.Error(err)
+				}
+			})
+			if err != nil {
+				t.Fatalf("WriteSnapshot: %v", err)
+			}
+			var found *tar.Header
+			for _, h := range snapHeaders(t, archive) {
+				if h.Name == "alloc/data/a.txt" {
+					found = h
+				}
+			}
+			if found == nil {
+				t.Fatalf("no entry for the changed name")
+			}
+			tc.check(t, found)
+			env := newSnapEnv(t)
+			if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), env.dest, allocdir.ExtractOptions{}); err != nil {
+				t.Errorf("extracting: %v", err)
+			}
+		})
 	}
-	hdrs := snapHeaders(t, archive)
-	if got, want := hdrs[len(hdrs)-1].Name, "NOMAD-"+snapTestAllocID+"-ERROR.log"; got != want {
-		t.Fatalf("got last entry %q, want %q", got, want)
-	}
-	for _, h := range hdrs {
-		if h.Name == "alloc/data/a.txt" {
-			t.Errorf("got an entry for the swapped name, want none")
-		}
-	}
-	env := newSnapEnv(t)
-	_, err = allocdir.ExtractSnapshot(bytes.NewReader(archive), env.dest, allocdir.ExtractOptions{})
-	env.assertRefused(t, err)
 }
