@@ -179,6 +179,15 @@ func UnixMode(m uint32) fs.FileMode {
 	return mode
 }
 
+// openFd opens name for reading as Open does, as a raw fd (see
+// fdOpener); a FIFO does not block the open.
+func (b beneathFS) openFd(name string) (int, error) {
+	if err := b.check("open", name); err != nil {
+		return -1, err
+	}
+	return OpenBeneath(b.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+}
+
 // fdFile wraps a raw fd as an *os.File named for error messages.
 func fdFile(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name) }
 

@@ -12,9 +12,11 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -206,6 +208,36 @@ type extractor struct {
 	// always share their parent.
 	cachedDir string
 	cachedFd  int
+	// newFiles is what a file gets when it is created: its mode from the
+	// umask, its owner from the credentials and the root. It lets file
+	// skip the chmod and chown that would change nothing, which are two
+	// of the few syscalls a small file costs.
+	newFiles newFileAttrs
+}
+
+// newFileAttrs predicts the mode and owner of a file the extractor creates.
+type newFileAttrs struct {
+	// umask is the process's file mode creation mask; umaskKnown is false
+	// when it could not be read, and every file is then chmod-ed.
+	umask      uint32
+	umaskKnown bool
+	// ownerKnown says that every file created below the root belongs to
+	// uid:gid (see newExtractor).
+	ownerKnown bool
+	uid, gid   int
+}
+
+// createMode returns the mode to create a file with for the permission
+// bits perm (fileMode's result), and whether the file will have exactly
+// perm once created. The sticky bit is never passed to open.
+func (a newFileAttrs) createMode(perm uint32) (uint32, bool) {
+	m := perm & 0o777
+	return m, a.umaskKnown && m == perm && m&a.umask == 0
+}
+
+// owns reports whether a new file already has the owner uid:gid.
+func (a newFileAttrs) owns(uid, gid int) bool {
+	return a.ownerKnown && a.uid == uid && a.gid == gid
 }
 
 func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
@@ -230,7 +262,44 @@ func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
 	if x.maxEntries <= 0 {
 		x.maxEntries = DefaultMaxEntries
 	}
+	x.newFiles.umask, x.newFiles.umaskKnown = readUmask()
+	// A new file belongs to the caller's fsuid (its euid: Go never calls
+	// setfsuid) and to either its egid or, under a setgid directory or
+	// the grpid mount option, its directory's group. Every directory
+	// below the root is created here, with its parent's group or the
+	// egid, so when the root's group is the egid both rules give the
+	// egid, all the way down; otherwise nothing is predicted.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		x.close()
+		return nil, &fs.PathError{Op: "fstat", Path: dir, Err: err}
+	}
+	if egid := unix.Getegid(); int(st.Gid) == egid {
+		x.newFiles.ownerKnown, x.newFiles.uid, x.newFiles.gid = true, unix.Geteuid(), egid
+	}
 	return x, nil
+}
+
+// readUmask reads the process's umask from /proc/self/status (Linux 4.7
+// and later); umask(2) cannot read it without setting it, which would
+// race with every other goroutine that creates a file.
+func readUmask() (uint32, bool) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	for line := range strings.Lines(string(b)) {
+		v, ok := strings.CutPrefix(line, "Umask:")
+		if !ok {
+			continue
+		}
+		m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+		if err != nil || m&^0o777 != 0 {
+			return 0, false
+		}
+		return uint32(m), true
+	}
+	return 0, false
 }
 
 func (x *extractor) dropCache() {
@@ -476,7 +545,12 @@ func fsError(entry string, err error) error {
 // parent that is a link or a file fails the open.
 func (x *extractor) parent(entry string, comps []string) (int, error) {
 	dirs := comps[:len(comps)-1]
-	dir := strings.Join(dirs, "/")
+	// entry is comps joined by "/", so its parent is a prefix of it: no
+	// copy for the cache's comparison, which nearly always hits.
+	dir := ""
+	if len(dirs) > 0 {
+		dir = entry[:strings.LastIndexByte(entry, '/')]
+	}
 	if x.cachedFd >= 0 && x.cachedDir == dir {
 		return x.cachedFd, nil
 	}
@@ -568,45 +642,62 @@ func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.H
 		return err
 	}
 	base := comps[len(comps)-1]
-	fd, err := OpenBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	// Created with its final permissions, which the private root keeps
+	// from anyone else until the archive is accepted; a write-protected
+	// mode does not stop this fd from writing.
+	perm := fileMode(hdr.Mode)
+	createMode, exact := x.newFiles.createMode(perm)
+	fd, err := OpenBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, createMode)
 	if err != nil {
 		return fsError(name, err)
 	}
-	f := os.NewFile(uintptr(fd), name)
-	n, err := x.copyBody(f, tr, name)
-	x.stats.Bytes += n
+	err = x.fillFile(fd, tr, name, hdr, perm, exact)
+	if cerr := unix.Close(fd); cerr != nil && err == nil {
+		err = fmt.Errorf("failed to write %q: %w", name, cerr)
+	}
 	if err != nil {
-		f.Close()
 		return err
-	}
-	if x.chown {
-		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
-			f.Close()
-			return fmt.Errorf("failed to chown %q: %w", name, err)
-		}
-	}
-	if err := unix.Fchmod(fd, fileMode(hdr.Mode)); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to chmod %q: %w", name, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("failed to write %q: %w", name, err)
-	}
-	if err := setTimes(pfd, base, hdr.AccessTime, hdr.ModTime); err != nil {
-		return fmt.Errorf("failed to set times of %q: %w", name, err)
 	}
 	x.stats.Files++
 	return nil
 }
 
-// copyBody copies the current entry's body, telling a short or broken
-// archive (the sender's fault) from a failed write (ours).
-func (x *extractor) copyBody(f *os.File, tr *tar.Reader, name string) (int64, error) {
+// fillFile writes the body of a file just created as fd, then its owner,
+// mode and times, all through fd: nothing is resolved by name again.
+func (x *extractor) fillFile(fd int, tr *tar.Reader, name string, hdr *tar.Header, perm uint32, exact bool) error {
+	n, err := x.copyBody(fd, tr, name)
+	x.stats.Bytes += n
+	if err != nil {
+		return err
+	}
+	if x.chown && !x.newFiles.owns(hdr.Uid, hdr.Gid) {
+		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+			return fmt.Errorf("failed to chown %q: %w", name, err)
+		}
+		// chown may have dropped bits fchmod is asked to set.
+		exact = false
+	}
+	if !exact {
+		if err := unix.Fchmod(fd, perm); err != nil {
+			return fmt.Errorf("failed to chmod %q: %w", name, err)
+		}
+	}
+	// Last: every write before it would move the mtime.
+	if err := futimens(fd, hdr.AccessTime, hdr.ModTime); err != nil {
+		return fmt.Errorf("failed to set times of %q: %w", name, err)
+	}
+	return nil
+}
+
+// copyBody copies the current entry's body into fd, telling a short or
+// broken archive (the sender's fault) from a failed write (ours). The fd
+// is written directly: an *os.File would cost an fcntl per file.
+func (x *extractor) copyBody(fd int, tr *tar.Reader, name string) (int64, error) {
 	var written int64
 	for {
 		n, rerr := tr.Read(x.buf)
 		if n > 0 {
-			if _, err := f.Write(x.buf[:n]); err != nil {
+			if err := writeAll(fd, x.buf[:n]); err != nil {
 				return written, fmt.Errorf("failed to write %q: %w", name, err)
 			}
 			written += int64(n)
@@ -621,6 +712,24 @@ func (x *extractor) copyBody(f *os.File, tr *tar.Reader, name string) (int64, er
 			return written, fmt.Errorf("failed to read body of entry %q: %w", name, rerr)
 		}
 	}
+}
+
+// writeAll writes b to the blocking fd, retrying short writes and EINTR.
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 func (x *extractor) symlink(name string, comps []string, hdr *tar.Header) error {
@@ -787,6 +896,20 @@ func setTimes(dirfd int, name string, atime, mtime time.Time) error {
 	}
 	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
 	return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// futimens sets the times of the open file fd, leaving a zero time alone.
+func futimens(fd int, atime, mtime time.Time) error {
+	if atime.IsZero() && mtime.IsZero() {
+		return nil
+	}
+	ts := [2]unix.Timespec{timespec(atime), timespec(mtime)}
+	// utimensat with a NULL path is futimens: it acts on fd itself.
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func timespec(t time.Time) unix.Timespec {

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // copyBufSize is the chunk size used to move file bodies in and out of a
@@ -154,27 +157,22 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 	mode := info.Mode()
 	switch {
 	case mode.IsDir():
-		if err := s.writeHeader(name, info, ""); err != nil {
-			return err
-		}
 		entries, err := s.fsys.ReadDir(name)
 		if err != nil {
 			if !isRoot && errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
+			if !isRoot && errors.Is(err, syscall.ENOTDIR) {
+				return errChanged
+			}
 			return fmt.Errorf("failed to list %q: %w", name, err)
+		}
+		if err := s.writeHeader(name, info, ""); err != nil {
+			return err
 		}
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 		for _, e := range entries {
-			child := name + "/" + e.Name()
-			ci, err := s.fsys.Lstat(child)
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("failed to stat %q: %w", child, err)
-			}
-			if err := s.walk(child, ci, false); err != nil {
+			if err := s.walkEntry(name+"/"+e.Name(), e); err != nil {
 				return err
 			}
 		}
@@ -185,6 +183,9 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 			if !isRoot && errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
+			if !isRoot && errors.Is(err, fs.ErrInvalid) {
+				return errChanged
+			}
 			return fmt.Errorf("failed to read link %q: %w", name, err)
 		}
 		return s.writeHeader(name, info, target)
@@ -192,6 +193,35 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 		return s.writeFile(name, info, isRoot)
 	default:
 		return nil
+	}
+}
+
+// errChanged says that a name no longer holds the kind of file its
+// directory's listing said, and nothing was written for it yet.
+var errChanged = errors.New("changed since its directory was listed")
+
+// walkEntry archives the directory entry e, named child. Its lstat comes
+// from the listing (fs.DirEntry.Info: free when the listing made it, as the
+// on-disk one does), which may be older than the walk of the entries before
+// it: when the name now holds another kind of file, it is looked at again,
+// once.
+func (s *snapshotter) walkEntry(child string, e fs.DirEntry) error {
+	ci, err := e.Info()
+	for attempt := 0; ; attempt++ {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("failed to stat %q: %w", child, err)
+		}
+		err = s.walk(child, ci, false)
+		if !errors.Is(err, errChanged) {
+			return err
+		}
+		if attempt == 1 {
+			return fmt.Errorf("failed to read %q: replaced while snapshotting", child)
+		}
+		ci, err = s.fsys.Lstat(child)
 	}
 }
 
@@ -207,11 +237,74 @@ func (s *snapshotter) writeHeader(name string, info fs.FileInfo, link string) er
 	return nil
 }
 
+// fdOpener is implemented by a snapshot filesystem that hands out raw
+// fds: the walk then reads a file without making an *os.File of it, which
+// costs two syscalls per file (an fcntl, and an epoll registration that
+// fails for a regular file), a good part of what a small file costs.
+type fdOpener interface {
+	// openFd opens name for reading as Open does; the caller closes the
+	// fd.
+	openFd(name string) (int, error)
+}
+
+// open opens a file to archive.
+func (s *snapshotter) open(name string) (fs.File, error) {
+	o, ok := s.fsys.(fdOpener)
+	if !ok {
+		return s.fsys.Open(name)
+	}
+	fd, err := o.openFd(name)
+	if err != nil {
+		return nil, err
+	}
+	return &fdReader{fd: fd, name: name}, nil
+}
+
+// fdReader is a read-only fs.File over a raw blocking-read fd.
+type fdReader struct {
+	fd   int
+	name string
+}
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, &fs.PathError{Op: "read", Path: r.name, Err: err}
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (r *fdReader) Stat() (fs.FileInfo, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(r.fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "fstat", Path: r.name, Err: err}
+	}
+	return NewStatInfo(path.Base(r.name), sysStat(&st)), nil
+}
+
+func (r *fdReader) Close() error {
+	if err := unix.Close(r.fd); err != nil {
+		return &fs.PathError{Op: "close", Path: r.name, Err: err}
+	}
+	return nil
+}
+
 func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) error {
-	f, err := s.fsys.Open(name)
+	f, err := s.open(name)
 	if err != nil {
 		if !isRoot && errors.Is(err, fs.ErrNotExist) {
 			return nil
+		}
+		if !isRoot && errors.Is(err, syscall.ELOOP) {
+			// A link now sits there (opens never follow one).
+			return errChanged
 		}
 		return fmt.Errorf("failed to open %q: %w", name, err)
 	}
@@ -223,8 +316,22 @@ func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) erro
 	if err != nil {
 		return fmt.Errorf("failed to stat %q: %w", name, err)
 	}
-	if !opened.Mode().IsRegular() || !sameFile(info, opened) {
+	if !opened.Mode().IsRegular() {
+		if !isRoot {
+			return errChanged
+		}
 		return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
+	}
+	if !sameFile(info, opened) || opened.Size() != info.Size() {
+		// info may come from a listing made a while ago: the file was
+		// replaced or resized since. An lstat now, while the opened
+		// file is held, must name that same file again.
+		if info, err = s.fsys.Lstat(name); err != nil {
+			return fmt.Errorf("failed to stat %q: %w", name, err)
+		}
+		if !info.Mode().IsRegular() || !sameFile(info, opened) {
+			return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
+		}
 	}
 
 	if err := s.writeHeader(name, info, ""); err != nil {

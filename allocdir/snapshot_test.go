@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -587,8 +588,22 @@ type snapSizeFS struct {
 }
 
 func (s snapSizeFS) fsys() fs.FS { return os.DirFS(s.dir) }
+
+// ReadDir tells the same lie as Lstat: a listing's entries carry the
+// lstat the walk uses.
 func (s snapSizeFS) ReadDir(name string) ([]fs.DirEntry, error) {
-	return s.fsys().(fs.ReadDirFS).ReadDir(name)
+	entries, err := s.fsys().(fs.ReadDirFS).ReadDir(name)
+	for i, e := range entries {
+		if path.Join(name, e.Name()) != s.name {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		entries[i] = fs.FileInfoToDirEntry(snapSizedInfo{fi, s.size})
+	}
+	return entries, err
 }
 func (s snapSizeFS) ReadLink(name string) (string, error) {
 	return s.fsys().(fs.ReadLinkFS).ReadLink(name)
@@ -665,5 +680,137 @@ func TestSnapshotFileGrew(t *testing.T) {
 	}
 	if string(got) != "hel" {
 		t.Errorf("got content %q, want %q", got, "hel")
+	}
+}
+
+// snapStaleFS is the on-disk snapshot filesystem, whose listings carry
+// each entry's lstat, with a change made right after the listing of
+// alloc/data: the walk then holds information that is no longer true.
+type snapStaleFS struct {
+	allocdir.ReadFS
+	after func()
+}
+
+func (s snapStaleFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	entries, err := s.ReadFS.ReadDir(name)
+	if name == "alloc/data" {
+		s.after()
+	}
+	return entries, err
+}
+
+// snapStaleRun snapshots dir through snapStaleFS, calling change right
+// after the listing of alloc/data.
+func snapStaleRun(t *testing.T, dir string, change func()) ([]byte, error) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var buf bytes.Buffer
+	err = allocdir.WriteSnapshot(&buf, snapTestAllocID, snapStaleFS{allocdir.NewBeneathFS(fd), change}, snapRoots)
+	return buf.Bytes(), err
+}
+
+// TestSnapshotFileChangedSinceListing: a file replaced or resized
+// between the listing of its directory and its read is archived as it is
+// when read, not refused: only a name that no longer is a regular file
+// is an error.
+func TestSnapshotFileChangedSinceListing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, p string)
+		want   string
+	}{
+		{"replaced", func(t *testing.T, p string) {
+			if err := os.WriteFile(p+".new", []byte("replacement, longer"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p+".new", p); err != nil {
+				t.Fatal(err)
+			}
+		}, "replacement, longer"},
+		{"truncated", func(t *testing.T, p string) {
+			if err := os.Truncate(p, 2); err != nil {
+				t.Fatal(err)
+			}
+		}, "he"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := snapBuildAlloc(t)
+			p := filepath.Join(dir, "alloc/data/a.txt")
+			archive, err := snapStaleRun(t, dir, func() { tc.change(t, p) })
+			if err != nil {
+				t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+			}
+			dest := filepath.Join(t.TempDir(), "dest")
+			snapMakeRemovable(t, dest)
+			if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{}); err != nil {
+				t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+			}
+			got, err := os.ReadFile(filepath.Join(dest, "alloc/data/a.txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("got content %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSnapshotEntryChangedKindSinceListing: a name whose file became a
+// link or a directory between the listing of its directory and its turn in
+// the walk is archived as what it is then, never with the content of
+// something else under the old kind's header.
+func TestSnapshotEntryChangedKindSinceListing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		make  func(p string) error
+		check func(t *testing.T, h *tar.Header)
+	}{
+		{"link", func(p string) error { return os.Symlink("secret.key", p) }, func(t *testing.T, h *tar.Header) {
+			if h.Typeflag != tar.TypeSymlink || h.Linkname != "secret.key" {
+				t.Errorf("got type %q to %q, want a link to secret.key", h.Typeflag, h.Linkname)
+			}
+		}},
+		{"directory", func(p string) error { return os.Mkdir(p, 0o755) }, func(t *testing.T, h *tar.Header) {
+			if h.Typeflag != tar.TypeDir {
+				t.Errorf("got type %q, want a directory", h.Typeflag)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := snapBuildAlloc(t)
+			p := filepath.Join(dir, "alloc/data/a.txt")
+			archive, err := snapStaleRun(t, dir, func() {
+				if err := os.Remove(p); err != nil {
+					t.Error(err)
+				}
+				if err := tc.make(p); err != nil {
+					t.Error(err)
+				}
+			})
+			if err != nil {
+				t.Fatalf("WriteSnapshot: %v", err)
+			}
+			var found *tar.Header
+			for _, h := range snapHeaders(t, archive) {
+				if h.Name == "alloc/data/a.txt" {
+					found = h
+				}
+			}
+			if found == nil {
+				t.Fatalf("no entry for the changed name")
+			}
+			tc.check(t, found)
+			env := newSnapEnv(t)
+			if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), env.dest, allocdir.ExtractOptions{}); err != nil {
+				t.Errorf("extracting: %v", err)
+			}
+		})
 	}
 }
