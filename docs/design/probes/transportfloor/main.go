@@ -93,7 +93,6 @@ type server struct {
 	mu    sync.Mutex
 	names map[string]uint64
 	next  uint64
-	reqs  uint64
 }
 
 func serveOwn() {
