@@ -263,6 +263,12 @@ func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
 		x.maxEntries = DefaultMaxEntries
 	}
 	x.newFiles.umask, x.newFiles.umaskKnown = readUmask()
+	if hasDefaultACL(fd) {
+		// A default ACL, not the umask, trims the mode of what is
+		// created below the root (which inherits it from its parent):
+		// the mode is not predicted, every file is chmod-ed.
+		x.newFiles.umaskKnown = false
+	}
 	// A new file belongs to the caller's fsuid (its euid: Go never calls
 	// setfsuid) and to either its egid or, under a setgid directory or
 	// the grpid mount option, its directory's group. Every directory
@@ -278,6 +284,13 @@ func newExtractor(dir string, opts ExtractOptions) (*extractor, error) {
 		x.newFiles.ownerKnown, x.newFiles.uid, x.newFiles.gid = true, unix.Geteuid(), egid
 	}
 	return x, nil
+}
+
+// hasDefaultACL reports whether the directory fd carries a default POSIX
+// ACL, or might (the question failed for another reason than its absence).
+func hasDefaultACL(fd int) bool {
+	_, err := unix.Fgetxattr(fd, "system.posix_acl_default", nil)
+	return err == nil || (err != unix.ENODATA && err != unix.EOPNOTSUPP)
 }
 
 // readUmask reads the process's umask from /proc/self/status (Linux 4.7

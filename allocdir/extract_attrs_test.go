@@ -3,6 +3,7 @@ package allocdir_test
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"golang.org/x/sys/unix"
 )
 
 // extractAttrsArchive holds regular files whose modes a umask would
@@ -140,6 +142,60 @@ func TestExtractOwnersUnderSetgidParent(t *testing.T) {
 			if st.Uid != wantUID || st.Gid != wantGID {
 				t.Errorf("Chown=%v: %s: got owner %d:%d, want %d:%d", chown, name, st.Uid, st.Gid, wantUID, wantGID)
 			}
+		}
+	}
+}
+
+// posixACL encodes a POSIX ACL xattr (version 2) of (tag, perm) entries
+// with no qualifier.
+func posixACL(entries ...[2]uint16) []byte {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, uint32(2))
+	for _, e := range entries {
+		binary.Write(&b, binary.LittleEndian, e[0])
+		binary.Write(&b, binary.LittleEndian, e[1])
+		binary.Write(&b, binary.LittleEndian, uint32(0xffffffff))
+	}
+	return b.Bytes()
+}
+
+// TestExtractModesUnderADefaultACL: the destination's parent has a default
+// ACL (u::rwx,g::r-x,o::---), which the staging directory inherits and
+// which, not the umask, trims the mode of a new file: every file must
+// still come out with its header's mode.
+func TestExtractModesUnderADefaultACL(t *testing.T) {
+	t.Parallel()
+	parent := filepath.Join(t.TempDir(), "acl")
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const userObj, groupObj, other = 0x01, 0x04, 0x20
+	if err := unix.Setxattr(parent, "system.posix_acl_default", posixACL([2]uint16{userObj, 7}, [2]uint16{groupObj, 5}, [2]uint16{other, 0}), 0); err != nil {
+		t.Skipf("the filesystem takes no ACLs: %v", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	want := map[string]os.FileMode{"alloc/data/f644": 0o644, "alloc/data/f755": 0o755, "alloc/data/f600": 0o600}
+	for name, mode := range want {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(mode), Size: 1, ModTime: time.Unix(1e9, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte("x"))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(parent, "dest")
+	if _, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{}); err != nil {
+		t.Fatalf("ExtractSnapshot: %v", err)
+	}
+	for name, mode := range want {
+		fi, err := os.Lstat(filepath.Join(dest, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != mode {
+			t.Errorf("%s: got mode %v, want %v", name, fi.Mode(), mode)
 		}
 	}
 }

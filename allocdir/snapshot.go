@@ -167,6 +167,13 @@ func (s *snapshotter) walk(name string, info fs.FileInfo, isRoot bool) error {
 			}
 			return fmt.Errorf("failed to list %q: %w", name, err)
 		}
+		if !isRoot {
+			// The listing of the parent may be older than this one: the
+			// header takes the directory's owner and mode as they are now.
+			if fresh, err := s.fsys.Lstat(name); err == nil && fresh.Mode().IsDir() && sameFile(info, fresh) {
+				info = fresh
+			}
+		}
 		if err := s.writeHeader(name, info, ""); err != nil {
 			return err
 		}
@@ -322,22 +329,29 @@ func (s *snapshotter) writeFile(name string, info fs.FileInfo, isRoot bool) erro
 		}
 		return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
 	}
-	if !sameFile(info, opened) || opened.Size() != info.Size() {
-		// info may come from a listing made a while ago: the file was
-		// replaced or resized since. An lstat now, while the opened
-		// file is held, must name that same file again.
+	if !sameFile(info, opened) {
+		// info may come from a listing made a while ago: another file
+		// may hold the name now, or (where Open follows links) a link to
+		// one. An lstat now, while the opened file is held, must name
+		// the opened file.
 		if info, err = s.fsys.Lstat(name); err != nil {
 			return fmt.Errorf("failed to stat %q: %w", name, err)
 		}
 		if !info.Mode().IsRegular() || !sameFile(info, opened) {
+			if !isRoot {
+				return errChanged
+			}
 			return fmt.Errorf("failed to read %q: replaced while snapshotting", name)
 		}
 	}
-
-	if err := s.writeHeader(name, info, ""); err != nil {
+	// The header describes the file whose bytes follow: the opened one,
+	// as it is now. The listing's view of the name may be older: a new
+	// file that got a deleted one's inode, or a chmod since, would
+	// otherwise go out with another file's owner and mode.
+	if err := s.writeHeader(name, opened, ""); err != nil {
 		return err
 	}
-	size := info.Size()
+	size := opened.Size()
 	s.pending = size
 	n, err := io.CopyBuffer(s.tw, io.LimitReader(f, size), s.buf)
 	s.pending -= n

@@ -578,8 +578,9 @@ func TestSnapshotWriterError(t *testing.T) {
 	}
 }
 
-// snapSizeFS lies about one file: Lstat reports size, and Open yields
-// only body bytes of it, as if the file changed between stat and read.
+// snapSizeFS lies about one file: Lstat, and the Stat of the opened file,
+// report size, and reads yield only body bytes of it, as if the file
+// changed between its stat and its read.
 type snapSizeFS struct {
 	dir  string
 	name string
@@ -622,7 +623,7 @@ func (s snapSizeFS) Open(name string) (fs.File, error) {
 	if err != nil || name != s.name {
 		return f, err
 	}
-	return snapShortFile{f, io.LimitReader(f, s.body)}, nil
+	return snapShortFile{f, io.LimitReader(f, s.body), s.size}, nil
 }
 
 type snapSizedInfo struct {
@@ -634,10 +635,19 @@ func (i snapSizedInfo) Size() int64 { return i.size }
 
 type snapShortFile struct {
 	fs.File
-	r io.Reader
+	r    io.Reader
+	size int64
 }
 
 func (f snapShortFile) Read(p []byte) (int, error) { return f.r.Read(p) }
+
+func (f snapShortFile) Stat() (fs.FileInfo, error) {
+	fi, err := f.File.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return snapSizedInfo{fi, f.size}, nil
+}
 
 // TestSnapshotFileShrank: fewer bytes than stat-ed is an error reported
 // in-band after the short entry was padded out.
@@ -758,6 +768,57 @@ func TestSnapshotFileChangedSinceListing(t *testing.T) {
 				t.Errorf("got content %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestSnapshotHeaderDescribesTheFileRead: after the listing of its
+// directory, a file is removed and a root-only file of the same size takes
+// its name, usually with the same inode number. Its bytes must go out
+// under its own mode and owner, not the listed file's.
+func TestSnapshotHeaderDescribesTheFileRead(t *testing.T) {
+	t.Parallel()
+	dir := snapBuildAlloc(t)
+	p := filepath.Join(dir, "alloc/data/public")
+	if err := os.WriteFile(p, []byte("public"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(p, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	archive, err := snapStaleRun(t, dir, func() {
+		if err := os.Remove(p); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(p, []byte("SECRET"), 0o600); err != nil {
+			t.Error(err)
+		}
+		if err := os.Lchown(p, 0, 0); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatalf("WriteSnapshot: %v", err)
+	}
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			t.Fatal("no entry for alloc/data/public")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name != "alloc/data/public" {
+			continue
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(body) != "SECRET" || h.Mode&0o777 != 0o600 || h.Uid != 0 || h.Gid != 0 {
+			t.Errorf("got %q under mode %o owner %d:%d, want the new file's 0600 0:0", body, h.Mode&0o777, h.Uid, h.Gid)
+		}
+		return
 	}
 }
 
