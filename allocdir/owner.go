@@ -141,10 +141,7 @@ func (b beneathFS) check(op, name string) error {
 
 // Open opens a file for reading; a FIFO does not block the open.
 func (b beneathFS) Open(name string) (fs.File, error) {
-	if err := b.check("open", name); err != nil {
-		return nil, err
-	}
-	fd, err := OpenBeneath(b.fd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := b.openFd(name)
 	if err != nil {
 		return nil, err
 	}
