@@ -19,6 +19,8 @@ package fs
 // goes first.
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -787,29 +789,53 @@ func statAll(dir string) error {
 	return nil
 }
 
-// listEntries reads dir's names with getdents; with lstat it also lstats
-// each entry relative to the directory's fd, as ls -l does.
+// listEntries reads dir's names with getdents into a 32 KiB buffer, the
+// size glibc's readdir uses; with lstat it also lstats each entry,
+// relative to the directory's fd, as soon as its batch is read, which is
+// what ls -l does (readdir, then lstat of that entry, then the next
+// readdir). The interleaving matters on FUSE: the kernel asks for
+// attributes with the next batch only once a lookup of an entry shows the
+// lister wants them (READDIRPLUS_AUTO).
 func listEntries(dir string, lstat bool) error {
-	f, err := os.Open(dir)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return err
-	}
-	if len(names) != benchFiles {
-		return fmt.Errorf("%q has %d entries, want %d", dir, len(names), benchFiles)
-	}
-	if !lstat {
-		return nil
-	}
+	defer unix.Close(fd)
+	buf := make([]byte, 32<<10)
 	var st unix.Stat_t
-	for _, name := range names {
-		if err := unix.Fstatat(int(f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return &os.PathError{Op: "fstatat", Path: filepath.Join(dir, name), Err: err}
+	count := 0
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return &os.PathError{Op: "getdents", Path: dir, Err: err}
 		}
+		if n == 0 {
+			break
+		}
+		for off := 0; off < n; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16,
+			// type u8, then the NUL-terminated name.
+			reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+			name := buf[off+19 : off+reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			off += reclen
+			if string(name) == "." || string(name) == ".." {
+				continue
+			}
+			count++
+			if !lstat {
+				continue
+			}
+			if err := unix.Fstatat(fd, string(name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return &os.PathError{Op: "fstatat", Path: filepath.Join(dir, string(name)), Err: err}
+			}
+		}
+	}
+	if count != benchFiles {
+		return fmt.Errorf("%q has %d entries, want %d", dir, count, benchFiles)
 	}
 	return nil
 }

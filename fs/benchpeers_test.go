@@ -193,7 +193,7 @@ func (p *benchPeers) mountFloor(b *testing.B, base string) benchSideSpec {
 // options of the allocfs mount (NewMount), so that the kernel sends the
 // floor the requests it sends the mount: default_permissions (which makes
 // every create ask for the parent's attributes), the same entry, attribute
-// and negative timeouts, 1 MiB writes, READDIRPLUS always (not _AUTO). It
+// and negative timeouts, 1 MiB writes, READDIRPLUS_AUTO. It
 // differs where allocfs has work the floor does not: no passthrough (the
 // floor has no backing files, so 4 KiB writes are WRITE requests) and no
 // HANDLE_KILLPRIV_V2 (the floor has no privileges to drop).
@@ -213,6 +213,7 @@ func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*fuse.Serv
 			Options:           []string{"default_permissions"},
 			DirectMountStrict: os.Geteuid() == 0,
 			MaxWrite:          1 << 20,
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
 			Logger:            fuseLog,
 		},
 	}

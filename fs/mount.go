@@ -140,7 +140,14 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			// files is on this node and goes through this mount, so
 			// local locks are all the locking there is to do; go-fuse's
 			// loopback would map them onto open-file locks instead.
-			ExtraCapabilities: capHandleKillprivV2,
+			// READDIRPLUS_AUTO lets the kernel ask for attributes only
+			// when the lister uses them: the first batch of a listing
+			// comes with attributes, later ones only after a lookup or
+			// getattr of an entry. A names-only listing (ls, readdir in
+			// a shell glob) then costs a plain READDIR per 4 KiB batch
+			// and no node per entry; ls -l and find -type still get
+			// READDIRPLUS.
+			ExtraCapabilities: capHandleKillprivV2 | fuse.CAP_READDIRPLUS_AUTO,
 			Debug:             opts.Debug,
 		},
 	}
