@@ -159,6 +159,7 @@ func runTool(b *testing.B, dir, stdin, name string, args ...string) string {
 	return out.String()
 }
 
+// gitTool runs git with gitArgs in dir, as runTool does.
 func gitTool(b *testing.B, dir string, args ...string) string {
 	b.Helper()
 	return runTool(b, dir, "", "git", gitArgs(args...)...)
