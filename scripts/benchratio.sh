@@ -1,14 +1,15 @@
 #!/bin/sh
 # benchratio.sh FILE... reads `go test -bench` output of the mount-versus-
 # native benchmarks and their peers (fs/bench_test.go,
-# fs/benchpeers_test.go), one or more rounds, and prints a markdown table:
+# fs/benchpeers_test.go) and of the real-workload benchmarks
+# (fs/benchwork_test.go), one or more rounds, and prints a markdown table:
 # per benchmark and metric, the median [min-max] of each side (native,
 # mount, loopback, overlay, floor) and the ratio of each side's median to
 # native's. Ratios are oriented so that higher means the side does better:
 # side/native for rates (units ending in /s), native/side for everything
-# else (times, counts). A side a benchmark does not have, or that was
-# skipped, shows "–". ns/op is left out: every benchmark reports a rate
-# that says the same.
+# else (times such as s/op, counts). A side a benchmark does not have, or
+# that was skipped, shows "–". ns/op is left out: every benchmark reports
+# a rate that says the same.
 set -eu
 awk '
 BEGIN { ns = split("native mount loopback overlay floor", sides, " ") }
