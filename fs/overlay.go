@@ -212,7 +212,7 @@ func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	for i, e := range entries {
 		list[i] = fuse.DirEntry{Name: e.Name, Mode: e.Mode}
 	}
-	return &listDir{entries: withDots(n.EmbeddedInode(), list)}, 0, 0
+	return &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), list)}, 0, 0
 }
 
 // copyUp makes the node's entry exist in the upper layer, copying it

@@ -184,11 +184,12 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 			entries = append(entries, e)
 		}
 	}
-	return &listDir{entries: entries}, 0, 0
+	return &listDir{plusBatch: plusBatch{node: n}, entries: entries}, 0, 0
 }
 
 // listDir is a directory handle over a fixed list of entries.
 type listDir struct {
+	plusBatch
 	entries []fuse.DirEntry
 	pos     int
 }
@@ -196,6 +197,7 @@ type listDir struct {
 var _ = (gofs.FileReaddirenter)((*listDir)(nil))
 
 func (l *listDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	l.started(ctx, len(l.entries) > plusAttrsMax)
 	if l.pos >= len(l.entries) {
 		return nil, 0
 	}
@@ -428,19 +430,67 @@ type dirStream interface {
 // plus the fd kept for attributes once the path no longer leads to it.
 type volDir struct {
 	dirStream
+	plusBatch
 	fd   int
 	node *volNode
+	// ahead holds the entries read from the stream before the kernel
+	// asked for them, to learn whether the listing is large (plusBatch);
+	// aheadErr is the error that ended that read, returned after them.
+	ahead    []fuse.DirEntry
+	aheadErr syscall.Errno
 }
 
 var _ = (gofs.FileReaddirenter)((*volDir)(nil))
 
 // Readdirent gives each entry the inode number stat gives it.
 func (d *volDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if d.first == nil {
+		d.started(ctx, d.readAhead(ctx))
+	}
+	if len(d.ahead) > 0 {
+		e := d.ahead[0]
+		d.ahead = d.ahead[1:]
+		return &e, 0
+	}
+	if errno := d.aheadErr; errno != 0 {
+		d.aheadErr = 0
+		return nil, errno
+	}
+	return d.next(ctx)
+}
+
+// readAhead reads up to plusAttrsMax+1 entries into ahead and reports
+// whether there were that many.
+func (d *volDir) readAhead(ctx context.Context) bool {
+	for len(d.ahead) <= plusAttrsMax {
+		e, errno := d.next(ctx)
+		if errno != 0 {
+			d.aheadErr = errno
+			return false
+		}
+		if e == nil {
+			return false
+		}
+		d.ahead = append(d.ahead, *e)
+	}
+	return true
+}
+
+// next is the stream's next entry, with its inode number mapped.
+func (d *volDir) next(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	e, errno := d.dirStream.Readdirent(ctx)
 	if e != nil {
 		d.node.mapDirent(e)
 	}
 	return e, errno
+}
+
+var _ = (gofs.FileSeekdirer)((*volDir)(nil))
+
+// Seekdir drops what was read ahead: the stream moves to off.
+func (d *volDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.ahead, d.aheadErr = nil, 0
+	return d.dirStream.Seekdir(ctx, off)
 }
 
 // mapDirent gives a directory entry of the backing layer the inode number
@@ -476,7 +526,7 @@ func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 		syscall.Close(fd)
 		return nil, 0, errno
 	}
-	d := &volDir{dirStream: ds.(dirStream), fd: fd, node: n}
+	d := &volDir{dirStream: ds.(dirStream), plusBatch: plusBatch{node: n}, fd: fd, node: n}
 	n.mu.Lock()
 	if n.openDirs == nil {
 		n.openDirs = make(map[*volDir]struct{})

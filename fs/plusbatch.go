@@ -1,0 +1,58 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// With READDIRPLUS_AUTO (mount.go) the kernel asks for attributes with
+// the first batch of every listing, and with a later batch only once an
+// entry was looked up in between. For a large directory that first batch
+// is the whole cost of a names-only listing: ~200 entries, each a cold
+// stat of the backing file and a node the daemon keeps until the kernel
+// forgets it (find over 1,000 directories of 1,000 files made 200,000
+// nodes). So the first batch of a listing of more than plusAttrsMax
+// entries goes without attributes: an entry whose EntryOut has node ID 0
+// is, to the kernel, a name the server chose not to describe
+// (fuse_direntplus_link), and a later stat of it is an ordinary LOOKUP.
+// A lister that stats as it reads (ls -l) pays those lookups for the
+// first batch, which also tell the kernel to ask for attributes with
+// every batch after it; one that reads the whole directory before it
+// stats (du, cp -a) looks up every entry beyond the first batch either
+// way. Directories up to plusAttrsMax entries, most of any source tree,
+// keep their attributes in the batch.
+const plusAttrsMax = 256
+
+// plusBatch decides, for one open directory, which READDIRPLUS entries
+// come with attributes. go-fuse's bridge serves a READDIRPLUS request by
+// calling Readdirent and then Lookup for each entry with one request
+// context, so the context of the listing's first Readdirent names its
+// first batch.
+type plusBatch struct {
+	node  *volNode
+	large bool
+	first context.Context
+}
+
+// started records the request that reads the first entry of the listing;
+// large says whether the listing has more than plusAttrsMax entries.
+func (p *plusBatch) started(ctx context.Context, large bool) {
+	if p.first == nil {
+		p.first, p.large = ctx, large
+	}
+}
+
+var _ = (gofs.FileLookuper)((*plusBatch)(nil))
+
+// Lookup describes an entry of a READDIRPLUS batch: as a LOOKUP would,
+// except in the first batch of a large listing, where it leaves the
+// entry undescribed.
+func (p *plusBatch) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if p.large && ctx == p.first {
+		return nil, syscall.ENOENT
+	}
+	return p.node.Lookup(ctx, name, out)
+}
