@@ -26,12 +26,14 @@ lint: tools
 
 # bench compares the mount and its peers (go-fuse's loopback, kernel
 # overlayfs and, for metadata, a no-op FUSE server) with their native
-# backing filesystem (fs/bench_test.go, fs/benchpeers_test.go,
+# backing filesystem (fs/bench_test.go, fs/benchpeers_test.go, and the
+# real workloads on Go's source tree of fs/benchwork_test.go;
 # docs/benchmarks.md): BENCH_ROUNDS rounds of every workload, one whole
 # workload per op, round i running the sides rotated by i-1 places so that
 # each takes its turn first, then the ratios against native
 # (scripts/benchratio.sh). Needs root and /dev/fuse; cold runs drop the
-# page cache.
+# page cache; the workload rows need tar, git and sqlite3 (skipped
+# without them).
 BENCH        ?= .
 BENCH_ROUNDS ?= 3
 BENCH_OUT    ?= bin/bench.txt
@@ -57,6 +59,17 @@ COPYUP_OUT    ?= bin/copyup.txt
 bench-copyup:
 	$(GO) build -o bin/allocfs ./cmd/allocfs
 	COPYUP_ROUNDS=$(COPYUP_ROUNDS) COPYUP_OUT=$(COPYUP_OUT) ALLOCFS_BIN=$(CURDIR)/bin/allocfs sh scripts/bench-copyup.sh
+
+# scale mounts a separate `allocfs serve`, creates SCALE_ALLOCS allocations
+# of 3 tasks, then lists SCALE_DIRS x SCALE_FILES empty files with a cold
+# and a warm find beside the same find on the backing directory, and
+# prints the daemon's VmRSS and VmHWM after each step
+# (scripts/scale.sh, docs/benchmarks.md "Scale"). Needs root, /dev/fuse and
+# python3; drops the page cache.
+.PHONY: scale
+scale:
+	$(GO) build -o bin/allocfs ./cmd/allocfs
+	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/scale.sh
 
 tools:
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
