@@ -142,11 +142,12 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			// loopback would map them onto open-file locks instead.
 			// READDIRPLUS_AUTO lets the kernel ask for attributes only
 			// when the lister uses them: the first batch of a listing
-			// comes with attributes, later ones only after a lookup or
-			// getattr of an entry. A names-only listing (ls, readdir in
-			// a shell glob) then costs a plain READDIR per 4 KiB batch
-			// and no node per entry; ls -l and find -type still get
-			// READDIRPLUS.
+			// may come with attributes (plusbatch.go), later ones only
+			// after the lister looked an entry up. A names-only listing
+			// (ls, a shell glob, find -name) then costs a plain READDIR
+			// per batch (the size of the lister's getdents buffer on
+			// this kernel) and no node per entry; ls -l, which stats as
+			// it reads, still gets READDIRPLUS.
 			ExtraCapabilities: capHandleKillprivV2 | fuse.CAP_READDIRPLUS_AUTO,
 			Debug:             opts.Debug,
 		},

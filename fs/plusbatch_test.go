@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"testing"
 
@@ -12,14 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestListingFirstBatchAttributes checks what a listing costs and shows,
-// on a plain volume and on an overlay: a names-only listing of a
-// directory larger than plusAttrsMax leaves its entries undescribed, so
-// that stat-ing one afterwards is a LOOKUP, while a small directory's
-// listing describes every entry and a stat after it sends nothing. Either
-// way every name is listed once (on a plain volume with the d_ino that
-// lstat gives it), and a listing restarted with a seek to its start lists
-// the same names.
+// TestListingFirstBatchAttributes checks what a names-only listing leaves
+// the kernel knowing, on a plain volume and on an overlay: every entry of
+// a directory of more than plusAttrsMax names is undescribed (a stat of
+// each afterwards is a LOOKUP); the entries of the first batch of a
+// smaller one are described (no LOOKUP), all of them when the directory
+// fits one batch, the first batch's only at plusAttrsMax names (the kernel
+// asks for the rest with plain READDIR). Every name is listed once, on a
+// plain volume with the d_ino that lstat gives it.
 func TestListingFirstBatchAttributes(t *testing.T) {
 	tm := newTestMount(t)
 	for _, id := range []string{"plain", "stacked"} {
@@ -27,8 +28,10 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	plain := filepath.Join(tm.dir, "plain", "alloc", "data")
-	stacked := filepath.Join(tm.dir, "stacked", "alloc", "data")
+	backing := func(id string) string {
+		return tm.store.LayerPath(mustState(t, tm.store, id).Volumes["alloc/data"].Upper)
+	}
+	// Made on the backing layer, so that the kernel has never seen them.
 	fill := func(dir string, n int) {
 		t.Helper()
 		must(t, os.Mkdir(dir, 0o755))
@@ -36,46 +39,48 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 			must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%04d", i)), nil, 0o644))
 		}
 	}
-	large := plusAttrsMax + 100
-	fill(filepath.Join(plain, "small"), 20)
-	fill(filepath.Join(plain, "large"), large)
-	fill(filepath.Join(stacked, "lowersmall"), 20)
-	fill(filepath.Join(stacked, "lowerlarge"), large)
+	fill(filepath.Join(backing("plain"), "small"), 100)
+	fill(filepath.Join(backing("plain"), "boundary"), plusAttrsMax)
+	fill(filepath.Join(backing("plain"), "large"), plusAttrsMax+1)
+	fill(filepath.Join(backing("stacked"), "lowersmall"), 20)
+	fill(filepath.Join(backing("stacked"), "lowerlarge"), plusAttrsMax)
 	stackLayer(t, tm.store, "stacked", "alloc/data")
-	fill(filepath.Join(stacked, "lowerlarge", "upper"), 0)
+	plain := filepath.Join(tm.dir, "plain", "alloc", "data")
+	stacked := filepath.Join(tm.dir, "stacked", "alloc", "data")
+	// One name in the upper layer, merged with the lower ones.
+	must(t, os.Mkdir(filepath.Join(stacked, "lowerlarge", "upper"), 0o755))
 
+	// How many of a listing's entries a stat afterwards must look up.
+	const (
+		none = iota // the listing fits one batch and described them all
+		some        // the first batch described, the rest not
+		all         // a large listing: none described
+	)
 	for _, c := range []struct {
-		dir      string
-		entries  int
-		describe bool
+		dir     string
+		entries int
+		lookups int
 	}{
-		{filepath.Join(plain, "small"), 20, true},
-		{filepath.Join(plain, "large"), large, false},
-		{filepath.Join(stacked, "lowersmall"), 20, true},
-		{filepath.Join(stacked, "lowerlarge"), large + 1, false},
+		{filepath.Join(plain, "small"), 100, none},
+		{filepath.Join(plain, "boundary"), plusAttrsMax, some},
+		{filepath.Join(plain, "large"), plusAttrsMax + 1, all},
+		{filepath.Join(stacked, "lowersmall"), 20, none},
+		{filepath.Join(stacked, "lowerlarge"), plusAttrsMax + 1, all},
 	} {
 		t.Run(filepath.Base(c.dir), func(t *testing.T) {
 			dir := c.dir
-			// The kernel forgets every entry it may have cached.
-			must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0))
-			names, inos := listRaw(t, dir, false)
+			dropCachesForTest(t)
+			names, inos := listRaw(t, dir)
 			if len(names) != c.entries {
 				t.Fatalf("listed %d names, want %d", len(names), c.entries)
 			}
+			sorted := slices.Clone(names)
+			sort.Strings(sorted)
+			if n := len(slices.Compact(sorted)); n != len(names) {
+				t.Errorf("listed %d names, %d of them distinct", len(names), n)
+			}
 			before := tm.mount.RequestCounts()["LOOKUP"]
 			var st unix.Stat_t
-			must(t, unix.Lstat(filepath.Join(dir, names[0]), &st))
-			lookups := tm.mount.RequestCounts()["LOOKUP"] - before
-			if c.describe && lookups != 0 {
-				t.Errorf("lstat of %s after the listing sent %d LOOKUPs, want 0 (the listing described it)", names[0], lookups)
-			}
-			if !c.describe && lookups != 1 {
-				t.Errorf("lstat of %s after the listing sent %d LOOKUPs, want 1 (the listing left it undescribed)", names[0], lookups)
-			}
-			again, _ := listRaw(t, dir, true)
-			if fmt.Sprint(again) != fmt.Sprint(names) {
-				t.Errorf("a listing restarted at its start lists %d names, the first listed %d", len(again), len(names))
-			}
 			for i, name := range names {
 				must(t, unix.Lstat(filepath.Join(dir, name), &st))
 				// An overlay's merged listing has no inode numbers yet
@@ -84,34 +89,65 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 					t.Errorf("%s: d_ino %d, st_ino %d", name, inos[i], st.Ino)
 				}
 			}
+			lookups := int(tm.mount.RequestCounts()["LOOKUP"] - before)
+			switch {
+			case c.lookups == none && lookups != 0:
+				t.Errorf("lstat of the %d entries after the listing sent %d LOOKUPs, want 0 (the listing described them)", len(names), lookups)
+			case c.lookups == some && (lookups == 0 || lookups >= len(names)):
+				t.Errorf("lstat of the %d entries after the listing sent %d LOOKUPs, want some but not all (the first batch described its entries)", len(names), lookups)
+			case c.lookups == all && lookups != len(names):
+				t.Errorf("lstat of the %d entries after the listing sent %d LOOKUPs, want one each (the listing left them undescribed)", len(names), lookups)
+			}
 		})
 	}
 }
 
-// listRaw lists dir with getdents in one 32 KiB buffer at a time and
-// returns the names but "." and "..", sorted, with their d_ino. With
-// rewind it reads one batch, seeks back to the start and lists from there.
-func listRaw(t *testing.T, dir string, rewind bool) ([]string, []uint64) {
-	t.Helper()
+// TestListingSeekIntoReadAhead checks that a listing of a large directory
+// resumed at an offset the daemon had already read past (its read-ahead,
+// volDir) goes on from there: the kernel's cached copy of the listing is
+// dropped in between, so the daemon must seek.
+func TestListingSeekIntoReadAhead(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	layer := tm.store.LayerPath(mustState(t, tm.store, "a").Volumes["alloc/data"].Upper)
+	must(t, os.Mkdir(filepath.Join(layer, "d"), 0o755))
+	for i := 0; i < 3*plusAttrsMax; i++ {
+		must(t, os.WriteFile(filepath.Join(layer, "d", fmt.Sprintf("f%04d", i)), nil, 0o644))
+	}
+	dir := filepath.Join(tm.dir, "a", "alloc", "data", "d")
+	whole, _ := listRaw(t, dir)
+
+	dropCachesForTest(t)
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	buf := make([]byte, 32<<10)
-	if rewind {
-		if _, err := unix.Getdents(fd, buf); err != nil {
+	// Two page-sized reads: the kernel asks for a page of entries at a
+	// time, fewer than the daemon read ahead. The seek goes back into the
+	// first: go-fuse's bridge answers a seek into the last reply itself,
+	// one further back reaches the directory handle.
+	buf := make([]byte, 4096)
+	var pages [][]dirent
+	for range 2 {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := unix.Seek(fd, 0, 0); err != nil {
-			t.Fatal(err)
-		}
+		pages = append(pages, parseDirents(buf[:n]))
 	}
-	type entry struct {
-		name string
-		ino  uint64
+	if len(pages[0]) < 4 || len(pages[1]) == 0 {
+		t.Fatalf("two pages of entries held %d and %d", len(pages[0]), len(pages[1]))
 	}
-	var all []entry
+	mid := pages[0][len(pages[0])/2]
+	dropCachesForTest(t)
+	before := tm.mount.RequestCounts()
+	if _, err := unix.Seek(fd, int64(mid.off), 0); err != nil {
+		t.Fatal(err)
+	}
+	var rest []string
 	for {
 		n, err := unix.Getdents(fd, buf)
 		if err != nil {
@@ -120,23 +156,91 @@ func listRaw(t *testing.T, dir string, rewind bool) ([]string, []uint64) {
 		if n == 0 {
 			break
 		}
-		// struct linux_dirent64: ino u64, off s64, reclen u16, type u8,
-		// then the NUL-terminated name.
-		for off := 0; off < n; {
-			ino := binary.NativeEndian.Uint64(buf[off:])
-			reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
-			name := unix.ByteSliceToString(buf[off+19 : off+reclen])
-			if name != "." && name != ".." {
-				all = append(all, entry{name, ino})
-			}
-			off += reclen
+		for _, e := range parseDirents(buf[:n]) {
+			rest = append(rest, e.name)
 		}
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].name < all[j].name })
-	names := make([]string, len(all))
-	inos := make([]uint64, len(all))
-	for i, e := range all {
-		names[i], inos[i] = e.name, e.ino
+	after := tm.mount.RequestCounts()
+	if after["READDIR"]+after["READDIRPLUS"] == before["READDIR"]+before["READDIRPLUS"] {
+		t.Fatal("the resumed listing sent no READDIR: the kernel answered from its cache, so the daemon's seek went untested")
 	}
-	return names, inos
+	// whole lists the names in the same order, without "." and "..".
+	i := slices.Index(whole, mid.name)
+	if i < 0 {
+		t.Fatalf("%s is not in the whole listing", mid.name)
+	}
+	want := whole[i+1:]
+	var got []string
+	for _, name := range rest {
+		if name != "." && name != ".." {
+			got = append(got, name)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("after a seek past %s the listing went on with %d names, want the %d that follow it (first %v, want %v)",
+			mid.name, len(got), len(want), head(got), head(want))
+	}
+}
+
+func head(s []string) []string { return s[:min(3, len(s))] }
+
+// dirent is one record of getdents64.
+type dirent struct {
+	name string
+	ino  uint64
+	off  uint64
+}
+
+// parseDirents reads struct linux_dirent64 records: ino u64, off s64,
+// reclen u16, type u8, then the NUL-terminated name.
+func parseDirents(buf []byte) []dirent {
+	var out []dirent
+	for off := 0; off < len(buf); {
+		reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+		out = append(out, dirent{
+			name: unix.ByteSliceToString(buf[off+19 : off+reclen]),
+			ino:  binary.NativeEndian.Uint64(buf[off:]),
+			off:  binary.NativeEndian.Uint64(buf[off+8:]),
+		})
+		off += reclen
+	}
+	return out
+}
+
+// listRaw lists dir with getdents into a 32 KiB buffer, glibc's size,
+// and returns the names but "." and ".." in the order listed, with their
+// d_ino.
+func listRaw(t *testing.T, dir string) ([]string, []uint64) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 32<<10)
+	var names []string
+	var inos []uint64
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return names, inos
+		}
+		for _, e := range parseDirents(buf[:n]) {
+			if e.name != "." && e.name != ".." {
+				names = append(names, e.name)
+				inos = append(inos, e.ino)
+			}
+		}
+	}
+}
+
+// dropCachesForTest makes the kernel forget the dentries, inodes and
+// pages it holds, the mount's cached listings among them.
+func dropCachesForTest(t *testing.T) {
+	t.Helper()
+	unix.Sync()
+	must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0))
 }

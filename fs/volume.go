@@ -181,6 +181,9 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 		}
 		if !n.reserved(e.Name) {
 			n.mapDirent(&e)
+			// The offset of an entry of this list is its position
+			// (listDir.Seekdir), not the backing directory's cookie.
+			e.Off = 0
 			entries = append(entries, e)
 		}
 	}
@@ -197,7 +200,15 @@ type listDir struct {
 var _ = (gofs.FileReaddirenter)((*listDir)(nil))
 
 func (l *listDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	l.started(ctx, len(l.entries) > plusAttrsMax)
+	if l.first == nil {
+		names := 0
+		for _, e := range l.entries {
+			if !isDots(e.Name) {
+				names++
+			}
+		}
+		l.started(ctx, names > plusAttrsMax)
+	}
 	if l.pos >= len(l.entries) {
 		return nil, 0
 	}
@@ -213,6 +224,9 @@ func (l *listDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 		return syscall.EINVAL
 	}
 	l.pos = int(off)
+	if off == 0 {
+		l.restart()
+	}
 	return 0
 }
 
@@ -459,10 +473,10 @@ func (d *volDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno)
 	return d.next(ctx)
 }
 
-// readAhead reads up to plusAttrsMax+1 entries into ahead and reports
-// whether there were that many.
+// readAhead reads entries into ahead until it has seen plusAttrsMax+1
+// names besides "." and "..", and reports whether there were that many.
 func (d *volDir) readAhead(ctx context.Context) bool {
-	for len(d.ahead) <= plusAttrsMax {
+	for names := 0; names <= plusAttrsMax; {
 		e, errno := d.next(ctx)
 		if errno != 0 {
 			d.aheadErr = errno
@@ -472,6 +486,9 @@ func (d *volDir) readAhead(ctx context.Context) bool {
 			return false
 		}
 		d.ahead = append(d.ahead, *e)
+		if !isDots(e.Name) {
+			names++
+		}
 	}
 	return true
 }
@@ -490,6 +507,9 @@ var _ = (gofs.FileSeekdirer)((*volDir)(nil))
 // Seekdir drops what was read ahead: the stream moves to off.
 func (d *volDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.ahead, d.aheadErr = nil, 0
+	if off == 0 {
+		d.restart()
+	}
 	return d.dirStream.Seekdir(ctx, off)
 }
 
