@@ -102,33 +102,45 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 	}
 }
 
-// TestListingSeekIntoReadAhead checks that a listing of a large directory
-// resumed at an offset the daemon had already read past (its read-ahead,
-// volDir) goes on from there: the kernel's cached copy of the listing is
-// dropped in between, so the daemon must seek.
-func TestListingSeekIntoReadAhead(t *testing.T) {
+// TestListingSeek checks that a listing resumed at an offset the daemon
+// has already served goes on from there, with the kernel's cached copy of
+// the listing dropped in between so that the daemon must seek: in a
+// large directory of a volume, back into what the handle read ahead
+// (volDir), and in a task directory, whose listing the daemon builds from
+// the layout's children and the layer's entries (listDir).
+func TestListingSeek(t *testing.T) {
 	tm := newTestMount(t)
 	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}
+	volume := filepath.Join(tm.dir, "a", "alloc", "data", "d")
 	layer := tm.store.LayerPath(mustState(t, tm.store, "a").Volumes["alloc/data"].Upper)
 	must(t, os.Mkdir(filepath.Join(layer, "d"), 0o755))
+	task := filepath.Join(tm.dir, "a", "web")
 	for i := 0; i < 3*plusAttrsMax; i++ {
 		must(t, os.WriteFile(filepath.Join(layer, "d", fmt.Sprintf("f%04d", i)), nil, 0o644))
+		must(t, os.WriteFile(filepath.Join(task, fmt.Sprintf("t%04d", i)), nil, 0o644))
 	}
-	dir := filepath.Join(tm.dir, "a", "alloc", "data", "d")
-	whole, _ := listRaw(t, dir)
+	for name, dir := range map[string]string{"volume": volume, "task directory": task} {
+		t.Run(name, func(t *testing.T) { checkListingSeek(t, tm, dir) })
+	}
+}
 
+// checkListingSeek reads two pages of dir's listing, drops the kernel's
+// caches, seeks back into the first page and checks that the rest of the
+// listing is what a whole listing has after that entry.
+func checkListingSeek(t *testing.T, tm *testMount, dir string) {
+	whole, _ := listRaw(t, dir)
 	dropCachesForTest(t)
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	// Two page-sized reads: the kernel asks for a page of entries at a
-	// time, fewer than the daemon read ahead. The seek goes back into the
-	// first: go-fuse's bridge answers a seek into the last reply itself,
-	// one further back reaches the directory handle.
+	// Page-sized reads: the kernel asks for a page of entries at a time,
+	// fewer than a volume's handle reads ahead. The seek goes back into
+	// the first page: go-fuse's bridge answers a seek into its last reply
+	// itself, one further back reaches the directory handle.
 	buf := make([]byte, 4096)
 	var pages [][]dirent
 	for range 2 {
@@ -147,17 +159,19 @@ func TestListingSeekIntoReadAhead(t *testing.T) {
 	if _, err := unix.Seek(fd, int64(mid.off), 0); err != nil {
 		t.Fatal(err)
 	}
-	var rest []string
+	var got []string
 	for {
 		n, err := unix.Getdents(fd, buf)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("getdents after a seek to %d: %v", mid.off, err)
 		}
 		if n == 0 {
 			break
 		}
 		for _, e := range parseDirents(buf[:n]) {
-			rest = append(rest, e.name)
+			if e.name != "." && e.name != ".." {
+				got = append(got, e.name)
+			}
 		}
 	}
 	after := tm.mount.RequestCounts()
@@ -169,14 +183,7 @@ func TestListingSeekIntoReadAhead(t *testing.T) {
 	if i < 0 {
 		t.Fatalf("%s is not in the whole listing", mid.name)
 	}
-	want := whole[i+1:]
-	var got []string
-	for _, name := range rest {
-		if name != "." && name != ".." {
-			got = append(got, name)
-		}
-	}
-	if !slices.Equal(got, want) {
+	if want := whole[i+1:]; !slices.Equal(got, want) {
 		t.Errorf("after a seek past %s the listing went on with %d names, want the %d that follow it (first %v, want %v)",
 			mid.name, len(got), len(want), head(got), head(want))
 	}
