@@ -4,16 +4,16 @@
 // and writes the reply. It replaces go-fuse's fuse.Server, and speaks
 // the same protocol through go-fuse's wire types.
 //
-// Why our own loop. On the 2-vCPU VMs allocfs runs on, a request costs
-// the daemon more in scheduling than in work: go-fuse's server starts a
-// new reader goroutine for almost every request it takes (so that a slow
-// handler never stalls the connection), and each start wakes another OS
-// thread on the other vCPU. A no-op server measured 2–3× the cold
-// lookups per second with a loop that keeps a pool of readers blocked in
-// read(2) and handles each request on the thread that read it
-// (docs/benchmarks.md, "The transport's floor"). The live-restart issue
-// needs the loop too: a new daemon must serve a /dev/fuse descriptor it
-// was handed, which go-fuse's server cannot adopt.
+// Why our own loop. go-fuse's server starts a new reader goroutine for
+// almost every request it takes (so that a slow handler never stalls the
+// connection), and each start can wake another OS thread. A loop that
+// keeps a pool of readers blocked in read(2) and handles each request on
+// the goroutine that read it wakes none: on a loaded 2-vCPU VM a no-op
+// server answered twice the cold lookups this way, on an idle one about
+// 1.2× (docs/benchmarks.md, "The transport's floor"). The live-restart
+// issue needs the loop too: a new daemon must serve a /dev/fuse descriptor
+// it was handed, which go-fuse's server cannot adopt, and FUSE over
+// io_uring would be a second way for this loop to read requests.
 //
 // The shape of a connection:
 //
