@@ -70,6 +70,11 @@ type Conn struct {
 	idle, running atomic.Int32
 	closed        atomic.Bool
 	bufs          sync.Pool
+	// probing is set while Serve runs the poll probe (pollprobe.go);
+	// polls counts the POLL requests, firstPoll names the first one's node.
+	probing   atomic.Bool
+	polls     atomic.Int32
+	firstPoll atomic.Uint64
 
 	unmountOnce sync.Once
 	closeOnce   sync.Once
@@ -192,13 +197,20 @@ func (c *Conn) Flags() uint64 { return c.flags }
 // KernelMinor returns the kernel's protocol minor version.
 func (c *Conn) KernelMinor() uint32 { return c.kernel.Minor }
 
-// Serve starts serving requests with fs, and returns at once. The
+// Serve starts serving requests with fs, and returns once the kernel has
+// been told that this connection does not poll (pollprobe.go). The
 // filesystem's notifications and backing files go through c (it
 // implements go-fuse's fs.ServerCallbacks).
 func (c *Conn) Serve(fs fuse.RawFileSystem) {
 	c.fs = fs
 	c.spawn()
 	c.spawn()
+	c.probing.Store(true)
+	err := probePoll(c.dir)
+	c.probing.Store(false)
+	if err != nil {
+		c.log.Error(errProbe.Error(), "error", err)
+	}
 }
 
 func (c *Conn) spawn() {

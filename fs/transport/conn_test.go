@@ -269,3 +269,33 @@ func TestMountRefusesBadOptions(t *testing.T) {
 		t.Errorf("a refused mount left %s mounted", mnt)
 	}
 }
+
+// TestServeTellsTheKernelNotToPoll: by the time Serve returns, the kernel
+// has had its one POLL answered ENOSYS, on the probe, so opening a file of
+// the mount in this process (Go's runtime hands it to epoll) sends none:
+// a POLL waiting for a reply while a garbage collection stops the world
+// deadlocks a process that serves the mount it uses. The probe's name is
+// gone afterwards.
+func TestServeTellsTheKernelNotToPoll(t *testing.T) {
+	root := &memDir{}
+	mnt, conn := serve(t, root)
+	if n, node := transport.Polls(conn); n != 1 || node != transport.ProbeNode {
+		t.Fatalf("after Serve: %d POLL requests, the first on node %d; want 1, on the probe (%d)", n, node, transport.ProbeNode)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		f, err := os.Open(filepath.Join(mnt, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if n, _ := transport.Polls(conn); n != 1 {
+		t.Errorf("opening a file of the mount sent %d more POLL requests, want none", n-1)
+	}
+	if _, err := os.Lstat(filepath.Join(mnt, transport.ProbeName)); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("lstat of the probe after Serve: %v, want ENOENT", err)
+	}
+}

@@ -169,6 +169,9 @@ func done[Out any](c *Conn, b *buffers, r request, st fuse.Status) {
 }
 
 func (c *Conn) dispatch(b *buffers, r request) {
+	if c.probeRequest(b, r) {
+		return
+	}
 	fs := c.fs
 	var cancel <-chan struct{}
 	u := r.hdr.Unique
@@ -401,7 +404,9 @@ func (c *Conn) batchForget(r request) {
 	}
 	for i := range count {
 		f := (*forgetOne)(unsafe.Pointer(&rest[i*size]))
-		c.fs.Forget(f.NodeID, f.Nlookup)
+		if f.NodeID != probeNode {
+			c.fs.Forget(f.NodeID, f.Nlookup)
+		}
 	}
 }
 
