@@ -16,6 +16,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/transport"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -33,7 +34,10 @@ const capHandleKillprivV2 = 1 << 28
 
 // MountOptions tune a mount.
 type MountOptions struct {
-	// Debug turns on go-fuse's request trace.
+	// GoFuseServer serves requests with go-fuse's fuse.Server instead of
+	// allocfs's own loop (fs/transport), to compare the two.
+	GoFuseServer bool
+	// Debug turns on go-fuse's request trace; it needs GoFuseServer.
 	Debug bool
 	// StableTimeout is how long the kernel may cache entries and
 	// attributes; allocfs invalidates what it changes itself.
@@ -53,7 +57,7 @@ type Mount struct {
 	store   *store.Store
 	dir     string
 	opts    MountOptions
-	server  *fuse.Server
+	server  fuseServer
 	root    *rootNode
 	started time.Time
 	// agent owns allocation roots; shared owns alloc/ and task dirs
@@ -161,18 +165,29 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
-	m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
-	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
-	if err != nil {
-		return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
+	if opts.GoFuseServer {
+		if err := m.serveGoFuse(dir, fopts); err != nil {
+			return nil, err
+		}
+	} else {
+		conn, err := transport.Mount(dir, transport.Options{
+			FsName:             fopts.MountOptions.FsName,
+			Subtype:            fopts.MountOptions.Name,
+			AllowOther:         fopts.MountOptions.AllowOther,
+			DefaultPermissions: true,
+			MaxWrite:           fopts.MountOptions.MaxWrite,
+			Capabilities:       mountCapabilities,
+			Logger:             m.logger.Named("fuse"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
+		}
+		fopts.ServerCallbacks = conn
+		m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
+		m.server = ownServer{conn}
+		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
+		conn.Serve(m.requests)
 	}
-	go server.Serve()
-	m.server = server
-	if err := server.WaitMount(); err != nil {
-		m.Unmount()
-		return nil, fmt.Errorf("mount at %q did not come up: %w", dir, err)
-	}
-	m.passthrough.Store(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
 	if m.passthrough.Load() {
 		m.logger.Info("mounted", "passthrough", true)
 	} else {
@@ -306,8 +321,7 @@ func (m *Mount) Unmount() error {
 			}
 			return
 		}
-		m.server.Wait()
-		m.unmountErr = m.roots.Close()
+		m.unmountErr = errors.Join(m.server.Wait(), m.roots.Close())
 	})
 	return m.unmountErr
 }

@@ -1,0 +1,59 @@
+package fs
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/allocfs/allocfs/fs/transport"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// mountCapabilities are the INIT flags the mount asks for: what go-fuse's
+// server negotiates for the node bridge (asynchronous and large reads and
+// writes, READDIRPLUS, parallel lookups in one directory, renameat2
+// flags, passthrough, the kernel invalidating cached data when a file's
+// mtime or size changes), READDIRPLUS_AUTO (mount.go, plusbatch.go) and
+// HANDLE_KILLPRIV_V2 (killpriv.go).
+const mountCapabilities = fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_FILE_OPS |
+	fuse.CAP_READDIRPLUS | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES |
+	fuse.CAP_RENAME_SWAP | fuse.CAP_PASSTHROUGH | fuse.CAP_AUTO_INVAL_DATA | capHandleKillprivV2
+
+// fuseServer is the end of the FUSE connection serving a mount: allocfs's
+// own loop, or go-fuse's server.
+type fuseServer interface {
+	// Unmount unmounts; EBUSY while files are open in the mount.
+	Unmount() error
+	// Wait returns once the connection has ended.
+	Wait() error
+}
+
+type ownServer struct{ conn *transport.Conn }
+
+func (s ownServer) Unmount() error { return s.conn.Unmount() }
+func (s ownServer) Wait() error    { return s.conn.Wait() }
+
+type goFuseServer struct{ server *fuse.Server }
+
+func (s goFuseServer) Unmount() error { return s.server.Unmount() }
+func (s goFuseServer) Wait() error {
+	s.server.Wait()
+	return nil
+}
+
+// serveGoFuse mounts and serves with go-fuse's server.
+func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
+	m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
+	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
+	if err != nil {
+		return fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
+	}
+	go server.Serve()
+	m.server = goFuseServer{server}
+	if err := server.WaitMount(); err != nil {
+		m.Unmount()
+		return fmt.Errorf("mount at %q did not come up: %w", dir, err)
+	}
+	m.passthrough.Store(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
+	return nil
+}

@@ -1,0 +1,301 @@
+package transport_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/transport"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// memDir is a directory of an in-memory tree on go-fuse's node API, with
+// the operations the tests need: files are go-fuse's MemRegularFile.
+type memDir struct {
+	gofs.Inode
+}
+
+var (
+	_ = (gofs.NodeCreater)((*memDir)(nil))
+	_ = (gofs.NodeMkdirer)((*memDir)(nil))
+	_ = (gofs.NodeUnlinker)((*memDir)(nil))
+	_ = (gofs.NodeRenamer)((*memDir)(nil))
+)
+
+func (d *memDir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	// go-fuse's bridge adds the child, moves it on rename and drops it
+	// on unlink: the node methods only say yes.
+	f := &gofs.MemRegularFile{Attr: fuse.Attr{Mode: mode}}
+	ch := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
+	out.Mode = syscall.S_IFREG | mode
+	return ch, nil, 0, 0
+}
+
+func (d *memDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ch := d.NewPersistentInode(ctx, &memDir{}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+	out.Mode = syscall.S_IFDIR | mode
+	return ch, 0
+}
+
+func (d *memDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	if d.GetChild(name) == nil {
+		return syscall.ENOENT
+	}
+	return 0
+}
+
+func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if d.GetChild(name) == nil {
+		return syscall.ENOENT
+	}
+	return 0
+}
+
+// serve mounts root with the loop and returns the mount point and the
+// connection; the test's cleanup unmounts it and checks that every reader
+// ended.
+func serve(t *testing.T, root gofs.InodeEmbedder) (string, *transport.Conn) {
+	t.Helper()
+	fstest.RequireFUSE(t)
+	mnt := t.TempDir()
+	conn, err := transport.Mount(mnt, transport.Options{
+		FsName:             "transport-test",
+		Subtype:            "transporttest",
+		DefaultPermissions: true,
+		MaxWrite:           1 << 20,
+		Capabilities:       fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_READDIRPLUS | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES,
+	})
+	if err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	long := time.Hour
+	conn.Serve(gofs.NewNodeFS(root, &gofs.Options{EntryTimeout: &long, AttrTimeout: &long, ServerCallbacks: conn}))
+	t.Cleanup(func() {
+		var err error
+		for range 20 {
+			if err = conn.Unmount(); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("Unmount: %v", err)
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+		done := make(chan error, 1)
+		go func() { done <- conn.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Wait: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("readers still running 10 s after the unmount")
+		}
+	})
+	return mnt, conn
+}
+
+// TestConnServesAFilesystem runs the operations of a small tree through
+// the loop: create, write, read back, list, rename, xattr errors, remove.
+func TestConnServesAFilesystem(t *testing.T) {
+	mnt, _ := serve(t, &memDir{})
+	p := filepath.Join(mnt, "f")
+	big := make([]byte, 3<<20+17) // several WRITEs and READs of 1 MiB
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(p, big, 0o640); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || len(got) != len(big) || string(got) != string(big) {
+		t.Fatalf("read back %d bytes (%v), want the %d written", len(got), err, len(big))
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Mode != unix.S_IFREG|0o640 || st.Size != int64(len(big)) {
+		t.Errorf("lstat: mode %o size %d (%v)", st.Mode, st.Size, err)
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p, filepath.Join(mnt, "d", "g")); err != nil {
+		t.Fatalf("rename: %v", err)
+	}
+	entries, err := os.ReadDir(filepath.Join(mnt, "d"))
+	if err != nil || len(entries) != 1 || entries[0].Name() != "g" {
+		t.Errorf("listing after the rename: %v (%v)", entries, err)
+	}
+	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("old name after the rename: %v, want not-exist", err)
+	}
+	if _, err := unix.Lgetxattr(filepath.Join(mnt, "d", "g"), "user.none", make([]byte, 16)); err == nil {
+		t.Errorf("getxattr of a missing attribute succeeded")
+	}
+	if err := os.Remove(filepath.Join(mnt, "d", "g")); err != nil {
+		t.Fatalf("unlink: %v", err)
+	}
+	if err := unix.Rename(filepath.Join(mnt, "missing"), filepath.Join(mnt, "x")); err != unix.ENOENT {
+		t.Errorf("rename of a missing name: %v, want ENOENT", err)
+	}
+}
+
+// TestConnNotifiesTheKernel changes the tree behind the kernel's cached
+// entry, then drops the entry with EntryNotify: the name must go away at
+// once, although its entry timeout is an hour.
+func TestConnNotifiesTheKernel(t *testing.T) {
+	root := &memDir{}
+	mnt, conn := serve(t, root)
+	p := filepath.Join(mnt, "f")
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(p); err != nil {
+		t.Fatal(err)
+	}
+	root.RmChild("f")
+	if _, err := os.Lstat(p); err != nil {
+		t.Fatalf("the kernel should still cache f: %v", err)
+	}
+	if st := root.NotifyEntry("f"); st != 0 {
+		t.Fatalf("EntryNotify: %v", st)
+	}
+	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after EntryNotify: %v, want not-exist", err)
+	}
+	if st := conn.InodeNotify(1, 0, 0); st != fuse.OK {
+		t.Errorf("InodeNotify of the root: %v", st)
+	}
+	if st := conn.EntryNotify(1<<40, "nothing"); st == fuse.OK {
+		t.Errorf("EntryNotify of an unknown parent succeeded")
+	}
+}
+
+// blockingFile's opens wait until release is closed.
+type blockingFile struct {
+	gofs.Inode
+	release chan struct{}
+	once    sync.Once
+	entered chan struct{}
+}
+
+var _ = (gofs.NodeOpener)((*blockingFile)(nil))
+
+func (f *blockingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	f.once.Do(func() { close(f.entered) })
+	<-f.release
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// TestConnHandlerThatBlocksDoesNotStallTheMount: while one request's
+// handler waits, the mount keeps answering others, because a reader that
+// takes a request makes sure another waits for the next.
+func TestConnHandlerThatBlocksDoesNotStallTheMount(t *testing.T) {
+	root := &memDir{}
+	bf := &blockingFile{release: make(chan struct{}), entered: make(chan struct{})}
+	mnt, _ := serve(t, root)
+	ctx := context.Background()
+	root.AddChild("slow", root.NewPersistentInode(ctx, bf, gofs.StableAttr{Mode: syscall.S_IFREG}), true)
+	opened := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(filepath.Join(mnt, "slow"), unix.O_RDONLY, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		opened <- err
+	}()
+	<-bf.entered
+	for i := range 4 {
+		// Each a new request while the OPEN holds its reader.
+		if err := os.WriteFile(filepath.Join(mnt, "f"+string(rune('0'+i))), []byte("x"), 0o644); err != nil {
+			t.Errorf("a write while another handler blocks: %v", err)
+		}
+	}
+	close(bf.release)
+	if err := <-opened; err != nil {
+		t.Errorf("the blocked open: %v", err)
+	}
+}
+
+// panicky's lookups panic.
+type panicky struct{ memDir }
+
+var _ = (gofs.NodeLookuper)((*panicky)(nil))
+
+func (p *panicky) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if name == "boom" {
+		panic("a handler bug")
+	}
+	return nil, syscall.ENOENT
+}
+
+// TestConnAnswersAPanicWithEIO: a handler's panic is the one request's
+// EIO; the mount keeps serving.
+func TestConnAnswersAPanicWithEIO(t *testing.T) {
+	mnt, _ := serve(t, &panicky{})
+	if _, err := os.Lstat(filepath.Join(mnt, "boom")); !errors.Is(err, unix.EIO) {
+		t.Errorf("lookup that panics: %v, want EIO", err)
+	}
+	if _, err := os.Lstat(filepath.Join(mnt, "other")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("lookup after the panic: %v, want not-exist", err)
+	}
+}
+
+// TestMountRefusesBadOptions: what the kernel cannot take is refused
+// before anything is mounted.
+func TestMountRefusesBadOptions(t *testing.T) {
+	fstest.RequireFUSE(t)
+	mnt := t.TempDir()
+	if _, err := transport.Mount(mnt, transport.Options{MaxWrite: 2 << 20}); err == nil {
+		t.Errorf("a 2 MiB max write was accepted")
+	}
+	if _, err := transport.Mount(filepath.Join(mnt, "missing"), transport.Options{}); err == nil {
+		t.Errorf("a missing mount point was accepted")
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mounts), mnt) {
+		t.Errorf("a refused mount left %s mounted", mnt)
+	}
+}
+
+// TestServeTellsTheKernelNotToPoll: by the time Serve returns, the kernel
+// has had its one POLL answered ENOSYS, on the probe, so opening a file of
+// the mount in this process (Go's runtime hands it to epoll) sends none:
+// a POLL waiting for a reply while a garbage collection stops the world
+// deadlocks a process that serves the mount it uses. The probe's name is
+// gone afterwards.
+func TestServeTellsTheKernelNotToPoll(t *testing.T) {
+	root := &memDir{}
+	mnt, conn := serve(t, root)
+	if n, node := transport.Polls(conn); n != 1 || node != transport.ProbeNode {
+		t.Fatalf("after Serve: %d POLL requests, the first on node %d; want 1, on the probe (%d)", n, node, transport.ProbeNode)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		f, err := os.Open(filepath.Join(mnt, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if n, _ := transport.Polls(conn); n != 1 {
+		t.Errorf("opening a file of the mount sent %d more POLL requests, want none", n-1)
+	}
+	if _, err := os.Lstat(filepath.Join(mnt, transport.ProbeName)); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("lstat of the probe after Serve: %v, want ENOENT", err)
+	}
+}
