@@ -37,7 +37,8 @@ type MountOptions struct {
 	// GoFuseServer serves requests with go-fuse's fuse.Server instead of
 	// allocfs's own loop (fs/transport), to compare the two.
 	GoFuseServer bool
-	// Debug turns on go-fuse's request trace; it needs GoFuseServer.
+	// Debug turns on go-fuse's request trace, which only go-fuse's server
+	// has: it implies GoFuseServer.
 	Debug bool
 	// StableTimeout is how long the kernel may cache entries and
 	// attributes; allocfs invalidates what it changes itself.
@@ -165,7 +166,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
-	if opts.GoFuseServer {
+	if opts.GoFuseServer || opts.Debug {
 		if err := m.serveGoFuse(dir, fopts); err != nil {
 			return nil, err
 		}

@@ -454,3 +454,52 @@ func TestNewMountRefusesUmask(t *testing.T) {
 		t.Errorf("NewMount changed the umask to %04o", after)
 	}
 }
+
+// TestMountServers checks that each way of serving the mount serves it:
+// allocfs's own loop by default, go-fuse's server when asked, and when
+// the request trace (which only go-fuse's server has) is asked for.
+func TestMountServers(t *testing.T) {
+	fstest.RequireFUSE(t)
+	for _, c := range []struct {
+		name   string
+		opts   func(*MountOptions)
+		goFuse bool
+	}{
+		{"own loop", func(*MountOptions) {}, false},
+		{"go-fuse", func(o *MountOptions) { o.GoFuseServer = true }, true},
+		{"debug", func(o *MountOptions) { o.Debug = true }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logger := testLogger(t)
+			logger.SetLevel(hclog.Warn)
+			s := openTestStore(t, filepath.Join(t.TempDir(), "data"), store.Options{})
+			dir := filepath.Join(t.TempDir(), "mnt")
+			must(t, os.Mkdir(dir, 0o755))
+			opts := DefaultMountOptions()
+			c.opts(&opts)
+			m, err := NewMount(logger, s, dir, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := m.Unmount(); err != nil {
+					t.Errorf("unmount: %v", err)
+				}
+			})
+			if _, ok := m.server.(goFuseServer); ok != c.goFuse {
+				t.Errorf("served by %T, want go-fuse's server: %v", m.server, c.goFuse)
+			}
+			if _, err := s.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, "a", "alloc", "data", "f")
+			must(t, os.WriteFile(p, []byte("served"), 0o644))
+			if b, err := os.ReadFile(p); err != nil || string(b) != "served" {
+				t.Errorf("read back %q, %v; want %q", b, err, "served")
+			}
+			if m.Passthrough() != (os.Geteuid() == 0) {
+				t.Errorf("passthrough %v as uid %d", m.Passthrough(), os.Geteuid())
+			}
+		})
+	}
+}
