@@ -17,6 +17,11 @@
 //	fs         the FUSE tree (this package): nodes only, serving what the
 //	           store records in the layer format.
 //
+// Below the tree, fs/transport is the FUSE connection itself: allocfs's
+// own request loop over /dev/fuse, which hands each request to go-fuse's
+// node bridge (server.go; go-fuse's fuse.Server remains an option, and
+// serves --debug-fuse).
+//
 // The tree reads the store's committed records (store.Store.View) on
 // every lookup and hears of changes through store.Store.OnChange; it
 // never changes a record itself except through the store's methods.
