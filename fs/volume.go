@@ -444,9 +444,8 @@ type dirStream interface {
 // plus the fd kept for attributes once the path no longer leads to it.
 type volDir struct {
 	dirStream
-	plusBatch
-	fd   int
-	node *volNode
+	plusBatch // and its node, the directory's
+	fd        int
 	// ahead holds the entries read from the stream before the kernel
 	// asked for them, to learn whether the listing is large (plusBatch);
 	// aheadErr is the error that ended that read, returned after them.
@@ -546,7 +545,7 @@ func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 		syscall.Close(fd)
 		return nil, 0, errno
 	}
-	d := &volDir{dirStream: ds.(dirStream), plusBatch: plusBatch{node: n}, fd: fd, node: n}
+	d := &volDir{dirStream: ds.(dirStream), plusBatch: plusBatch{node: n}, fd: fd}
 	n.mu.Lock()
 	if n.openDirs == nil {
 		n.openDirs = make(map[*volDir]struct{})

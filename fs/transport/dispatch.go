@@ -168,6 +168,22 @@ func done[Out any](c *Conn, b *buffers, r request, st fuse.Status) {
 	c.reply(b, r.hdr.Unique, syscall.Errno(st), sizeOf[Out]())
 }
 
+// serve answers a request whose input is an In and whose reply an Out
+// (struct{} for a bare status) with what fn returns; a request too short
+// for In is answered EINVAL.
+func serve[In, Out any](c *Conn, b *buffers, r request, fn func(*In, *Out) fuse.Status) {
+	if i, out, _, ok := inOut[In, Out](c, b, r); ok {
+		done[Out](c, b, r, fn(i, out))
+	}
+}
+
+// serveNamed is serve for a request whose In is followed by a name.
+func serveNamed[In, Out any](c *Conn, b *buffers, r request, fn func(*In, string, *Out) fuse.Status) {
+	if i, out, rest, ok := inOut[In, Out](c, b, r); ok {
+		c.named(b, r, rest, func(n string) fuse.Status { return fn(i, n, out) }, sizeOf[Out]())
+	}
+}
+
 func (c *Conn) dispatch(b *buffers, r request) {
 	if c.probeRequest(b, r) {
 		return
@@ -177,16 +193,9 @@ func (c *Conn) dispatch(b *buffers, r request) {
 	u := r.hdr.Unique
 	switch r.hdr.Opcode {
 	case opLookup:
-		_, out, rest, ok := inOut[fuse.InHeader, fuse.EntryOut](c, b, r)
-		if !ok {
-			return
-		}
-		n, ok := name(rest)
-		if !ok {
-			c.reply(b, u, syscall.EINVAL, 0)
-			return
-		}
-		done[fuse.EntryOut](c, b, r, fs.Lookup(cancel, r.hdr, n, out))
+		serveNamed(c, b, r, func(_ *fuse.InHeader, n string, out *fuse.EntryOut) fuse.Status {
+			return fs.Lookup(cancel, r.hdr, n, out)
+		})
 	case opForget:
 		i, _, ok := in[fuse.ForgetIn](c, b, r)
 		if ok {
@@ -195,15 +204,9 @@ func (c *Conn) dispatch(b *buffers, r request) {
 	case opBatchForget:
 		c.batchForget(r)
 	case opGetattr:
-		i, out, _, ok := inOut[fuse.GetAttrIn, fuse.AttrOut](c, b, r)
-		if ok {
-			done[fuse.AttrOut](c, b, r, fs.GetAttr(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status { return fs.GetAttr(cancel, i, out) })
 	case opSetattr:
-		i, out, _, ok := inOut[fuse.SetAttrIn, fuse.AttrOut](c, b, r)
-		if ok {
-			done[fuse.AttrOut](c, b, r, fs.SetAttr(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status { return fs.SetAttr(cancel, i, out) })
 	case opReadlink:
 		target, st := fs.Readlink(cancel, r.hdr)
 		c.replyData(b, u, st, target)
@@ -220,39 +223,21 @@ func (c *Conn) dispatch(b *buffers, r request) {
 		// The entry's name comes first, then the link's target.
 		done[fuse.EntryOut](c, b, r, fs.Symlink(cancel, r.hdr, ns[1], ns[0], out))
 	case opMknod:
-		i, out, rest, ok := inOut[fuse.MknodIn, fuse.EntryOut](c, b, r)
-		if !ok {
-			return
-		}
-		c.named(b, r, rest, func(n string) fuse.Status { return fs.Mknod(cancel, i, n, out) }, sizeOf[fuse.EntryOut]())
+		serveNamed(c, b, r, func(i *fuse.MknodIn, n string, out *fuse.EntryOut) fuse.Status { return fs.Mknod(cancel, i, n, out) })
 	case opMkdir:
-		i, out, rest, ok := inOut[fuse.MkdirIn, fuse.EntryOut](c, b, r)
-		if !ok {
-			return
-		}
-		c.named(b, r, rest, func(n string) fuse.Status { return fs.Mkdir(cancel, i, n, out) }, sizeOf[fuse.EntryOut]())
+		serveNamed(c, b, r, func(i *fuse.MkdirIn, n string, out *fuse.EntryOut) fuse.Status { return fs.Mkdir(cancel, i, n, out) })
 	case opUnlink:
-		c.named(b, r, r.raw[inHeaderSize:], func(n string) fuse.Status { return fs.Unlink(cancel, r.hdr, n) }, 0)
+		serveNamed(c, b, r, func(_ *fuse.InHeader, n string, _ *struct{}) fuse.Status { return fs.Unlink(cancel, r.hdr, n) })
 	case opRmdir:
-		c.named(b, r, r.raw[inHeaderSize:], func(n string) fuse.Status { return fs.Rmdir(cancel, r.hdr, n) }, 0)
+		serveNamed(c, b, r, func(_ *fuse.InHeader, n string, _ *struct{}) fuse.Status { return fs.Rmdir(cancel, r.hdr, n) })
 	case opRename, opRename2:
 		c.rename(b, r)
 	case opLink:
-		i, out, rest, ok := inOut[fuse.LinkIn, fuse.EntryOut](c, b, r)
-		if !ok {
-			return
-		}
-		c.named(b, r, rest, func(n string) fuse.Status { return fs.Link(cancel, i, n, out) }, sizeOf[fuse.EntryOut]())
+		serveNamed(c, b, r, func(i *fuse.LinkIn, n string, out *fuse.EntryOut) fuse.Status { return fs.Link(cancel, i, n, out) })
 	case opOpen:
-		i, out, _, ok := inOut[fuse.OpenIn, fuse.OpenOut](c, b, r)
-		if ok {
-			done[fuse.OpenOut](c, b, r, fs.Open(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.OpenIn, out *fuse.OpenOut) fuse.Status { return fs.Open(cancel, i, out) })
 	case opOpendir:
-		i, out, _, ok := inOut[fuse.OpenIn, fuse.OpenOut](c, b, r)
-		if ok {
-			done[fuse.OpenOut](c, b, r, fs.OpenDir(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.OpenIn, out *fuse.OpenOut) fuse.Status { return fs.OpenDir(cancel, i, out) })
 	case opRead:
 		c.read1(b, r)
 	case opWrite:
@@ -268,10 +253,7 @@ func (c *Conn) dispatch(b *buffers, r request) {
 		out.Size, st = fs.Write(cancel, i, rest[:i.Size])
 		done[fuse.WriteOut](c, b, r, st)
 	case opStatfs:
-		_, out, _, ok := inOut[fuse.InHeader, fuse.StatfsOut](c, b, r)
-		if ok {
-			done[fuse.StatfsOut](c, b, r, fs.StatFs(cancel, r.hdr, out))
-		}
+		serve(c, b, r, func(_ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status { return fs.StatFs(cancel, r.hdr, out) })
 	case opRelease:
 		i, _, ok := in[fuse.ReleaseIn](c, b, r)
 		if ok {
@@ -285,60 +267,35 @@ func (c *Conn) dispatch(b *buffers, r request) {
 			c.reply(b, u, 0, 0)
 		}
 	case opFsync:
-		i, _, ok := in[fuse.FsyncIn](c, b, r)
-		if ok {
-			done[struct{}](c, b, r, fs.Fsync(cancel, i))
-		}
+		serve(c, b, r, func(i *fuse.FsyncIn, _ *struct{}) fuse.Status { return fs.Fsync(cancel, i) })
 	case opFsyncdir:
-		i, _, ok := in[fuse.FsyncIn](c, b, r)
-		if ok {
-			done[struct{}](c, b, r, fs.FsyncDir(cancel, i))
-		}
+		serve(c, b, r, func(i *fuse.FsyncIn, _ *struct{}) fuse.Status { return fs.FsyncDir(cancel, i) })
 	case opSetxattr:
 		c.setxattr(b, r)
 	case opGetxattr, opListxattr:
 		c.getxattr(b, r)
 	case opRemovexattr:
-		c.named(b, r, r.raw[inHeaderSize:], func(n string) fuse.Status { return fs.RemoveXAttr(cancel, r.hdr, n) }, 0)
+		serveNamed(c, b, r, func(_ *fuse.InHeader, n string, _ *struct{}) fuse.Status { return fs.RemoveXAttr(cancel, r.hdr, n) })
 	case opFlush:
-		i, _, ok := in[fuse.FlushIn](c, b, r)
-		if ok {
-			done[struct{}](c, b, r, fs.Flush(cancel, i))
-		}
+		serve(c, b, r, func(i *fuse.FlushIn, _ *struct{}) fuse.Status { return fs.Flush(cancel, i) })
 	case opReaddir, opReaddirplus:
 		c.readdir(b, r)
 	case opAccess:
-		i, _, ok := in[fuse.AccessIn](c, b, r)
-		if ok {
-			done[struct{}](c, b, r, fs.Access(cancel, i))
-		}
+		serve(c, b, r, func(i *fuse.AccessIn, _ *struct{}) fuse.Status { return fs.Access(cancel, i) })
 	case opCreate:
-		i, out, rest, ok := inOut[fuse.CreateIn, fuse.CreateOut](c, b, r)
-		if !ok {
-			return
-		}
-		c.named(b, r, rest, func(n string) fuse.Status { return fs.Create(cancel, i, n, out) }, sizeOf[fuse.CreateOut]())
+		serveNamed(c, b, r, func(i *fuse.CreateIn, n string, out *fuse.CreateOut) fuse.Status { return fs.Create(cancel, i, n, out) })
 	case opTmpfile:
 		// The name the kernel sends for the unnamed file means nothing.
-		i, out, _, ok := inOut[fuse.CreateIn, fuse.CreateOut](c, b, r)
-		if ok {
-			done[fuse.CreateOut](c, b, r, fs.Tmpfile(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.CreateIn, out *fuse.CreateOut) fuse.Status { return fs.Tmpfile(cancel, i, out) })
 	case opInterrupt:
 		// Ignored, as the protocol allows: the interrupted request is
 		// answered when its handler returns.
 	case opDestroy:
 		c.reply(b, u, 0, 0)
 	case opFallocate:
-		i, _, ok := in[fuse.FallocateIn](c, b, r)
-		if ok {
-			done[struct{}](c, b, r, fs.Fallocate(cancel, i))
-		}
+		serve(c, b, r, func(i *fuse.FallocateIn, _ *struct{}) fuse.Status { return fs.Fallocate(cancel, i) })
 	case opLseek:
-		i, out, _, ok := inOut[fuse.LseekIn, fuse.LseekOut](c, b, r)
-		if ok {
-			done[fuse.LseekOut](c, b, r, fs.Lseek(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.LseekIn, out *fuse.LseekOut) fuse.Status { return fs.Lseek(cancel, i, out) })
 	case opCopyFileRange:
 		i, out, _, ok := inOut[fuse.CopyFileRangeIn, fuse.WriteOut](c, b, r)
 		if !ok {
@@ -348,10 +305,7 @@ func (c *Conn) dispatch(b *buffers, r request) {
 		out.Size, st = fs.CopyFileRange(cancel, i)
 		done[fuse.WriteOut](c, b, r, st)
 	case opStatx:
-		i, out, _, ok := inOut[fuse.StatxIn, fuse.StatxOut](c, b, r)
-		if ok {
-			done[fuse.StatxOut](c, b, r, fs.Statx(cancel, i, out))
-		}
+		serve(c, b, r, func(i *fuse.StatxIn, out *fuse.StatxOut) fuse.Status { return fs.Statx(cancel, i, out) })
 	default:
 		// Locks, ioctls, poll, bmap, DAX mappings, syncfs: not offered.
 		c.reply(b, u, syscall.ENOSYS, 0)
