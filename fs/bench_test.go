@@ -111,7 +111,9 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	env.mount, err = NewMount(mountLog, s, mnt, DefaultMountOptions())
+	mo := DefaultMountOptions()
+	mo.IOUring = benchIOUring()
+	env.mount, err = NewMount(mountLog, s, mnt, mo)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,9 +131,16 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 	env.peers = mountPeers(b, mountLog, base, cfg)
 	benchEnvOnce.Do(func() {
 		mountLog.Info("benchmark environment", "data_dir", s.DataDir(), "fs", fsTypeName(s.DataDir()),
-			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough())
+			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough(), "io_uring", env.mount.ioUring)
 	})
 	return env
+}
+
+// benchIOUring says whether the mount and the floor take requests over
+// io_uring (where the kernel allows it): yes, as allocfs serve does,
+// unless ALLOCFS_BENCH_IOURING=0 asks for /dev/fuse, to compare the two.
+func benchIOUring() bool {
+	return DefaultMountOptions().IOUring && os.Getenv("ALLOCFS_BENCH_IOURING") != "0"
 }
 
 // sides returns every side of the benchmark in the order

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/transport"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -184,7 +185,7 @@ func (p *benchPeers) mountFloor(b *testing.B, base string) benchSideSpec {
 		side.skip = err.Error()
 		return side
 	}
-	p.teardown = append(p.teardown, func() error { return unmountPeer(p.log, mnt, server.Unmount) })
+	p.teardown = append(p.teardown, func() error { return unmountPeer(p.log, mnt, stopFloorServer(server)) })
 	benchMkdirs(b, side.dir)
 	return side
 }
@@ -193,35 +194,45 @@ func (p *benchPeers) mountFloor(b *testing.B, base string) benchSideSpec {
 // options of the allocfs mount (NewMount), so that the kernel sends the
 // floor the requests it sends the mount: default_permissions (which makes
 // every create ask for the parent's attributes), the same entry, attribute
-// and negative timeouts, 1 MiB writes, READDIRPLUS_AUTO. It
-// differs where allocfs has work the floor does not: no passthrough (the
+// and negative timeouts, 1 MiB writes, READDIRPLUS_AUTO, and the same
+// transport (allocfs's own loop, over io_uring where the mount would be).
+// It differs where allocfs has work the floor does not: no passthrough (the
 // floor has no backing files, so 4 KiB writes are WRITE requests) and no
 // HANDLE_KILLPRIV_V2 (the floor has no privileges to drop).
-func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*fuse.Server, error) {
+func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport.Conn, error) {
 	mo := DefaultMountOptions()
-	fuseLog := log.Named("floor").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
-	opts := &gofs.Options{
+	conn, err := transport.Mount(mnt, transport.Options{
+		FsName:             "floor",
+		Subtype:            "allocfs-floor",
+		AllowOther:         os.Geteuid() == 0,
+		DefaultPermissions: true,
+		MaxWrite:           1 << 20,
+		Capabilities:       mountCapabilities &^ (fuse.CAP_PASSTHROUGH | capHandleKillprivV2),
+		IOUring:            benchIOUring(),
+		Logger:             log.Named("floor"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the no-op FUSE server cannot be mounted at %q: %w", mnt, err)
+	}
+	conn.Serve(gofs.NewNodeFS(root, &gofs.Options{
 		EntryTimeout:    &mo.StableTimeout,
 		AttrTimeout:     &mo.StableTimeout,
 		NegativeTimeout: &mo.NegativeTimeout,
 		NullPermissions: true,
-		Logger:          fuseLog,
-		MountOptions: fuse.MountOptions{
-			AllowOther:        os.Geteuid() == 0,
-			FsName:            "floor",
-			Name:              "allocfs-floor",
-			Options:           []string{"default_permissions"},
-			DirectMountStrict: os.Geteuid() == 0,
-			MaxWrite:          1 << 20,
-			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
-			Logger:            fuseLog,
-		},
+		ServerCallbacks: conn,
+		Logger:          log.Named("floor").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}))
+	return conn, nil
+}
+
+// stopFloorServer unmounts the no-op server and waits for its loop.
+func stopFloorServer(conn *transport.Conn) func() error {
+	return func() error {
+		if err := conn.Unmount(); err != nil {
+			return err
+		}
+		return conn.Wait()
 	}
-	server, err := gofs.Mount(mnt, root, opts)
-	if err != nil {
-		return nil, fmt.Errorf("the no-op FUSE server cannot be mounted at %q: %w", mnt, err)
-	}
-	return server, nil
 }
 
 // peerUnmountTries is how often a peer's unmount is tried before it is
@@ -455,7 +466,7 @@ func TestFloorServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := unmountPeer(log, mnt, server.Unmount); err != nil {
+		if err := unmountPeer(log, mnt, stopFloorServer(server)); err != nil {
 			t.Error(err)
 		}
 	})

@@ -40,6 +40,10 @@ type MountOptions struct {
 	// Debug turns on go-fuse's request trace, which only go-fuse's server
 	// has: it implies GoFuseServer.
 	Debug bool
+	// IOUring has the kernel send requests over io_uring where it can
+	// (FUSE_OVER_IO_URING, Linux 6.14+ with the fuse module's
+	// enable_uring on); /dev/fuse otherwise. Only the own loop has it.
+	IOUring bool
 	// StableTimeout is how long the kernel may cache entries and
 	// attributes; allocfs invalidates what it changes itself.
 	StableTimeout time.Duration
@@ -49,11 +53,13 @@ type MountOptions struct {
 
 // DefaultMountOptions are the options `allocfs serve` uses.
 func DefaultMountOptions() MountOptions {
-	return MountOptions{StableTimeout: 60 * time.Second, NegativeTimeout: time.Second}
+	return MountOptions{IOUring: true, StableTimeout: 60 * time.Second, NegativeTimeout: time.Second}
 }
 
 // Mount is a live FUSE mount of a store.
 type Mount struct {
+	// ioUring is set when the kernel sends requests over io_uring.
+	ioUring bool
 	logger  hclog.Logger
 	store   *store.Store
 	dir     string
@@ -178,6 +184,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			DefaultPermissions: true,
 			MaxWrite:           fopts.MountOptions.MaxWrite,
 			Capabilities:       mountCapabilities,
+			IOUring:            opts.IOUring,
 			Logger:             m.logger.Named("fuse"),
 		})
 		if err != nil {
@@ -188,9 +195,10 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
 		conn.Serve(m.requests)
+		m.ioUring = conn.IOUring()
 	}
 	if m.passthrough.Load() {
-		m.logger.Info("mounted", "passthrough", true)
+		m.logger.Info("mounted", "passthrough", true, "io_uring", m.ioUring)
 	} else {
 		m.logger.Warn("mounted without passthrough: file data goes through the daemon", "passthrough", false, "root", os.Geteuid() == 0)
 	}

@@ -466,6 +466,7 @@ func TestMountServers(t *testing.T) {
 		goFuse bool
 	}{
 		{"own loop", func(*MountOptions) {}, false},
+		{"own loop over /dev/fuse", func(o *MountOptions) { o.IOUring = false }, false},
 		{"go-fuse", func(o *MountOptions) { o.GoFuseServer = true }, true},
 		{"debug", func(o *MountOptions) { o.Debug = true }, true},
 	} {
@@ -489,6 +490,9 @@ func TestMountServers(t *testing.T) {
 			if _, ok := m.server.(goFuseServer); ok != c.goFuse {
 				t.Errorf("served by %T, want go-fuse's server: %v", m.server, c.goFuse)
 			}
+			if want := opts.IOUring && !c.goFuse && fuseOverIOUringOn(); m.ioUring != want {
+				t.Errorf("requests over io_uring: %v, want %v", m.ioUring, want)
+			}
 			if _, err := s.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
 				t.Fatal(err)
 			}
@@ -502,4 +506,11 @@ func TestMountServers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fuseOverIOUringOn reports whether the fuse module lets a daemon take
+// requests over io_uring.
+func fuseOverIOUringOn() bool {
+	b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring")
+	return err == nil && strings.TrimSpace(string(b)) == "Y"
 }

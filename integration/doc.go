@@ -30,7 +30,7 @@
 //	n := startNode(t)         build if needed, serve, wait for the mount
 //	n.cli(t, args...)         run allocfs with ALLOCFS_SOCKET set to n's socket
 //	n.sh(t, dir, script)      bash -c with `set -euo pipefail`, LC_ALL=C, in dir
-//	n.kill9(t)                SIGKILL: the mount goes stale (ENOTCONN)
+//	n.kill9(t)                SIGKILL: the mount goes stale (ENOTCONN, or ECONNABORTED over io_uring)
 //	n.Restart(t)              serve again on the same data dir and mount
 //	n.stop(t)                 SIGTERM; the daemon must exit 0 and unmount
 //

@@ -84,7 +84,7 @@ func checkFUSE() error {
 // a directory, and refuses if a live allocfs is mounted there.
 func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
 	fi, err := probe(dir, statTimeout)
-	if errors.Is(err, syscall.ENOTCONN) {
+	if staleMount(err) {
 		// The daemon that served this mount died: the kernel still holds
 		// the mount but nothing answers it.
 		logger.Warn("stale mount left by a crashed allocfs; detaching it", "mountpoint", dir)
@@ -124,10 +124,19 @@ func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
 	return nil
 }
 
+// staleMount reports whether err is what a FUSE mount whose daemon died
+// answers: ENOTCONN once the last /dev/fuse descriptor closed, or
+// ECONNABORTED when the connection was aborted, which is how the kernel
+// ends one served over io_uring when the daemon's rings go (and what
+// writing to fusectl's abort gives).
+func staleMount(err error) bool {
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+}
+
 // probe stats p, giving up after d. It calls statfs(2) first: after a
 // FUSE daemon died, stat can still answer from the kernel's attribute
-// cache, but statfs always asks the daemon, so it is what reports ENOTCONN
-// for a stale mount. The goroutine of a probe that hangs is left behind:
+// cache, but statfs always asks the daemon, so it is what reports a
+// stale mount. The goroutine of a probe that hangs is left behind:
 // serve is about to exit anyway.
 func probe(p string, d time.Duration) (os.FileInfo, error) {
 	type result struct {

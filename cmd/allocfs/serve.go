@@ -43,7 +43,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		socket                                         string
 		logLevel                                       string
 		logJSON                                        bool
-		debugFuse                                      bool
+		debugFuse, fuseIOUring                         bool
 		node                                           nodeConfig
 		migrateTokenFile, nodeSecretFile, apiTokenFile string
 		gc                                             = store.DefaultGCConfig()
@@ -53,6 +53,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 	fset.StringVar(&socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
 	fset.StringVar(&logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fset.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
+	fset.BoolVar(&fuseIOUring, "fuse-io-uring", true, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y); false: always over /dev/fuse")
 	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
 	fset.StringVar(&node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
 	fset.StringVar(&migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
@@ -105,7 +106,7 @@ the mount is detached; a mount that cannot be detached makes serve exit 1.`)
 		dataDir:  dataDir,
 		mountDir: mountDir,
 		socket:   socket,
-		mount:    fs.MountOptions{Debug: debugFuse},
+		mount:    fs.MountOptions{Debug: debugFuse, IOUring: fuseIOUring},
 		node:     node,
 		gc:       gc,
 	})
@@ -192,6 +193,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
+	opts.IOUring = cfg.mount.IOUring
 	m, err := fs.NewMount(logger, s, cfg.mountDir, opts)
 	if err != nil {
 		ln.Close()

@@ -48,6 +48,9 @@ type Options struct {
 	// MaxReaders caps the threads reading requests; 0 means 16. At least
 	// two stay blocked in read(2) while the mount is idle.
 	MaxReaders int
+	// IOUring serves requests over io_uring where the kernel offers it
+	// (fuseuring.go), and over /dev/fuse otherwise.
+	IOUring bool
 	// Logger receives the connection's diagnostics.
 	Logger hclog.Logger
 }
@@ -75,6 +78,12 @@ type Conn struct {
 	probing   atomic.Bool
 	polls     atomic.Int32
 	firstPoll atomic.Uint64
+
+	// rings is set while requests come over io_uring (fuseuring.go);
+	// ringRequests counts those.
+	rings        atomic.Bool
+	ringRequests atomic.Int64
+	queues       []*ringQueue
 
 	unmountOnce sync.Once
 	closeOnce   sync.Once
@@ -165,7 +174,18 @@ func (c *Conn) init(opts Options) error {
 		c.reply(b, h.Unique, syscall.EPROTO, 0)
 		return fmt.Errorf("the kernel speaks FUSE %d.%d; allocfs needs %d.%d or later", c.kernel.Major, c.kernel.Minor, kernelMajor, minMinor)
 	}
-	c.flags = c.kernel.Flags64() & opts.Capabilities
+	want := opts.Capabilities
+	if opts.IOUring {
+		// Offered only when a ring can be set up: once the kernel has
+		// taken the flag, it holds every request until the rings are
+		// registered, or one registration fails.
+		if err := uringUsable(); err != nil {
+			c.log.Info("serving over /dev/fuse", "reason", err)
+		} else {
+			want |= capOverIOUring
+		}
+	}
+	c.flags = c.kernel.Flags64() & want
 	if c.flags>>32 != 0 {
 		c.flags |= fuse.CAP_INIT_EXT
 	}
@@ -194,6 +214,12 @@ func (c *Conn) init(opts Options) error {
 // Flags returns the capabilities the connection negotiated (fuse.CAP_*).
 func (c *Conn) Flags() uint64 { return c.flags }
 
+// IOUring reports whether requests come over io_uring.
+func (c *Conn) IOUring() bool { return c.rings.Load() }
+
+// RingRequests counts the requests served over io_uring.
+func (c *Conn) RingRequests() int64 { return c.ringRequests.Load() }
+
 // KernelMinor returns the kernel's protocol minor version.
 func (c *Conn) KernelMinor() uint32 { return c.kernel.Minor }
 
@@ -205,6 +231,14 @@ func (c *Conn) Serve(fs fuse.RawFileSystem) {
 	c.fs = fs
 	c.spawn()
 	c.spawn()
+	if c.flags&capOverIOUring != 0 {
+		if err := c.startRings(); err != nil {
+			c.log.Warn("serving over /dev/fuse: the FUSE rings could not be set up", "error", err)
+			c.refuseRings()
+		} else {
+			c.rings.Store(true)
+		}
+	}
 	c.probing.Store(true)
 	err := probePoll(c.dir)
 	c.probing.Store(false)

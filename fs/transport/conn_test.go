@@ -3,8 +3,11 @@ package transport_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,12 +63,16 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 	return 0
 }
 
-// serve mounts root with the loop and returns the mount point and the
-// connection; the test's cleanup unmounts it and checks that every reader
-// ended.
-func serve(t *testing.T, root gofs.InodeEmbedder) (string, *transport.Conn) {
+// serveOver mounts root with the loop, requests over io_uring or
+// /dev/fuse, and returns the mount point and the connection; it checks
+// that the rings were taken when asked for. The test's cleanup unmounts
+// it and checks that every reader ended.
+func serveOver(t *testing.T, root gofs.InodeEmbedder, ioUring bool) (string, *transport.Conn) {
 	t.Helper()
 	fstest.RequireFUSE(t)
+	if ioUring {
+		requireFUSEOverIOUring(t)
+	}
 	mnt := t.TempDir()
 	conn, err := transport.Mount(mnt, transport.Options{
 		FsName:             "transport-test",
@@ -73,12 +80,16 @@ func serve(t *testing.T, root gofs.InodeEmbedder) (string, *transport.Conn) {
 		DefaultPermissions: true,
 		MaxWrite:           1 << 20,
 		Capabilities:       fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_READDIRPLUS | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES,
+		IOUring:            ioUring,
 	})
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
 	}
 	long := time.Hour
 	conn.Serve(gofs.NewNodeFS(root, &gofs.Options{EntryTimeout: &long, AttrTimeout: &long, ServerCallbacks: conn}))
+	if conn.IOUring() != ioUring {
+		t.Errorf("requests over io_uring: %v, want %v", conn.IOUring(), ioUring)
+	}
 	t.Cleanup(func() {
 		var err error
 		for range 20 {
@@ -108,7 +119,16 @@ func serve(t *testing.T, root gofs.InodeEmbedder) (string, *transport.Conn) {
 // TestConnServesAFilesystem runs the operations of a small tree through
 // the loop: create, write, read back, list, rename, xattr errors, remove.
 func TestConnServesAFilesystem(t *testing.T) {
-	mnt, _ := serve(t, &memDir{})
+	overBoth(t, func(t *testing.T, ring bool) {
+		mnt, conn := serveOver(t, &memDir{}, ring)
+		servesAFilesystem(t, mnt)
+		if n := conn.RingRequests(); ring && n == 0 || !ring && n != 0 {
+			t.Errorf("%d requests came over io_uring", n)
+		}
+	})
+}
+
+func servesAFilesystem(t *testing.T, mnt string) {
 	p := filepath.Join(mnt, "f")
 	big := make([]byte, 3<<20+17) // several WRITEs and READs of 1 MiB
 	for i := range big {
@@ -153,31 +173,33 @@ func TestConnServesAFilesystem(t *testing.T) {
 // entry, then drops the entry with EntryNotify: the name must go away at
 // once, although its entry timeout is an hour.
 func TestConnNotifiesTheKernel(t *testing.T) {
-	root := &memDir{}
-	mnt, conn := serve(t, root)
-	p := filepath.Join(mnt, "f")
-	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Lstat(p); err != nil {
-		t.Fatal(err)
-	}
-	root.RmChild("f")
-	if _, err := os.Lstat(p); err != nil {
-		t.Fatalf("the kernel should still cache f: %v", err)
-	}
-	if st := root.NotifyEntry("f"); st != 0 {
-		t.Fatalf("EntryNotify: %v", st)
-	}
-	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("after EntryNotify: %v, want not-exist", err)
-	}
-	if st := conn.InodeNotify(1, 0, 0); st != fuse.OK {
-		t.Errorf("InodeNotify of the root: %v", st)
-	}
-	if st := conn.EntryNotify(1<<40, "nothing"); st == fuse.OK {
-		t.Errorf("EntryNotify of an unknown parent succeeded")
-	}
+	overBoth(t, func(t *testing.T, ring bool) {
+		root := &memDir{}
+		mnt, conn := serveOver(t, root, ring)
+		p := filepath.Join(mnt, "f")
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(p); err != nil {
+			t.Fatal(err)
+		}
+		root.RmChild("f")
+		if _, err := os.Lstat(p); err != nil {
+			t.Fatalf("the kernel should still cache f: %v", err)
+		}
+		if st := root.NotifyEntry("f"); st != 0 {
+			t.Fatalf("EntryNotify: %v", st)
+		}
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after EntryNotify: %v, want not-exist", err)
+		}
+		if st := conn.InodeNotify(1, 0, 0); st != fuse.OK {
+			t.Errorf("InodeNotify of the root: %v", st)
+		}
+		if st := conn.EntryNotify(1<<40, "nothing"); st == fuse.OK {
+			t.Errorf("EntryNotify of an unknown parent succeeded")
+		}
+	})
 }
 
 // blockingFile's opens wait until release is closed.
@@ -196,33 +218,85 @@ func (f *blockingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle,
 	return nil, fuse.FOPEN_KEEP_CACHE, 0
 }
 
-// TestConnHandlerThatBlocksDoesNotStallTheMount: while one request's
-// handler waits, the mount keeps answering others, because a reader that
-// takes a request makes sure another waits for the next.
+// TestConnHandlerThatBlocksDoesNotStallTheMount: while requests'
+// handlers wait, the mount keeps answering others, because a reader that
+// takes a request makes sure another waits for the next, and a CPU's
+// ring queue whose last free entry is taken gets another first. Every
+// caller runs on CPU 0, so that over io_uring all the requests go to one
+// queue, and more handlers block than a queue starts with.
 func TestConnHandlerThatBlocksDoesNotStallTheMount(t *testing.T) {
-	root := &memDir{}
-	bf := &blockingFile{release: make(chan struct{}), entered: make(chan struct{})}
-	mnt, _ := serve(t, root)
-	ctx := context.Background()
-	root.AddChild("slow", root.NewPersistentInode(ctx, bf, gofs.StableAttr{Mode: syscall.S_IFREG}), true)
-	opened := make(chan error, 1)
-	go func() {
-		fd, err := unix.Open(filepath.Join(mnt, "slow"), unix.O_RDONLY, 0)
-		if err == nil {
-			unix.Close(fd)
+	overBoth(t, func(t *testing.T, ring bool) {
+		root := &memDir{}
+		mnt, _ := serveOver(t, root, ring)
+		ctx := context.Background()
+		const blocked = 3
+		release := make(chan struct{})
+		opened := make(chan error, blocked)
+		stalled := make(chan struct{})
+		timer := time.AfterFunc(10*time.Second, func() { close(stalled) })
+		defer timer.Stop()
+		for i := range blocked {
+			bf := &blockingFile{release: release, entered: make(chan struct{})}
+			name := fmt.Sprintf("slow%d", i)
+			root.AddChild(name, root.NewPersistentInode(ctx, bf, gofs.StableAttr{Mode: syscall.S_IFREG}), true)
+			go onCPU0(t, func() {
+				fd, err := unix.Open(filepath.Join(mnt, name), unix.O_RDONLY, 0)
+				if err == nil {
+					unix.Close(fd)
+				}
+				opened <- err
+			})
+			select {
+			case <-bf.entered:
+			case <-stalled:
+				t.Errorf("open %d did not reach its handler while %d others block", i, i)
+			}
 		}
-		opened <- err
-	}()
-	<-bf.entered
-	for i := range 4 {
-		// Each a new request while the OPEN holds its reader.
-		if err := os.WriteFile(filepath.Join(mnt, "f"+string(rune('0'+i))), []byte("x"), 0o644); err != nil {
-			t.Errorf("a write while another handler blocks: %v", err)
+		done := make(chan struct{})
+		go onCPU0(t, func() {
+			defer close(done)
+			for i := range 4 {
+				// Each a new request while the OPENs hold theirs.
+				if err := os.WriteFile(filepath.Join(mnt, fmt.Sprintf("f%d", i)), []byte("x"), 0o644); err != nil {
+					t.Errorf("a write while other handlers block: %v", err)
+				}
+			}
+		})
+		select {
+		case <-done:
+		case <-stalled:
+			t.Errorf("the writes still wait 10 s after the handlers blocked")
 		}
+		close(release)
+		<-done
+		for range blocked {
+			if err := <-opened; err != nil {
+				t.Errorf("a blocked open: %v", err)
+			}
+		}
+	})
+}
+
+// onCPU0 runs fn on a thread of its own that runs on CPU 0 only; the
+// thread ends with fn.
+func onCPU0(t *testing.T, fn func()) {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(0)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		t.Errorf("pinning to CPU 0: %v", err)
 	}
-	close(bf.release)
-	if err := <-opened; err != nil {
-		t.Errorf("the blocked open: %v", err)
+	fn()
+}
+
+// overBoth runs fn over /dev/fuse and over io_uring.
+func overBoth(t *testing.T, fn func(t *testing.T, ring bool)) {
+	for _, ring := range []bool{false, true} {
+		name := "dev-fuse"
+		if ring {
+			name = "io-uring"
+		}
+		t.Run(name, func(t *testing.T) { fn(t, ring) })
 	}
 }
 
@@ -241,13 +315,15 @@ func (p *panicky) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 // TestConnAnswersAPanicWithEIO: a handler's panic is the one request's
 // EIO; the mount keeps serving.
 func TestConnAnswersAPanicWithEIO(t *testing.T) {
-	mnt, _ := serve(t, &panicky{})
-	if _, err := os.Lstat(filepath.Join(mnt, "boom")); !errors.Is(err, unix.EIO) {
-		t.Errorf("lookup that panics: %v, want EIO", err)
-	}
-	if _, err := os.Lstat(filepath.Join(mnt, "other")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("lookup after the panic: %v, want not-exist", err)
-	}
+	overBoth(t, func(t *testing.T, ring bool) {
+		mnt, _ := serveOver(t, &panicky{}, ring)
+		if _, err := os.Lstat(filepath.Join(mnt, "boom")); !errors.Is(err, unix.EIO) {
+			t.Errorf("lookup that panics: %v, want EIO", err)
+		}
+		if _, err := os.Lstat(filepath.Join(mnt, "other")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("lookup after the panic: %v, want not-exist", err)
+		}
+	})
 }
 
 // TestMountRefusesBadOptions: what the kernel cannot take is refused
@@ -277,25 +353,138 @@ func TestMountRefusesBadOptions(t *testing.T) {
 // deadlocks a process that serves the mount it uses. The probe's name is
 // gone afterwards.
 func TestServeTellsTheKernelNotToPoll(t *testing.T) {
-	root := &memDir{}
-	mnt, conn := serve(t, root)
-	if n, node := transport.Polls(conn); n != 1 || node != transport.ProbeNode {
-		t.Fatalf("after Serve: %d POLL requests, the first on node %d; want 1, on the probe (%d)", n, node, transport.ProbeNode)
-	}
-	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		f, err := os.Open(filepath.Join(mnt, "f"))
-		if err != nil {
+	overBoth(t, func(t *testing.T, ring bool) {
+		root := &memDir{}
+		mnt, conn := serveOver(t, root, ring)
+		if n, node := transport.Polls(conn); n != 1 || node != transport.ProbeNode {
+			t.Fatalf("after Serve: %d POLL requests, the first on node %d; want 1, on the probe (%d)", n, node, transport.ProbeNode)
+		}
+		if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		f.Close()
+		for range 3 {
+			f, err := os.Open(filepath.Join(mnt, "f"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		}
+		if n, _ := transport.Polls(conn); n != 1 {
+			t.Errorf("opening a file of the mount sent %d more POLL requests, want none", n-1)
+		}
+		if _, err := os.Lstat(filepath.Join(mnt, transport.ProbeName)); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("lstat of the probe after Serve: %v, want ENOENT", err)
+		}
+	})
+}
+
+const enableURing = "/sys/module/fuse/parameters/enable_uring"
+
+// requireFUSEOverIOUring turns on the fuse module's enable_uring for the
+// test (it only lets a daemon ask for rings; daemons that do not are
+// unaffected), or skips where the kernel has no FUSE over io_uring.
+func requireFUSEOverIOUring(t testing.TB) {
+	t.Helper()
+	was, err := os.ReadFile(enableURing)
+	if err != nil {
+		t.Skipf("this kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING): %v", err)
 	}
-	if n, _ := transport.Polls(conn); n != 1 {
-		t.Errorf("opening a file of the mount sent %d more POLL requests, want none", n-1)
+	if strings.TrimSpace(string(was)) == "Y" {
+		return
 	}
-	if _, err := os.Lstat(filepath.Join(mnt, transport.ProbeName)); !errors.Is(err, unix.ENOENT) {
-		t.Errorf("lstat of the probe after Serve: %v, want ENOENT", err)
+	if err := os.WriteFile(enableURing, []byte("Y"), 0); err != nil {
+		t.Skipf("cannot turn FUSE over io_uring on: %v", err)
 	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(enableURing, was, 0); err != nil {
+			t.Errorf("restoring %s: %v", enableURing, err)
+		}
+	})
+}
+
+// TestConnFallsBackWhenRingsFail: once the kernel has accepted
+// FUSE_OVER_IO_URING, it holds every request until each CPU's queue has a
+// ring entry. When a queue's ring cannot be set up, the loop must make the
+// kernel give up on the rings, and serve over /dev/fuse.
+func TestConnFallsBackWhenRingsFail(t *testing.T) {
+	fstest.RequireFUSE(t)
+	requireFUSEOverIOUring(t)
+	transport.FailRingSetup(true)
+	defer transport.FailRingSetup(false)
+	mnt := t.TempDir()
+	conn, err := transport.Mount(mnt, transport.Options{FsName: "transport-test", IOUring: true})
+	if err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	served := make(chan struct{})
+	go func() {
+		// Serve's poll probe is the mount's first request.
+		conn.Serve(gofs.NewNodeFS(&memDir{}, &gofs.Options{ServerCallbacks: conn}))
+		close(served)
+	}()
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		abortConnection(t, mnt)
+		t.Fatalf("Serve still waits 10 s after the rings failed: the kernel still waits for them")
+	}
+	t.Cleanup(func() {
+		if err := conn.Unmount(); err != nil {
+			t.Errorf("Unmount: %v", err)
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+		if err := conn.Wait(); err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+	})
+	if conn.IOUring() {
+		t.Fatalf("requests over io_uring although queue 0 has no ring")
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("a write after the fall-back: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		abortConnection(t, mnt)
+		t.Fatalf("a write waits 10 s after the fall-back: the kernel still waits for rings")
+	}
+	if n := conn.RingRequests(); n != 0 {
+		t.Errorf("%d requests over io_uring after the fall-back", n)
+	}
+}
+
+// abortConnection ends the FUSE connection mounted at mnt through the
+// kernel's fusectl and detaches the mount, so that a test that found the
+// mount hung fails instead of hanging with it.
+func abortConnection(t *testing.T, mnt string) {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Errorf("finding the connection of %s: %v", mnt, err)
+		return
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Errorf("finding the connection of %s: %v", mnt, err)
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// ID, parent ID, major:minor, root, mount point, ...
+		fields := strings.Fields(line)
+		if len(fields) > 4 && fields[4] == mnt {
+			_, minor, _ := strings.Cut(fields[2], ":")
+			if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
+				t.Errorf("aborting the connection of %s: %v", mnt, err)
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				t.Errorf("detaching %s: %v", mnt, err)
+			}
+			return
+		}
+	}
+	t.Errorf("no mount at %s in /proc/self/mountinfo", mnt)
 }

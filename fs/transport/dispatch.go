@@ -65,6 +65,9 @@ const (
 // value, a link target).
 type buffers struct {
 	in, out, payload []byte
+	// ent is the ring entry the request came in, whose buffers take the
+	// reply (fuseuring.go); nil for a request read from /dev/fuse.
+	ent *ringEnt
 }
 
 func newBuffers(maxWrite int) *buffers {
@@ -480,6 +483,9 @@ func (c *Conn) reply(b *buffers, unique uint64, errno syscall.Errno, size int) s
 	}
 	h := (*fuse.OutHeader)(unsafe.Pointer(&b.out[0]))
 	*h = fuse.OutHeader{Length: uint32(outHeaderSize + size), Status: -int32(errno), Unique: unique}
+	if b.ent != nil {
+		return b.ent.put(b.out[:outHeaderSize], b.out[outHeaderSize:outHeaderSize+size])
+	}
 	return c.write(b.out[:outHeaderSize+size])
 }
 
@@ -491,6 +497,10 @@ func (c *Conn) replyData(b *buffers, unique uint64, st fuse.Status, data []byte)
 	}
 	h := (*fuse.OutHeader)(unsafe.Pointer(&b.out[0]))
 	*h = fuse.OutHeader{Length: uint32(outHeaderSize + len(data)), Unique: unique}
+	if b.ent != nil {
+		b.ent.put(b.out[:outHeaderSize], data)
+		return
+	}
 	if len(data) == 0 {
 		c.write(b.out[:outHeaderSize])
 		return

@@ -12,14 +12,25 @@
 // server answered twice the cold lookups this way, on an idle one about
 // 1.2× (docs/benchmarks.md, "The transport's floor"). The live-restart
 // issue needs the loop too: a new daemon must serve a /dev/fuse descriptor
-// it was handed, which go-fuse's server cannot adopt, and FUSE over
-// io_uring would be a second way for this loop to read requests.
+// it was handed, which go-fuse's server cannot adopt.
+//
+// FUSE over io_uring (fuseuring.go, uring.go) is the second way requests
+// come in, where the kernel allows it (Options.IOUring): after INIT the
+// daemon registers ring entries on the kernel's per-CPU queues; a request
+// arrives as a completion in an entry, and one io_uring_enter(2) commits
+// its reply and waits for the next. Each entry has its own thread, pinned
+// to the entry's CPU, so a caller and the handler of its request share a
+// CPU: a lookup's round trip costs about half of what it costs over
+// /dev/fuse (docs/benchmarks.md, "FUSE over io_uring"). FORGET, INTERRUPT
+// and notifications still use /dev/fuse, whose readers keep running.
 //
 // The shape of a connection:
 //
 //	Mount(dir, fs, opts)   open /dev/fuse, mount(2) with fd=N, read INIT
 //	                       and answer it: the mount is usable on return
-//	Conn.Serve()           readers: each reads one request, handles it,
+//	Conn.Serve()           over io_uring: ring threads registered on every
+//	                       CPU's queue (fuseuring.go); and always
+//	                       readers: each reads one request, handles it,
 //	                       replies, and reads again; a reader that finds
 //	                       no other idle reader starts one first, so a
 //	                       blocked handler never stalls the mount; then

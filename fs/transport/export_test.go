@@ -9,3 +9,6 @@ const ProbeNode uint64 = probeNode
 
 // ProbeName is the root entry of the poll probe.
 const ProbeName = probeName
+
+// FailRingSetup makes the rings of CPU 0's queue fail to set up while on.
+func FailRingSetup(on bool) { failRingSetup.Store(on) }
