@@ -214,7 +214,7 @@ func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport
 	if err != nil {
 		return nil, fmt.Errorf("the no-op FUSE server cannot be mounted at %q: %w", mnt, err)
 	}
-	conn.Serve(gofs.NewNodeFS(root, &gofs.Options{
+	err = conn.Serve(gofs.NewNodeFS(root, &gofs.Options{
 		EntryTimeout:    &mo.StableTimeout,
 		AttrTimeout:     &mo.StableTimeout,
 		NegativeTimeout: &mo.NegativeTimeout,
@@ -222,6 +222,9 @@ func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport
 		ServerCallbacks: conn,
 		Logger:          log.Named("floor").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}))
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("the no-op FUSE server cannot serve %q: %w", mnt, err), unix.Unmount(mnt, unix.MNT_DETACH), conn.Wait())
+	}
 	return conn, nil
 }
 

@@ -194,7 +194,9 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
-		conn.Serve(m.requests)
+		if err := conn.Serve(m.requests); err != nil {
+			return nil, errors.Join(fmt.Errorf("failed to serve allocfs at %q: %w", dir, err), unix.Unmount(dir, unix.MNT_DETACH), conn.Wait())
+		}
 		m.ioUring = conn.IOUring()
 	}
 	if m.passthrough.Load() {

@@ -14,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/transport"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -508,9 +509,6 @@ func TestMountServers(t *testing.T) {
 	}
 }
 
-// fuseOverIOUringOn reports whether the fuse module lets a daemon take
-// requests over io_uring.
-func fuseOverIOUringOn() bool {
-	b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring")
-	return err == nil && strings.TrimSpace(string(b)) == "Y"
-}
+// fuseOverIOUringOn reports whether this kernel and process can take
+// FUSE requests over io_uring.
+func fuseOverIOUringOn() bool { return transport.IOUringUsable() == nil }

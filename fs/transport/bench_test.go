@@ -40,7 +40,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 			}
 			var zero time.Duration
 			root := &memDir{}
-			conn.Serve(gofs.NewNodeFS(root, &gofs.Options{EntryTimeout: &zero, AttrTimeout: &zero, ServerCallbacks: conn}))
+			if err := conn.Serve(gofs.NewNodeFS(root, &gofs.Options{EntryTimeout: &zero, AttrTimeout: &zero, ServerCallbacks: conn})); err != nil {
+				b.Fatal(err)
+			}
 			b.Cleanup(func() {
 				if err := conn.Unmount(); err != nil {
 					b.Errorf("unmount: %v", err)

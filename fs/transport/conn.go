@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,8 +46,10 @@ type Options struct {
 	// Capabilities are the INIT flags (fuse.CAP_*) the filesystem wants;
 	// the connection has those the kernel offers too.
 	Capabilities uint64
-	// MaxReaders caps the threads reading requests; 0 means 16. At least
-	// two stay blocked in read(2) while the mount is idle.
+	// MaxReaders caps the threads reading requests from /dev/fuse; 0
+	// means 16. At least two stay blocked in read(2) while the mount is
+	// idle. Over io_uring, each CPU's queue has up to 16 threads of its
+	// own (fuseuring.go).
 	MaxReaders int
 	// IOUring serves requests over io_uring where the kernel offers it
 	// (fuseuring.go), and over /dev/fuse otherwise.
@@ -65,6 +68,7 @@ type Conn struct {
 	flags  uint64 // negotiated
 	// maxWrite bounds a request's size, so the read buffers' too.
 	maxWrite   int
+	maxPages   int // negotiated with MAX_PAGES
 	maxReaders int32
 
 	readers sync.WaitGroup
@@ -83,7 +87,6 @@ type Conn struct {
 	// ringRequests counts those.
 	rings        atomic.Bool
 	ringRequests atomic.Int64
-	queues       []*ringQueue
 
 	unmountOnce sync.Once
 	closeOnce   sync.Once
@@ -179,16 +182,17 @@ func (c *Conn) init(opts Options) error {
 		// Offered only when a ring can be set up: once the kernel has
 		// taken the flag, it holds every request until the rings are
 		// registered, or one registration fails.
-		if err := uringUsable(); err != nil {
+		if err := IOUringUsable(); err != nil {
 			c.log.Info("serving over /dev/fuse", "reason", err)
 		} else {
-			want |= capOverIOUring
+			want |= fuse.CAP_OVER_IO_URING
 		}
 	}
 	c.flags = c.kernel.Flags64() & want
 	if c.flags>>32 != 0 {
 		c.flags |= fuse.CAP_INIT_EXT
 	}
+	c.maxPages = (c.maxWrite-1)/os.Getpagesize() + 1
 	out := (*fuse.InitOut)(unsafe.Pointer(&b.out[outHeaderSize]))
 	*out = fuse.InitOut{
 		Major:               kernelMajor,
@@ -199,7 +203,7 @@ func (c *Conn) init(opts Options) error {
 		MaxBackground:       uint16(opts.MaxBackground),
 		CongestionThreshold: uint16(opts.MaxBackground * 3 / 4),
 		MaxWrite:            uint32(c.maxWrite),
-		MaxPages:            uint16((c.maxWrite-1)/os.Getpagesize() + 1),
+		MaxPages:            uint16(c.maxPages),
 	}
 	if c.flags&fuse.CAP_PASSTHROUGH != 0 {
 		// Files of the backing filesystem sit one level below.
@@ -226,15 +230,19 @@ func (c *Conn) KernelMinor() uint32 { return c.kernel.Minor }
 // Serve starts serving requests with fs, and returns once the kernel has
 // been told that this connection does not poll (pollprobe.go). The
 // filesystem's notifications and backing files go through c (it
-// implements go-fuse's fs.ServerCallbacks).
-func (c *Conn) Serve(fs fuse.RawFileSystem) {
+// implements go-fuse's fs.ServerCallbacks). It fails only when the kernel
+// waits for FUSE rings that could not be set up and would not give up on
+// them: then the connection is aborted, and the caller unmounts.
+func (c *Conn) Serve(fs fuse.RawFileSystem) error {
 	c.fs = fs
 	c.spawn()
 	c.spawn()
-	if c.flags&capOverIOUring != 0 {
+	if c.flags&fuse.CAP_OVER_IO_URING != 0 {
 		if err := c.startRings(); err != nil {
 			c.log.Warn("serving over /dev/fuse: the FUSE rings could not be set up", "error", err)
-			c.refuseRings()
+			if rerr := c.refuseRings(); rerr != nil {
+				return errors.Join(fmt.Errorf("the kernel waits for FUSE rings that could not be set up (%w), and could not be made to give up on them: %w", err, rerr), c.abort())
+			}
 		} else {
 			c.rings.Store(true)
 		}
@@ -245,6 +253,30 @@ func (c *Conn) Serve(fs fuse.RawFileSystem) {
 	if err != nil {
 		c.log.Error(errProbe.Error(), "error", err)
 	}
+	return nil
+}
+
+// abort ends the connection through the kernel's fusectl (what `echo 1 >
+// /sys/fs/fuse/connections/N/abort` does), for a mount nothing can
+// serve: every request waiting on it fails. The mount is found in
+// /proc/self/mountinfo, never by touching it.
+func (c *Conn) abort() error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// ID, parent ID, major:minor, root, mount point, ...
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == c.dir {
+			_, minor, _ := strings.Cut(f[2], ":")
+			if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
+				return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("aborting the FUSE connection at %q: not in /proc/self/mountinfo", c.dir)
 }
 
 func (c *Conn) spawn() {

@@ -66,7 +66,9 @@ const (
 type buffers struct {
 	in, out, payload []byte
 	// ent is the ring entry the request came in, whose buffers take the
-	// reply (fuseuring.go); nil for a request read from /dev/fuse.
+	// reply (fuseuring.go); nil for a request read from /dev/fuse. For a
+	// ring request, payload is the entry's payload buffer, so a reply's
+	// data is built where the kernel reads it.
 	ent *ringEnt
 }
 

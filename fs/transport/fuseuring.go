@@ -40,7 +40,6 @@ import (
 // and its payload buffer holds the request's variable part (names, write
 // data) and the reply's struct and data.
 const (
-	capOverIOUring       = 1 << 41 // FUSE_OVER_IO_URING
 	uringCmdRegister     = 1
 	uringCmdCommitFetch  = 2
 	uringHdrInOut        = 0
@@ -88,8 +87,9 @@ var failRingSetup atomic.Bool
 type ringEnt struct {
 	hdr, payload []byte
 	iov          *[2]unix.Iovec
-	// replied is set once the handler wrote its reply into the buffers.
-	replied bool
+	// replied is set once the handler wrote its reply into the buffers;
+	// oversized when that reply did not fit, and EIO went instead.
+	replied, oversized bool
 }
 
 // ringQueue is the daemon's side of one CPU's queue.
@@ -115,10 +115,10 @@ type ringThread struct {
 	ents []ringEnt
 }
 
-// uringUsable says why this kernel and process cannot serve over io_uring,
-// or nil: the fuse module must allow it, and io_uring itself must be
-// allowed (kernel.io_uring_disabled, seccomp).
-func uringUsable() error {
+// IOUringUsable says why this kernel and process cannot take FUSE
+// requests over io_uring, or nil: the fuse module must allow it, and
+// io_uring itself must be allowed (kernel.io_uring_disabled, seccomp).
+func IOUringUsable() error {
 	b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring")
 	if err != nil {
 		return fmt.Errorf("this kernel's FUSE has no io_uring: %w", err)
@@ -185,7 +185,6 @@ func (c *Conn) startRings() error {
 	started := 0
 	for _, n := range possible {
 		q := &ringQueue{qid: n, own: isOnline[n], pinned: isOnline[n] && allowed.IsSet(n)}
-		c.queues = append(c.queues, q)
 		if !q.own {
 			spare = append(spare, q)
 			continue
@@ -227,7 +226,7 @@ func (c *Conn) startRingThread(qs []*ringQueue, registered chan<- error, count b
 			var set unix.CPUSet
 			set.Set(qs[0].qid)
 			if err := unix.SchedSetaffinity(0, &set); err != nil {
-				c.log.Warn("a FUSE ring thread could not be pinned to its CPU", "cpu", qs[0].qid, "error", err)
+				c.log.Warn("a FUSE ring thread could not be pinned to its CPU; it runs unpinned", "cpu", qs[0].qid, "error", err)
 			}
 		}
 		t, err := c.newRingThread(qs)
@@ -247,17 +246,16 @@ func (c *Conn) newRingThread(qs []*ringQueue) (*ringThread, error) {
 	}
 	r, err := newUring(uint32(len(qs)), ioringSetupSingleIssuer|ioringSetupDeferTaskrun)
 	if err != nil {
-		return nil, fmt.Errorf("queue %d: %w", qs[0].qid, err)
+		return nil, fmt.Errorf("CPU %d's queue: %w", qs[0].qid, err)
 	}
 	t := &ringThread{c: c, qs: qs, r: r, ents: make([]ringEnt, len(qs))}
 	iovSize := int(unsafe.Sizeof([2]unix.Iovec{}))
 	slot := roundUp(uringHdrSize+iovSize, 64)
-	// The kernel's bound on a request or reply: max_write, or 8 KiB.
-	payload := roundUp(max(8192, c.maxWrite), os.Getpagesize())
+	payload := c.ringPayload()
 	payloads := roundUp(len(qs)*slot, os.Getpagesize())
 	t.mem, err = unix.Mmap(-1, 0, payloads+len(qs)*payload, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("queue %d: mapping entry buffers: %w", qs[0].qid, err), r.close())
+		return nil, errors.Join(fmt.Errorf("CPU %d's queue: mapping entry buffers: %w", qs[0].qid, err), r.close())
 	}
 	for i := range t.ents {
 		e := &t.ents[i]
@@ -276,17 +274,35 @@ func (c *Conn) newRingThread(qs []*ringQueue) (*ringThread, error) {
 		put32(sqe, sqeOffLen, 2)
 	}
 	if err := r.enter(0); err != nil {
-		return nil, errors.Join(fmt.Errorf("queue %d: registering: %w", qs[0].qid, err), t.close())
+		return nil, errors.Join(fmt.Errorf("CPU %d's queue: registering: %w", qs[0].qid, err), t.close())
 	}
 	// A refused registration completes at once; a taken one stays
 	// pending until a request arrives.
-	if done, ok := r.pop(); ok && done.res < 0 {
-		return nil, errors.Join(fmt.Errorf("queue %d: FUSE_IO_URING_CMD_REGISTER: %w", qs[0].qid, syscall.Errno(-done.res)), t.close())
+	for {
+		done, ok := r.pop()
+		if !ok {
+			return t, nil
+		}
+		if done.res < 0 {
+			return nil, errors.Join(fmt.Errorf("CPU %d's queue: FUSE_IO_URING_CMD_REGISTER: %w", qs[done.userData].qid, syscall.Errno(-done.res)), t.close())
+		}
 	}
-	return t, nil
 }
 
 func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// ringPayload is the size of an entry's payload buffer: the kernel's
+// bound on a request's or reply's arguments, which it checks at REGISTER
+// (max_write, a request of max_pages pages, and at least 8 KiB). Without
+// MAX_PAGES the kernel keeps its default of 32 pages.
+func (c *Conn) ringPayload() int {
+	page := os.Getpagesize()
+	pages := 32
+	if c.flags&fuse.CAP_MAX_PAGES != 0 {
+		pages = c.maxPages
+	}
+	return roundUp(max(8192, c.maxWrite, pages*page), page)
+}
 
 // ringCommand fills sqe with FUSE ring command cmd for entry i of queue
 // qid, on the connection's fd.
@@ -308,12 +324,18 @@ func (t *ringThread) serve() {
 			t.c.log.Warn("closing a FUSE ring", "queue", t.qs[0].qid, "error", err)
 		}
 	}()
-	b := newBuffers(t.c.maxWrite)
+	// The reply's payload (read data, a listing, an xattr value) is built
+	// in the entry's own payload buffer (handle), so the thread needs
+	// room for the request only.
+	b := &buffers{in: make([]byte, t.c.maxWrite+4096), out: make([]byte, outHeaderSize+maxOutStructSize)}
 	live := len(t.ents)
 	for live > 0 {
 		if err := t.r.enter(1); err != nil {
 			if !t.c.closed.Load() {
-				t.c.log.Error("waiting on a FUSE ring failed; its thread stops", "queue", t.qs[0].qid, "error", err)
+				t.c.log.Error("waiting on a FUSE ring failed; its thread stops, and requests its entries hold wait for the unmount", "cpu", t.qs[0].qid, "error", err)
+			}
+			for _, q := range t.qs {
+				q.threads.Add(-1)
 			}
 			return
 		}
@@ -323,12 +345,18 @@ func (t *ringThread) serve() {
 				break
 			}
 			i := int(done.userData)
-			if done.res < 0 || i >= len(t.ents) {
-				// The connection ended (ENOTCONN), or the entry was
-				// refused; either way the kernel gave it back.
-				if errno := syscall.Errno(-done.res); errno != unix.ENOTCONN && errno != unix.ECANCELED && !t.c.closed.Load() {
-					t.c.log.Error("a FUSE ring entry failed", "queue", t.qs[i].qid, "error", errno)
+			if i >= len(t.ents) {
+				t.c.log.Error("a FUSE ring completion names no entry", "entry", i, "result", done.res)
+				continue
+			}
+			if done.res < 0 {
+				// The connection ended (ENOTCONN, or ECONNABORTED after
+				// an abort), or the entry was refused; either way the
+				// kernel gave it back.
+				if errno := syscall.Errno(-done.res); !connectionGone(errno) && !t.c.closed.Load() {
+					t.c.log.Error("a FUSE ring entry failed", "cpu", t.qs[i].qid, "error", errno)
 				}
+				t.qs[i].threads.Add(-1)
 				live--
 				continue
 			}
@@ -360,9 +388,19 @@ func (c *Conn) grow(q *ringQueue) {
 	}
 	registered := make(chan error, 1)
 	c.startRingThread([]*ringQueue{q}, registered, false)
-	if err := <-registered; err != nil && !c.closed.Load() {
-		c.log.Warn("adding a FUSE ring thread failed", "cpu", q.qid, "error", err)
+	if err := <-registered; err != nil {
+		q.threads.Add(-1)
+		var errno syscall.Errno
+		if !c.closed.Load() && !(errors.As(err, &errno) && connectionGone(errno)) {
+			c.log.Warn("adding a FUSE ring thread failed", "cpu", q.qid, "error", err)
+		}
 	}
+}
+
+// connectionGone reports whether a ring command failed because the
+// connection ended (an unmount, the daemon's exit, an abort).
+func connectionGone(errno syscall.Errno) bool {
+	return errno == unix.ENOTCONN || errno == unix.ECONNABORTED || errno == unix.ECANCELED
 }
 
 // handle rebuilds the request in b as /dev/fuse would have delivered it
@@ -372,9 +410,9 @@ func (t *ringThread) handle(b *buffers, e *ringEnt) {
 	h := (*fuse.InHeader)(unsafe.Pointer(&e.hdr[uringHdrInOut]))
 	size := int(*(*uint32)(unsafe.Pointer(&e.hdr[uringEntOffPayloadSz])))
 	fixed := int(h.Length) - inHeaderSize - size
-	e.replied = false
-	b.ent = e
-	defer func() { b.ent = nil }()
+	e.replied, e.oversized = false, false
+	b.ent, b.payload = e, e.payload
+	defer func() { b.ent, b.payload = nil, nil }()
 	if fixed < 0 || fixed > uringHdrOpInSize || size > len(e.payload) || int(h.Length) > len(b.in) {
 		t.c.log.Error("a FUSE ring request does not add up", "opcode", h.Opcode, "length", h.Length, "payload", size)
 		t.c.reply(b, h.Unique, syscall.EIO, 0)
@@ -394,6 +432,9 @@ func (t *ringThread) handle(b *buffers, e *ringEnt) {
 	t.c.ringRequests.Load()
 	t.c.handle(b, raw)
 	t.c.ringRequests.Add(1)
+	if e.oversized {
+		t.c.log.Error("a reply larger than a ring entry's payload was answered EIO", "opcode", h.Opcode, "payload", len(e.payload))
+	}
 	if !e.replied {
 		// Every ring request must be committed; one the dispatcher
 		// takes no reply to (a FORGET, which the kernel never sends
@@ -414,6 +455,7 @@ func (e *ringEnt) put(parts ...[]byte) syscall.Errno {
 			h := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[uringHdrInOut]))
 			h.Length, h.Status = uint32(outHeaderSize), -int32(syscall.EIO)
 			n = 0
+			e.oversized = true
 			break
 		}
 		n += copy(e.payload[n:], p)
@@ -435,25 +477,22 @@ func (t *ringThread) close() error {
 // refuseRings makes the kernel give up on the rings after some queue
 // could not be registered: until every queue has an entry it holds every
 // request, and only a failed registration makes it serve /dev/fuse
-// instead. A queue ID no CPU has is refused.
-func (c *Conn) refuseRings() {
+// instead. A queue ID no CPU has is refused. When even that fails, the
+// caller must abort the connection.
+func (c *Conn) refuseRings() error {
 	r, err := newUring(1, 0)
 	if err != nil {
-		c.log.Error("the kernel waits for FUSE rings that cannot be set up; the mount hangs until it is unmounted", "error", err)
-		return
+		return err
 	}
 	defer r.close()
-	var iov [2]unix.Iovec
-	sqe := r.next()
-	ringCommand(sqe, c.fd, 0, 1<<16-1, uringCmdRegister, 0)
-	put64(sqe, sqeOffAddr, uint64(uintptr(unsafe.Pointer(&iov))))
-	put32(sqe, sqeOffLen, 2)
+	// The kernel checks the queue ID before it reads the buffers.
+	ringCommand(r.next(), c.fd, 0, 1<<16-1, uringCmdRegister, 0)
 	if err := r.enter(1); err != nil {
-		c.log.Error("the kernel waits for FUSE rings that cannot be set up; the mount hangs until it is unmounted", "error", err)
-		return
+		return fmt.Errorf("submitting the refused registration: %w", err)
 	}
-	runtime.KeepAlive(&iov)
-	if done, ok := r.pop(); !ok || done.res >= 0 {
-		c.log.Error("the kernel took a FUSE ring registration meant to be refused", "result", done.res)
+	done, ok := r.pop()
+	if !ok || done.res >= 0 {
+		return fmt.Errorf("the kernel took a FUSE ring registration meant to be refused (completed: %v, result %d)", ok, done.res)
 	}
+	return nil
 }
