@@ -108,11 +108,12 @@ type ringQueue struct {
 // ringThread serves the entries of its ring (one each for the queues in
 // qs) on one locked goroutine.
 type ringThread struct {
-	c    *Conn
-	qs   []*ringQueue
-	r    *uring
-	mem  []byte
-	ents []ringEnt
+	c  *Conn
+	qs []*ringQueue
+	r  *uring
+	// mem maps the entries' buffers and in, where a request is rebuilt.
+	mem, in []byte
+	ents    []ringEnt
 }
 
 // IOUringUsable says why this kernel and process cannot take FUSE
@@ -253,10 +254,16 @@ func (c *Conn) newRingThread(qs []*ringQueue) (*ringThread, error) {
 	slot := roundUp(uringHdrSize+iovSize, 64)
 	payload := c.ringPayload()
 	payloads := roundUp(len(qs)*slot, os.Getpagesize())
-	t.mem, err = unix.Mmap(-1, 0, payloads+len(qs)*payload, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	// After the payloads, room to rebuild one request (header, struct,
+	// up to max_write of data): off Go's heap too, where a megabyte per
+	// thread would raise the collector's heap goal by as much, and the
+	// daemon's peak memory with it. Untouched pages cost nothing.
+	in := roundUp(c.maxWrite+4096, os.Getpagesize())
+	t.mem, err = unix.Mmap(-1, 0, payloads+len(qs)*payload+in, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("CPU %d's queue: mapping entry buffers: %w", qs[0].qid, err), r.close())
 	}
+	t.in = t.mem[payloads+len(qs)*payload:]
 	for i := range t.ents {
 		e := &t.ents[i]
 		base := i * slot
@@ -325,9 +332,9 @@ func (t *ringThread) serve() {
 		}
 	}()
 	// The reply's payload (read data, a listing, an xattr value) is built
-	// in the entry's own payload buffer (handle), so the thread needs
-	// room for the request only.
-	b := &buffers{in: make([]byte, t.c.maxWrite+4096), out: make([]byte, outHeaderSize+maxOutStructSize)}
+	// in the entry's own payload buffer (handle), and the request is
+	// rebuilt in the thread's mapped buffer.
+	b := &buffers{in: t.in, out: make([]byte, outHeaderSize+maxOutStructSize)}
 	live := len(t.ents)
 	for live > 0 {
 		if err := t.r.enter(1); err != nil {
