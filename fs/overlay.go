@@ -212,7 +212,21 @@ func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	for i, e := range entries {
 		list[i] = fuse.DirEntry{Name: e.Name, Mode: e.Mode}
 	}
-	return &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), list)}, 0, 0
+	d := &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), list)}
+	// The directory in its topmost layer, for fstat once its name is
+	// gone; without it (an open that failed) the listing still works.
+	if layers := n.nodeLayers(); len(layers) > 0 {
+		if fd, err := n.st.Open(layers[0], n.rel(), unix.O_PATH|unix.O_DIRECTORY); err == nil {
+			d.fd = fd
+			n.mu.Lock()
+			if n.openLists == nil {
+				n.openLists = make(map[*listDir]struct{})
+			}
+			n.openLists[d] = struct{}{}
+			n.mu.Unlock()
+		}
+	}
+	return d, 0, 0
 }
 
 // copyUp makes the node's entry exist in the upper layer, copying it

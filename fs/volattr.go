@@ -28,7 +28,14 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 				fd, ok = n.heldFd, n.heldFd > 0
 				n.mu.Unlock()
 			}
-			if !ok || syscall.Fstat(fd, &st) != nil {
+			switch {
+			case ok:
+				if syscall.Fstat(fd, &st) != nil {
+					return toErrno(n.m.logger, err)
+				}
+			case !n.openDirStat(&st):
+				// Not a directory removed or renamed over while open
+				// either.
 				return toErrno(n.m.logger, err)
 			}
 			st.Nlink = 0
@@ -83,19 +90,34 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 			return 0
 		}
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for d := range n.openDirs {
-		var st syscall.Stat_t
-		if err := syscall.Fstat(d.fd, &st); err != nil {
-			continue
-		}
+	var st syscall.Stat_t
+	if n.openDirStat(&st) {
 		out.FromStat(&st)
 		n.shownCtime(&out.Attr)
 		out.Ino = n.StableAttr().Ino
 		return 0
 	}
 	return errno
+}
+
+// openDirStat stats the directory through one of its open handles (a
+// plain volume's volDir, an overlay's listDir), and reports whether one
+// answered. The lock keeps a handle's descriptor from being closed, and
+// its number reused, under the fstat.
+func (n *volNode) openDirStat(st *syscall.Stat_t) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for d := range n.openDirs {
+		if syscall.Fstat(d.fd, st) == nil {
+			return true
+		}
+	}
+	for l := range n.openLists {
+		if syscall.Fstat(l.fd, st) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 var _ = (gofs.NodeSetattrer)((*volNode)(nil))

@@ -57,6 +57,9 @@ type volNode struct {
 	// handle must still answer from the handle's fd.
 	mu       sync.Mutex
 	openDirs map[*volDir]struct{}
+	// openLists are the open handles of an overlay directory that hold
+	// a descriptor of it (listDir.fd), for the same purpose.
+	openLists map[*listDir]struct{}
 	// daemonServed counts the open handles of this file whose data the
 	// daemon serves (no passthrough); see daemonFile. passthroughOpen
 	// counts those the kernel serves: the kernel refuses a handle of one
@@ -195,6 +198,24 @@ type listDir struct {
 	plusBatch
 	entries []fuse.DirEntry
 	pos     int
+	// fd is an O_PATH descriptor of an overlay directory in its topmost
+	// layer (0 for none), registered in the node's openLists: once the
+	// directory is removed or renamed over, fstat of this handle
+	// answers from it, as an open directory of a local filesystem does.
+	fd int
+}
+
+var _ = (gofs.FileReleasedirer)((*listDir)(nil))
+
+// Releasedir forgets the handle's descriptor, if it has one.
+func (l *listDir) Releasedir(ctx context.Context, flags uint32) {
+	if l.fd <= 0 {
+		return
+	}
+	l.node.mu.Lock()
+	delete(l.node.openLists, l)
+	l.node.mu.Unlock()
+	syscall.Close(l.fd)
 }
 
 var _ = (gofs.FileReaddirenter)((*listDir)(nil))
