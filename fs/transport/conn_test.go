@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -420,7 +419,7 @@ func TestConnFallsBackWhenRingsFail(t *testing.T) {
 	select {
 	case <-served:
 	case <-time.After(10 * time.Second):
-		abortConnection(t, mnt)
+		abortConnection(t, conn, mnt)
 		t.Fatalf("Serve still waits 10 s after the rings failed: the kernel still waits for them")
 	}
 	t.Cleanup(func() {
@@ -446,7 +445,7 @@ func TestConnFallsBackWhenRingsFail(t *testing.T) {
 			t.Errorf("a write after the fall-back: %v", err)
 		}
 	case <-time.After(10 * time.Second):
-		abortConnection(t, mnt)
+		abortConnection(t, conn, mnt)
 		t.Fatalf("a write waits 10 s after the fall-back: the kernel still waits for rings")
 	}
 	if n := conn.RingRequests(); n != 0 {
@@ -454,35 +453,15 @@ func TestConnFallsBackWhenRingsFail(t *testing.T) {
 	}
 }
 
-// abortConnection ends the FUSE connection mounted at mnt through the
-// kernel's fusectl and detaches the mount, so that a test that found the
+// abortConnection ends conn's FUSE connection through the kernel's
+// fusectl and detaches its mount at mnt, so that a test that found the
 // mount hung fails instead of hanging with it.
-func abortConnection(t *testing.T, mnt string) {
+func abortConnection(t *testing.T, conn *transport.Conn, mnt string) {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Errorf("finding the connection of %s: %v", mnt, err)
-		return
+	if err := transport.Abort(conn); err != nil {
+		t.Errorf("aborting the connection: %v", err)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
-	if err != nil {
-		t.Errorf("finding the connection of %s: %v", mnt, err)
-		return
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Errorf("detaching %s: %v", mnt, err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID, parent ID, major:minor, root, mount point, ...
-		fields := strings.Fields(line)
-		if len(fields) > 4 && fields[4] == mnt {
-			_, minor, _ := strings.Cut(fields[2], ":")
-			if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
-				t.Errorf("aborting the connection of %s: %v", mnt, err)
-			}
-			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-				t.Errorf("detaching %s: %v", mnt, err)
-			}
-			return
-		}
-	}
-	t.Errorf("no mount at %s in /proc/self/mountinfo", mnt)
 }

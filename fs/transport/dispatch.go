@@ -369,16 +369,28 @@ func (c *Conn) batchForget(r request) {
 	}
 }
 
-func (c *Conn) read1(b *buffers, r request) {
+// readIn reads a request shaped like READ (READ, READDIR, READDIRPLUS)
+// and returns the room for its reply's data; ok is false (and EINVAL
+// sent) when the request is short or asks for more than the payload
+// buffer holds.
+func (c *Conn) readIn(b *buffers, r request) (*fuse.ReadIn, []byte, bool) {
 	i, _, ok := in[fuse.ReadIn](c, b, r)
 	if !ok {
-		return
+		return nil, nil, false
 	}
 	if int(i.Size) > len(b.payload) {
 		c.reply(b, r.hdr.Unique, syscall.EINVAL, 0)
+		return nil, nil, false
+	}
+	return i, b.payload[:i.Size], true
+}
+
+func (c *Conn) read1(b *buffers, r request) {
+	i, dest, ok := c.readIn(b, r)
+	if !ok {
 		return
 	}
-	res, st := c.fs.Read(nil, i, b.payload[:i.Size])
+	res, st := c.fs.Read(nil, i, dest)
 	if st != fuse.OK {
 		if res != nil {
 			res.Done()
@@ -388,22 +400,18 @@ func (c *Conn) read1(b *buffers, r request) {
 	}
 	var data []byte
 	if res != nil {
-		data, st = res.Bytes(b.payload[:i.Size])
+		data, st = res.Bytes(dest)
 		defer res.Done()
 	}
 	c.replyData(b, r.hdr.Unique, st, data)
 }
 
 func (c *Conn) readdir(b *buffers, r request) {
-	i, _, ok := in[fuse.ReadIn](c, b, r)
+	i, dest, ok := c.readIn(b, r)
 	if !ok {
 		return
 	}
-	if int(i.Size) > len(b.payload) {
-		c.reply(b, r.hdr.Unique, syscall.EINVAL, 0)
-		return
-	}
-	list := fuse.NewDirEntryList(b.payload[:i.Size], i.Offset)
+	list := fuse.NewDirEntryList(dest, i.Offset)
 	var st fuse.Status
 	if r.hdr.Opcode == opReaddirplus {
 		st = c.fs.ReadDirPlus(nil, i, list)

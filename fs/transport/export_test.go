@@ -12,3 +12,7 @@ const ProbeName = probeName
 
 // FailRingSetup makes the rings of CPU 0's queue fail to set up while on.
 func FailRingSetup(on bool) { failRingSetup.Store(on) }
+
+// Abort ends c's connection through fusectl, as Serve does when the kernel
+// would wait for rings forever.
+func Abort(c *Conn) error { return c.abort() }
