@@ -265,10 +265,13 @@ func (c *Conn) abort() error {
 	if err != nil {
 		return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
 	}
+	// The table escapes a mount point's spaces, tabs, newlines and
+	// backslashes as octal.
+	dir := strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(c.dir)
 	for _, line := range strings.Split(string(b), "\n") {
 		// ID, parent ID, major:minor, root, mount point, ...
 		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == c.dir {
+		if len(f) > 4 && f[4] == dir {
 			_, minor, _ := strings.Cut(f[2], ":")
 			if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
 				return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
