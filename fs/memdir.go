@@ -137,9 +137,9 @@ func (d *memDir) Create(ctx context.Context, name string, flags uint32, mode uin
 	}
 	ch, f := d.newFile(ctx, name, mode, out)
 	f.mu.Lock()
-	f.opens++
+	h := f.openLocked()
 	f.mu.Unlock()
-	return ch, &memHandle{}, fuse.FOPEN_DIRECT_IO, 0
+	return ch, h, fuse.FOPEN_DIRECT_IO, 0
 }
 
 var _ = (gofs.NodeSymlinker)((*memDir)(nil))

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -12,7 +13,39 @@ import (
 // memHandle is the handle of an open memory file: reads and writes go to
 // the node, but go-fuse tells the node of a release only when the open
 // returned a handle, and the last release frees an unlinked file.
-type memHandle struct{ _ byte }
+type memHandle struct {
+	// flushed is set by the FLUSH a close() sends and cleared by a read
+	// or write after it: a handle flushed and idle is, but for a dup'd
+	// descriptor or a mapping, one whose RELEASE is on its way.
+	flushed atomic.Bool
+	// waitedFor is set, under the node's lock, once an unlink has waited
+	// for this handle's release in vain: it is not waited for again.
+	waitedFor bool
+}
+
+var _ = (gofs.FileFlusher)((*memHandle)(nil))
+
+func (h *memHandle) Flush(ctx context.Context) syscall.Errno {
+	h.flushed.Store(true)
+	return 0
+}
+
+// used records that the handle serves a descriptor still open.
+func used(fh gofs.FileHandle) {
+	if h, ok := fh.(*memHandle); ok {
+		h.flushed.Store(false)
+	}
+}
+
+// releaseWait bounds how long an unlink waits for the releases of
+// handles that are flushed and idle. The kernel sends a RELEASE after
+// close() has returned, as a background request, so it can reach the
+// daemon after the caller's next requests; tmpfs frees an unlinked file
+// at its last close, and a statfs or a create just after "close, unlink"
+// must see what tmpfs would. A release on its way arrives in
+// microseconds, or a few milliseconds on a loaded machine; the bound is
+// what a handle kept by a dup'd descriptor or a mapping costs, once.
+const releaseWait = 250 * time.Millisecond
 
 // memFile is a regular file held in memory, in pages allocated on first
 // write; each page counts against the volume's byte cap.
@@ -20,6 +53,10 @@ type memFile struct {
 	memNode
 	pages    map[int64][]byte // page index to memPageSize bytes
 	fileSize int64
+	// handles are the open handles, as many as memNode.opens.
+	handles map[*memHandle]struct{}
+	// released is closed, and replaced, at each release.
+	released chan struct{}
 }
 
 var _ = (memContent)((*memFile)(nil))
@@ -44,8 +81,19 @@ func (f *memFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 	if flags&syscall.O_TRUNC != 0 {
 		f.truncate(0, true)
 	}
+	return f.openLocked(), fuse.FOPEN_DIRECT_IO, 0
+}
+
+// openLocked makes a handle of f; f.mu is held.
+func (f *memFile) openLocked() *memHandle {
+	h := &memHandle{}
+	if f.handles == nil {
+		f.handles = make(map[*memHandle]struct{})
+		f.released = make(chan struct{})
+	}
+	f.handles[h] = struct{}{}
 	f.opens++
-	return &memHandle{}, fuse.FOPEN_DIRECT_IO, 0
+	return h
 }
 
 var _ = (gofs.NodeReleaser)((*memFile)(nil))
@@ -54,6 +102,11 @@ var _ = (gofs.NodeReleaser)((*memFile)(nil))
 func (f *memFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
 	f.mu.Lock()
 	f.opens--
+	if h, ok := fh.(*memHandle); ok {
+		delete(f.handles, h)
+	}
+	close(f.released)
+	f.released = make(chan struct{})
 	gone := f.takeFree()
 	f.mu.Unlock()
 	if gone {
@@ -65,6 +118,7 @@ func (f *memFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno
 var _ = (gofs.NodeReader)((*memFile)(nil))
 
 func (f *memFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	used(fh)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if off < 0 {
@@ -92,6 +146,7 @@ var _ = (gofs.NodeWriter)((*memFile)(nil))
 // it reports the bytes written so far, and the next write gets ENOSPC, as
 // on tmpfs.
 func (f *memFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	used(fh)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if off < 0 {
@@ -276,3 +331,40 @@ func (l *memLink) readlink() []byte {
 var _ = (gofs.NodeReadlinker)((*memLink)(nil))
 
 func (l *memLink) Readlink(ctx context.Context) ([]byte, syscall.Errno) { return l.readlink(), 0 }
+
+// awaitClosing waits, up to releaseWait, for the releases of f's handles
+// when every one left is flushed and idle, and reports whether f is then
+// unreachable and still to be freed, as takeFree does. It is called once
+// f has lost its last link, with no lock held.
+func (f *memFile) awaitClosing() bool {
+	deadline := time.NewTimer(releaseWait)
+	defer deadline.Stop()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for f.nlink == 0 && f.opens > 0 && f.allClosingLocked() {
+		released := f.released
+		f.mu.Unlock()
+		select {
+		case <-released:
+			f.mu.Lock()
+		case <-deadline.C:
+			f.mu.Lock()
+			for h := range f.handles {
+				h.waitedFor = true
+			}
+			return f.takeFree()
+		}
+	}
+	return f.takeFree()
+}
+
+// allClosingLocked reports whether f's every open handle is flushed and
+// idle and has not been waited for before; f.mu is held.
+func (f *memFile) allClosingLocked() bool {
+	for h := range f.handles {
+		if !h.flushed.Load() || h.waitedFor {
+			return false
+		}
+	}
+	return len(f.handles) == f.opens
+}

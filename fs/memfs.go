@@ -318,6 +318,9 @@ func (v *memVolume) dropName(name string, ch *gofs.Inode) {
 	linked := n.nlink > 0
 	gone := n.takeFree()
 	n.mu.Unlock()
+	if f, ok := ops.(*memFile); ok && !linked && !gone {
+		gone = f.awaitClosing()
+	}
 	switch {
 	case linked:
 		// Another name keeps the node: this one's entry goes back, as

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -506,6 +508,77 @@ func TestMemVolumeUnlinkedFileKeepsItsCharge(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "f")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("lstat of the unlinked name: got %v, want not-exist", err)
+	}
+}
+
+// lateReleases delays every RELEASE by delay, as a daemon thread the
+// scheduler leaves waiting on a loaded machine does: the kernel sends it
+// in the background, after close() has returned.
+type lateReleases struct {
+	fuse.RawFileSystem
+	delay time.Duration
+}
+
+func (l *lateReleases) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
+	time.Sleep(l.delay)
+	l.RawFileSystem.Release(cancel, in)
+}
+
+// TestMemVolumeFreesAFileClosedBeforeItsUnlink checks that "close,
+// unlink" frees a memory file by the time unlink returns, as tmpfs does,
+// even when the close's RELEASE reaches the daemon after the UNLINK; and
+// that a file still open through a dup'd descriptor keeps its charge.
+func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
+	tm := newTestMountTuned(t, store.Options{}, func(o *MountOptions) {
+		o.interpose = func(h fuse.RawFileSystem) fuse.RawFileSystem {
+			return &lateReleases{RawFileSystem: h, delay: 50 * time.Millisecond}
+		}
+	})
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tm.dir, "a1/web/secrets")
+	if err := os.WriteFile(filepath.Join(dir, "closed"), make([]byte, 3*memPageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets).v
+	used := func() int64 {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.used
+	}
+	if err := os.Remove(filepath.Join(dir, "closed")); err != nil {
+		t.Fatal(err)
+	}
+	if got := used(); got != 0 {
+		t.Errorf("after close and unlink: %d bytes used, want 0", got)
+	}
+
+	f, err := os.Create(filepath.Join(dir, "kept"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, memPageSize)); err != nil {
+		t.Fatal(err)
+	}
+	dup, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The close of the copy flushes the handle the other still uses.
+	if err := unix.Close(dup); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "kept")); err != nil {
+		t.Fatal(err)
+	}
+	if got := used(); got != memPageSize {
+		t.Errorf("after unlink of a file still open: %d bytes used, want %d", got, memPageSize)
+	}
+	buf := make([]byte, memPageSize)
+	if n, err := f.ReadAt(buf, 0); err != nil || n != memPageSize {
+		t.Errorf("read of the unlinked file: %d bytes, %v", n, err)
 	}
 }
 

@@ -49,6 +49,9 @@ type MountOptions struct {
 	StableTimeout time.Duration
 	// NegativeTimeout is how long a failed lookup is cached.
 	NegativeTimeout time.Duration
+	// interpose, when set, wraps the request handler: tests use it to
+	// hold or delay a request as a busy or starved daemon thread would.
+	interpose func(fuse.RawFileSystem) fuse.RawFileSystem
 }
 
 // DefaultMountOptions are the options `allocfs serve` uses.
@@ -191,7 +194,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
 		}
 		fopts.ServerCallbacks = conn
-		m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
+		m.requests = m.newHandler(fopts)
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
 		if err := conn.Serve(m.requests); err != nil {

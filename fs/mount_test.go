@@ -43,6 +43,13 @@ func newTestMount(t *testing.T) *testMount {
 // newTestMountWith is newTestMount with the store opened with opts.
 func newTestMountWith(t *testing.T, storeOpts store.Options) *testMount {
 	t.Helper()
+	return newTestMountTuned(t, storeOpts, nil)
+}
+
+// newTestMountTuned is newTestMountWith with the mount's options changed
+// by tune, when it is not nil.
+func newTestMountTuned(t *testing.T, storeOpts store.Options, tune func(*MountOptions)) *testMount {
+	t.Helper()
 	fstest.RequireFUSE(t)
 	logger := testLogger(t)
 	logger.SetLevel(hclog.Warn)
@@ -53,6 +60,9 @@ func newTestMountWith(t *testing.T, storeOpts store.Options) *testMount {
 	}
 	opts := DefaultMountOptions()
 	opts.Debug = testing.Verbose() && os.Getenv("ALLOCFS_FUSE_DEBUG") == "1"
+	if tune != nil {
+		tune(&opts)
+	}
 	m, err := NewMount(logger, s, dir, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -41,9 +41,19 @@ func (s goFuseServer) Wait() error {
 	return nil
 }
 
+// newHandler makes what serves the mount's requests: the node tree behind
+// go-fuse's bridge, with the release ordering and the counts around it.
+func (m *Mount) newHandler(fopts *gofs.Options) *countingFS {
+	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}
+	if m.opts.interpose != nil {
+		h = m.opts.interpose(h)
+	}
+	return &countingFS{fs: h}
+}
+
 // serveGoFuse mounts and serves with go-fuse's server.
 func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
-	m.requests = &countingFS{fs: &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}}
+	m.requests = m.newHandler(fopts)
 	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
 	if err != nil {
 		return fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
