@@ -40,6 +40,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -72,13 +73,14 @@ type Server struct {
 	// stopStreams ends the client API's streams; see StopStreams.
 	stopStreams func()
 	// fetchTLS is the TLS of remote migrations' fetches; see SetFetchTLS.
-	fetchTLS *tls.Config
+	fetchTLS atomic.Pointer[tls.Config]
 }
 
 // SetFetchTLS sets the TLS configuration of the fetches of remote
 // migrations (--from https://...): the roots that authenticate other
-// nodes and this node's client certificate. Call it before serving.
-func (s *Server) SetFetchTLS(cfg *tls.Config) { s.fetchTLS = cfg }
+// nodes and this node's client certificate. A fetch takes the one set
+// when it starts: a reload may set another at any time.
+func (s *Server) SetFetchTLS(cfg *tls.Config) { s.fetchTLS.Store(cfg) }
 
 // Wait waits for work that requests left running in the background.
 func (s *Server) Wait() { s.background.Wait() }

@@ -147,7 +147,7 @@ func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progr
 		AllocID:    req.Previous,
 		Token:      req.Token,
 		StagingDir: s.store.StagingDir(),
-		TLS:        s.fetchTLS,
+		TLS:        s.fetchTLS.Load(),
 		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
 		Progress:   progress,

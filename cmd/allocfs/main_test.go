@@ -250,6 +250,13 @@ func TestCLIExitCodes(t *testing.T) {
 	if err := os.WriteFile(longSecret, []byte(strings.Repeat("s", 65)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	config := func(text string) string {
+		p := filepath.Join(t.TempDir(), "serve.flags")
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	cases := []struct {
 		name   string
 		env    []string
@@ -271,6 +278,11 @@ func TestCLIExitCodes(t *testing.T) {
 		{"--user of an unknown task", nil, []string{"alloc", "create", "a1", "--task", "web", "--user", "db=nobody"}, exitUsage, "names a task not given"},
 		{"negative --secrets-mb", nil, []string{"alloc", "create", "a1", "--task", "web", "--secrets-mb", "-1"}, exitUsage, "must not be negative"},
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, exitUsage, `unknown --log-level "loud"`},
+		{"config file missing", nil, []string{"serve", "--config", missing}, exitUsage, "failed to read the config file"},
+		{"config line not a flag", nil, []string{"serve", "--config", config("log-level=debug\n")}, exitUsage, `"log-level=debug" is not a flag`},
+		{"config names a config", nil, []string{"serve", "--config", config("--config=/etc/x\n")}, exitUsage, "--config cannot name another file"},
+		{"config unknown flag", nil, []string{"serve", "--config", config("# c\n--bogus\n")}, exitUsage, "unknown flag: --bogus"},
+		{"config bad level", nil, []string{"serve", "--config", config("--log-level loud\n")}, exitUsage, `unknown --log-level "loud"`},
 		{"token file without TCP", nil, []string{"serve", "--token-file", empty}, exitUsage, "--token-file needs --http-addr"},
 		{"TLS cert without key", nil, []string{"serve", "--tls-cert", empty}, exitUsage, "--tls-cert and --tls-key go together"},
 		{"TCP without any token", nil, []string{"serve", "--http-addr", "127.0.0.1:0"}, exitUsage, "nothing is served over TCP without a token"},

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,7 +289,10 @@ func TestLimitStreams(t *testing.T) {
 func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 	g, logs, clock := testGuard(t, fdBudget{Streams: 4}, defaultTimeouts)
 	secret := migrate.NodeSecretToken("node-secret")
-	cfg := nodeConfig{apiToken: "api-token", migrateTokens: secret}
+	// The routes follow the flags; the tokens are what the files held.
+	cfg := nodeConfig{apiTokenFile: "token", nodeSecretFile: "secret"}
+	var secrets atomic.Pointer[nodeSecrets]
+	secrets.Store(&nodeSecrets{apiToken: "api-token", migrateTokens: secret})
 	var reached []string
 	next := func(name string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -296,7 +300,7 @@ func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 			io.WriteString(w, "ok")
 		})
 	}
-	h := nodeHandler(g.refusals, cfg, next("snapshot"), next("client"))
+	h := nodeHandler(g.refusals, cfg, &secrets, next("snapshot"), next("client"))
 	do := func(path, token string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, path, nil)
 		if token != "" {

@@ -8,38 +8,47 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/migrate"
 )
 
-// nodeConfig is what the TCP listener serves and how it is secured.
+// nodeConfig is what the TCP listener serves and how it is secured: the
+// address, and the files that hold its tokens and its TLS material, which
+// SIGHUP reads again (nodeSecrets).
 type nodeConfig struct {
 	// addr is the TCP address; empty: no TCP listener.
 	addr string
-	// migrateTokens, when not nil, admits snapshot requests
-	// (GET /v1/client/allocation/<id>/snapshot).
-	migrateTokens migrate.TokenChecker
-	// apiToken, when set, admits requests to the client API
-	// (/v1/client/fs/*, the GC endpoints); without it that API is not
-	// served on TCP at all.
-	apiToken string
+	// migrateTokenFile and nodeSecretFile, either or both, admit
+	// snapshot requests (GET /v1/client/allocation/<id>/snapshot).
+	migrateTokenFile, nodeSecretFile string
+	// apiTokenFile admits requests to the client API (/v1/client/fs/*,
+	// the GC endpoints); without it that API is not served on TCP at all.
+	apiTokenFile string
 	// TLS: cert and key turn TLS on; ca makes client certificates signed
 	// by it mandatory (mutual TLS).
 	tlsCert, tlsKey, tlsCA string
 }
 
-// load reads the token files named on the command line and checks that
-// the TCP settings make sense together.
-func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string) error {
-	if _, err := c.tlsConfig(); err != nil {
-		return err
-	}
+// nodeSecrets is what the files of a nodeConfig held when they were read.
+type nodeSecrets struct {
+	// migrateTokens admits snapshot requests; nil when no file names one.
+	migrateTokens migrate.TokenChecker
+	// apiToken admits client API requests; "" when no file names it.
+	apiToken string
+	// serverTLS is the listener's TLS (nil: plain TCP) and fetchTLS that
+	// of this node's fetches from others (nil: Go's defaults).
+	serverTLS, fetchTLS *tls.Config
+}
+
+// check refuses combinations of the TCP flags that make no sense.
+func (c nodeConfig) check() error {
 	if c.addr == "" {
 		// The TLS flags also serve this node's own fetches; the tokens
 		// only guard the listener.
 		for _, f := range []struct{ flag, value string }{
-			{"--migrate-token-file", migrateTokenFile}, {"--node-secret-file", nodeSecretFile}, {"--token-file", apiTokenFile},
+			{"--migrate-token-file", c.migrateTokenFile}, {"--node-secret-file", c.nodeSecretFile}, {"--token-file", c.apiTokenFile},
 		} {
 			if f.value != "" {
 				return fmt.Errorf("%s needs --http-addr", f.flag)
@@ -47,38 +56,67 @@ func (c *nodeConfig) load(migrateTokenFile, nodeSecretFile, apiTokenFile string)
 		}
 		return nil
 	}
-	if migrateTokenFile == "" && nodeSecretFile == "" && apiTokenFile == "" {
+	if c.migrateTokenFile == "" && c.nodeSecretFile == "" && c.apiTokenFile == "" {
 		return fmt.Errorf("--http-addr needs --migrate-token-file, --node-secret-file or --token-file: nothing is served over TCP without a token")
 	}
+	return nil
+}
+
+// load reads the token and TLS files the configuration names.
+func (c nodeConfig) load() (*nodeSecrets, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	var out nodeSecrets
+	var err error
+	if out.serverTLS, out.fetchTLS, err = c.tlsConfigs(); err != nil {
+		return nil, err
+	}
 	var checkers migrate.AnyToken
-	if migrateTokenFile != "" {
-		t, err := readSecretFile("migration token", migrateTokenFile)
+	if c.migrateTokenFile != "" {
+		t, err := readSecretFile("migration token", c.migrateTokenFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		checkers = append(checkers, migrate.SharedToken(t))
 	}
-	if nodeSecretFile != "" {
-		t, err := readSecretFile("node secret", nodeSecretFile)
+	if c.nodeSecretFile != "" {
+		t, err := readSecretFile("node secret", c.nodeSecretFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := migrate.NodeSecretToken(t).Validate(); err != nil {
-			return err
+			return nil, err
 		}
 		checkers = append(checkers, migrate.NodeSecretToken(t))
 	}
 	if len(checkers) > 0 {
-		c.migrateTokens = checkers
+		out.migrateTokens = checkers
 	}
-	if apiTokenFile != "" {
-		t, err := readSecretFile("API token", apiTokenFile)
-		if err != nil {
-			return err
+	if c.apiTokenFile != "" {
+		if out.apiToken, err = readSecretFile("API token", c.apiTokenFile); err != nil {
+			return nil, err
 		}
-		c.apiToken = t
 	}
-	return nil
+	return &out, nil
+}
+
+// servesSnapshots and servesClientAPI tell which routes the listener has;
+// they follow the flags, so a reload changes what the tokens are, never
+// which routes exist.
+func (c nodeConfig) servesSnapshots() bool { return c.migrateTokenFile != "" || c.nodeSecretFile != "" }
+func (c nodeConfig) servesClientAPI() bool { return c.apiTokenFile != "" }
+
+// liveServerTLS is the listener's TLS configuration: every handshake
+// takes the certificate and CA that secrets holds now, so a reload
+// applies to the next connection.
+func liveServerTLS(secrets *atomic.Pointer[nodeSecrets]) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return secrets.Load().serverTLS, nil
+		},
+	}
 }
 
 // readSecretFile returns the trimmed content of a file holding a token,
@@ -95,33 +133,23 @@ func readSecretFile(what, path string) (string, error) {
 	return s, nil
 }
 
-// tlsConfig returns the listener's TLS configuration, or nil for plain
-// TCP: this node's certificate, and with a CA, client certificates
-// required and checked against it.
-func (c nodeConfig) tlsConfig() (*tls.Config, error) {
+// tlsConfigs returns the listener's TLS configuration, nil for plain TCP
+// (this node's certificate, and with a CA, client certificates required
+// and checked against it), and that of this node's fetches from other
+// nodes, which run the same setup (the CA authenticates them and this
+// node's certificate is its client certificate; nil: Go's defaults).
+func (c nodeConfig) tlsConfigs() (server, fetch *tls.Config, err error) {
 	cert, pool, err := c.tlsMaterial()
 	if err != nil || cert == nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS12}
+	server = &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS12}
 	if pool != nil {
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		server.ClientCAs = pool
+		server.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return cfg, nil
-}
-
-// fetchTLSConfig returns the TLS configuration of this node's fetches
-// from other nodes, which run the same setup: the CA authenticates them
-// and this node's certificate is its client certificate. nil means
-// Go's defaults (the system's roots, no client certificate).
-func (c nodeConfig) fetchTLSConfig() (*tls.Config, error) {
-	cert, pool, err := c.tlsMaterial()
-	if err != nil || cert == nil {
-		return nil, err
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{*cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
-	return cfg, nil
+	fetch = &tls.Config{Certificates: []tls.Certificate{*cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return server, fetch, nil
 }
 
 // tlsMaterial loads the key pair and the CA the TLS flags name; no
@@ -156,15 +184,16 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the
 // migration token, the client API behind the API token, nothing else (the
-// control API stays on the unix socket). Refusals are logged through
-// refusals, at a bounded rate: anyone who can connect can cause them.
-func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, snapshots, client http.Handler) http.Handler {
+// control API stays on the unix socket). The tokens are those secrets
+// holds at each request. Refusals are logged through refusals, at a
+// bounded rate: anyone who can connect can cause them.
+func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	if cfg.migrateTokens != nil {
-		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, cfg.migrateTokens, snapshots))
+	if cfg.servesSnapshots() {
+		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, secrets, snapshots))
 	}
-	if cfg.apiToken != "" {
-		mux.Handle("/v1/client/", requireToken(refusals, cfg.apiToken, client))
+	if cfg.servesClientAPI() {
+		mux.Handle("/v1/client/", requireToken(refusals, secrets, client))
 	}
 	return mux
 }
@@ -172,10 +201,10 @@ func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, snapshots, clien
 // requireToken admits requests that present token as X-Nomad-Token or as
 // an "Authorization: Bearer" header, as Nomad's API does, and answers 403
 // to the rest.
-func requireToken(refusals *netlimit.LogLimiter, token string, next http.Handler) http.Handler {
-	check := migrate.SharedToken(token)
+func requireToken(refusals *netlimit.LogLimiter, secrets *atomic.Pointer[nodeSecrets], next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !check.Check("", migrate.RequestToken(r)) {
+		token := secrets.Load().apiToken
+		if token == "" || !migrate.SharedToken(token).Check("", migrate.RequestToken(r)) {
 			refusals.Warn("token/client_api", "refused a client API request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(http.StatusForbidden)
@@ -190,10 +219,11 @@ func requireToken(refusals *netlimit.LogLimiter, token string, next http.Handler
 // refuse for the allocation it names. The snapshot handler checks again,
 // but logs every refusal; checked here first, refusals are logged at a
 // bounded rate.
-func requireSnapshotToken(refusals *netlimit.LogLimiter, tokens migrate.TokenChecker, next http.Handler) http.Handler {
+func requireSnapshotToken(refusals *netlimit.LogLimiter, secrets *atomic.Pointer[nodeSecrets], next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := migrate.RequestToken(r)
-		if token == "" || !tokens.Check(r.PathValue("id"), token) {
+		tokens := secrets.Load().migrateTokens
+		if token == "" || tokens == nil || !tokens.Check(r.PathValue("id"), token) {
 			refusals.Warn("token/snapshot", "refused a snapshot request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
 			// The snapshot handler's own answer, word for word.
 			http.Error(w, "Permission denied", http.StatusForbidden)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,85 +34,145 @@ const (
 	shutdownTimeout = 5 * time.Second
 )
 
-func runServe(e *env, args []string) error {
-	const cmd = "allocfs serve"
-	fset := newFlagSet(e, cmd, "[flags]", `
+const serveCmd = "allocfs serve"
+
+// serveArgs are serve's flags, from --config's file and the command line.
+type serveArgs struct {
+	configFile                      string
+	dataDir, mountDir, socket       string
+	logLevel                        string
+	logJSON, debugFuse, fuseIOUring bool
+	node                            nodeConfig
+	gc                              store.GCConfig
+}
+
+// newServeFlags returns serve's flag set, parsing into a.
+func newServeFlags(e *env, a *serveArgs) *pflag.FlagSet {
+	fset := newFlagSet(e, serveCmd, "[flags]", `
 Mount the allocation directories at --mount and serve the control API on
 --socket until SIGINT or SIGTERM. Every allocation recorded in --data-dir is
 back in the mount when serve starts. On a signal the API stops first, then
-the mount is detached; a mount that cannot be detached makes serve exit 1.`)
-	var (
-		dataDir                                        string
-		mountDir                                       string
-		socket                                         string
-		logLevel                                       string
-		logJSON                                        bool
-		debugFuse, fuseIOUring                         bool
-		node                                           nodeConfig
-		migrateTokenFile, nodeSecretFile, apiTokenFile string
-		gc                                             = store.DefaultGCConfig()
-	)
-	fset.StringVar(&dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
-	fset.StringVar(&mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
-	fset.StringVar(&socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
-	fset.StringVar(&logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
-	fset.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
-	fset.BoolVar(&fuseIOUring, "fuse-io-uring", true, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y); false: always over /dev/fuse")
-	fset.BoolVar(&debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
-	fset.StringVar(&node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
-	fset.StringVar(&migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
-	fset.StringVar(&nodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
-	fset.StringVar(&apiTokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
-	fset.StringVar(&node.tlsCert, "tls-cert", "", "this node's certificate `file` (PEM): --http-addr serves TLS with it, and fetches from other nodes present it")
-	fset.StringVar(&node.tlsKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
-	fset.StringVar(&node.tlsCA, "tls-ca", "", "the cluster's CA `file` (PEM): --http-addr requires client certificates it signed (mutual TLS), and fetches trust the nodes it signed")
-	fset.DurationVar(&gc.Interval, "gc-interval", gc.Interval, "how often the collector checks the node's `duration`")
-	fset.Float64Var(&gc.DiskUsagePercent, "gc-disk-usage-threshold", gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
-	fset.Float64Var(&gc.InodeUsagePercent, "gc-inode-usage-threshold", gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
-	fset.IntVar(&gc.MaxAllocs, "gc-max-allocs", gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
-	if err := parseFlags(fset, args, 0, 0); err != nil {
-		return err
-	}
-	level := hclog.LevelFromString(logLevel)
-	if level == hclog.NoLevel {
-		return usageErrorf(cmd, "unknown --log-level %q: use trace, debug, info, warn or error", logLevel)
-	}
-	if dataDir == "" {
-		return usageErrorf(cmd, "--data-dir must not be empty")
-	}
-	if err := node.load(migrateTokenFile, nodeSecretFile, apiTokenFile); err != nil {
-		return usageErrorf(cmd, "%v", err)
-	}
-	if mountDir == "" {
-		mountDir = filepath.Join(dataDir, "mnt")
-	}
-	if socket == "" {
-		socket = filepath.Join(dataDir, "allocfs.sock")
-	}
-	var err error
-	if dataDir, err = resolvePath(dataDir); err != nil {
-		return err
-	}
-	if mountDir, err = resolvePath(mountDir); err != nil {
-		return err
-	}
-	if socket, err = resolvePath(socket); err != nil {
-		return err
-	}
+the mount is detached; a mount that cannot be detached makes serve exit 1.
 
+SIGHUP reloads: --config's file is read again, and with it the log level,
+the token files and the TLS files take effect (a rotated certificate or
+token needs nothing more). Other flags take effect at the next start; a
+reload that changes them says so in the log.`)
+	a.gc = store.DefaultGCConfig()
+	fset.StringVar(&a.configFile, "config", "", "`file` of flags, one per line (--log-level=debug; # starts a comment), read before the command line, whose flags win; SIGHUP reads it again")
+	fset.StringVar(&a.dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
+	fset.StringVar(&a.mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
+	fset.StringVar(&a.socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
+	fset.StringVar(&a.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
+	fset.BoolVar(&a.logJSON, "log-json", false, "log JSON lines instead of text")
+	fset.BoolVar(&a.fuseIOUring, "fuse-io-uring", true, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y); false: always over /dev/fuse")
+	fset.BoolVar(&a.debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
+	fset.StringVar(&a.node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
+	fset.StringVar(&a.node.migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
+	fset.StringVar(&a.node.nodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
+	fset.StringVar(&a.node.apiTokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
+	fset.StringVar(&a.node.tlsCert, "tls-cert", "", "this node's certificate `file` (PEM): --http-addr serves TLS with it, and fetches from other nodes present it")
+	fset.StringVar(&a.node.tlsKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
+	fset.StringVar(&a.node.tlsCA, "tls-ca", "", "the cluster's CA `file` (PEM): --http-addr requires client certificates it signed (mutual TLS), and fetches trust the nodes it signed")
+	fset.DurationVar(&a.gc.Interval, "gc-interval", a.gc.Interval, "how often the collector checks the node's `duration`")
+	fset.Float64Var(&a.gc.DiskUsagePercent, "gc-disk-usage-threshold", a.gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
+	fset.Float64Var(&a.gc.InodeUsagePercent, "gc-inode-usage-threshold", a.gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
+	fset.IntVar(&a.gc.MaxAllocs, "gc-max-allocs", a.gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
+	return fset
+}
+
+// parseServeArgs parses serve's command line, and the file its --config
+// names before it, and checks what can be checked without the machine.
+func parseServeArgs(e *env, args []string) (*serveArgs, error) {
+	a := &serveArgs{}
+	if err := parseFlags(newServeFlags(e, a), args, 0, 0); err != nil {
+		return nil, err
+	}
+	if a.configFile != "" {
+		fileArgs, err := readConfigFile(a.configFile)
+		if err != nil {
+			return nil, usageErrorf(serveCmd, "%v", err)
+		}
+		configFile := a.configFile
+		a = &serveArgs{}
+		if err := parseFlags(newServeFlags(e, a), append(fileArgs, args...), 0, 0); err != nil {
+			return nil, err
+		}
+		a.configFile = configFile
+	}
+	if hclog.LevelFromString(a.logLevel) == hclog.NoLevel {
+		return nil, usageErrorf(serveCmd, "unknown --log-level %q: use trace, debug, info, warn or error", a.logLevel)
+	}
+	if a.dataDir == "" {
+		return nil, usageErrorf(serveCmd, "--data-dir must not be empty")
+	}
+	if a.mountDir == "" {
+		a.mountDir = filepath.Join(a.dataDir, "mnt")
+	}
+	if a.socket == "" {
+		a.socket = filepath.Join(a.dataDir, "allocfs.sock")
+	}
+	return a, nil
+}
+
+// readConfigFile returns the flags of a --config file: one per line, as
+// "--name=value", "--name value" or "--name" for a boolean; blank lines
+// and lines starting with # are skipped.
+func readConfigFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the config file: %w", err)
+	}
+	var args []string
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if !strings.HasPrefix(line, "--") {
+			return nil, fmt.Errorf("%s:%d: %q is not a flag (--name=value)", path, i+1, line)
+		}
+		name, value, spaced := strings.Cut(line, " ")
+		if n, _, _ := strings.Cut(name, "="); n == "--config" {
+			return nil, fmt.Errorf("%s:%d: --config cannot name another file", path, i+1)
+		}
+		if spaced {
+			args = append(args, name+"="+strings.TrimSpace(value))
+		} else {
+			args = append(args, name)
+		}
+	}
+	return args, nil
+}
+
+func runServe(e *env, args []string) error {
+	a, err := parseServeArgs(e, args)
+	if err != nil {
+		return err
+	}
+	secrets, err := a.node.load()
+	if err != nil {
+		return usageErrorf(serveCmd, "%v", err)
+	}
+	if err := resolveServePaths(a); err != nil {
+		return err
+	}
 	logger := hclog.New(&hclog.LoggerOptions{
 		Name:       "allocfs",
-		Level:      level,
-		JSONFormat: logJSON,
+		Level:      hclog.LevelFromString(a.logLevel),
+		JSONFormat: a.logJSON,
 		Output:     e.stderr,
 	})
 	return serve(logger, serveConfig{
-		dataDir:  dataDir,
-		mountDir: mountDir,
-		socket:   socket,
-		mount:    fs.MountOptions{Debug: debugFuse, IOUring: fuseIOUring},
-		node:     node,
-		gc:       gc,
+		dataDir:  a.dataDir,
+		mountDir: a.mountDir,
+		socket:   a.socket,
+		mount:    fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring},
+		node:     a.node,
+		secrets:  secrets,
+		gc:       a.gc,
+		args:     a,
+		reread:   func() (*serveArgs, error) { return parseServeArgs(e, args) },
 	})
 }
 
@@ -119,9 +183,15 @@ type serveConfig struct {
 	mountDir string
 	socket   string
 	mount    fs.MountOptions
-	// node is what other machines reach over TCP.
-	node nodeConfig
-	gc   store.GCConfig
+	// node is what other machines reach over TCP, and secrets what its
+	// files held at the start.
+	node    nodeConfig
+	secrets *nodeSecrets
+	gc      store.GCConfig
+	// args are the flags serve started with, and reread parses them
+	// again, for SIGHUP; nil reread: nothing to reload.
+	args   *serveArgs
+	reread func() (*serveArgs, error)
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
@@ -136,6 +206,16 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+	// SIGHUP, which a closed terminal or a reload by habit sends,
+	// reloads (reload.go) and never stops the daemon.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
+	var secrets atomic.Pointer[nodeSecrets]
+	if cfg.secrets == nil {
+		cfg.secrets = &nodeSecrets{}
+	}
+	secrets.Store(cfg.secrets)
 
 	// Clients get what the mount and the store leave them, and no more.
 	budget, err := newFDBudget(logger)
@@ -214,12 +294,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return pinnedFS{FS: fs.NewAllocDir(logger, s, m, m.Dir(), id), store: s, id: id}, nil
 	}
 	clientAPI := apiServer.ServeClientAPI(lookup)
-	fetchTLS, err := cfg.node.fetchTLSConfig()
-	if err != nil {
-		ln.Close()
-		return errors.Join(err, m.Unmount())
-	}
-	apiServer.SetFetchTLS(fetchTLS)
+	apiServer.SetFetchTLS(cfg.secrets.fetchTLS)
 	srv := guard.httpServer(guard.limitStreams(apiServer, false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
@@ -227,10 +302,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	go func() { served <- srv.Serve(ln) }()
 	var nodeSrv *http.Server
 	if cfg.node.addr != "" {
-		tlsCfg, err := cfg.node.tlsConfig()
-		if err != nil {
-			srv.Close()
-			return errors.Join(err, m.Unmount())
+		var tlsCfg *tls.Config
+		if cfg.secrets.serverTLS != nil {
+			tlsCfg = liveServerTLS(&secrets)
 		}
 		tcp, err := net.Listen("tcp", cfg.node.addr)
 		if err != nil {
@@ -242,10 +316,14 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			return errors.Join(err, m.Unmount())
 		}
 		var snapshots http.Handler
-		if cfg.node.migrateTokens != nil {
-			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, lookup, cfg.node.migrateTokens), true)
+		if cfg.node.servesSnapshots() {
+			tokens := migrate.TokenCheckerFunc(func(id, token string) bool {
+				t := secrets.Load().migrateTokens
+				return t != nil && t.Check(id, token)
+			})
+			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, lookup, tokens), true)
 		}
-		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, snapshots, guard.limitStreams(clientAPI, false)), "tcp")
+		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, &secrets, snapshots, guard.limitStreams(clientAPI, false)), "tcp")
 		nodeSrv.TLSConfig = tlsCfg
 		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
 		go func() {
@@ -256,8 +334,8 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			served <- nodeSrv.Serve(tcp)
 		}()
 		logger.Info("serving other machines", "addr", tcp.Addr().String(), "tls", tlsCfg != nil,
-			"mutual_tls", tlsCfg != nil && tlsCfg.ClientCAs != nil,
-			"snapshots", cfg.node.migrateTokens != nil, "client_api", cfg.node.apiToken != "")
+			"mutual_tls", cfg.secrets.serverTLS != nil && cfg.secrets.serverTLS.ClientCAs != nil,
+			"snapshots", cfg.node.servesSnapshots(), "client_api", cfg.node.servesClientAPI())
 	}
 	gcCtx, stopGC := context.WithCancel(context.Background())
 	gcDone := make(chan struct{})
@@ -271,12 +349,20 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		"passthrough", m.Passthrough(), "allocations", s.Len())
 
 	var failure error
-	select {
-	case sig := <-sigs:
-		logger.Info("shutting down", "signal", sig.String())
-	case err := <-served:
-		failure = fmt.Errorf("control API stopped: %w", err)
-		logger.Error("control API stopped; shutting down", "error", err)
+	reloader := &reloader{logger: logger, args: cfg.args, reread: cfg.reread, secrets: &secrets, fetchTLS: apiServer.SetFetchTLS}
+wait:
+	for {
+		select {
+		case <-hups:
+			reloader.reload()
+		case sig := <-sigs:
+			logger.Info("shutting down", "signal", sig.String())
+			break wait
+		case err := <-served:
+			failure = fmt.Errorf("control API stopped: %w", err)
+			logger.Error("control API stopped; shutting down", "error", err)
+			break wait
+		}
 	}
 	// A second signal means "now": detach the mount and leave.
 	go func() {

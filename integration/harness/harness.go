@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -198,7 +199,13 @@ func (d *Daemon) start(t testing.TB) {
 	if testing.Verbose() {
 		level = "debug"
 	}
-	args := append([]string{Binary(t), "serve", "--data-dir", d.DataDir, "--mount", d.Mount, "--socket", d.Socket, "--log-level", level}, d.Args...)
+	args := []string{Binary(t), "serve", "--data-dir", d.DataDir, "--mount", d.Mount, "--socket", d.Socket}
+	if !slices.ContainsFunc(d.Args, func(a string) bool { return a == "--config" || strings.HasPrefix(a, "--config=") }) {
+		// A daemon with a --config file takes its level from the file:
+		// the command line's would win over it.
+		args = append(args, "--log-level", level)
+	}
+	args = append(args, d.Args...)
 	args = append(append([]string(nil), d.Prefix...), args...)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = d.Out, d.Out
