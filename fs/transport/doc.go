@@ -54,6 +54,12 @@
 // interrupted request is still answered when its handler returns),
 // RETRIEVE of cached pages (not used by allocfs).
 //
+// A connection outlives its daemon while another process holds its
+// /dev/fuse file (session.go): Conn.Session and Conn.Fd are what a
+// successor needs, Adopt makes a Conn of them without a second INIT, and
+// Conn.Resend has the kernel give out again what the old daemon had read
+// and not answered.
+//
 // The kernel's notifications (invalidate an entry or inode, delete an
 // entry) and the passthrough ioctls (register a backing file) go through
 // the same Conn, which implements go-fuse's fs.ServerCallbacks.
