@@ -1,6 +1,11 @@
 package fs
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 )
@@ -39,6 +44,78 @@ type slots struct {
 	// are reused only once every other slot has been handed out, so that
 	// the kernel has long forgotten the old owner's entries.
 	freed []uint64
+	// file, when set, is where the table is kept for a daemon that takes
+	// the connection over (takeover.go): a slot is written there before
+	// any inode number with it reaches the kernel. saveFailed is told
+	// when that write fails: the mount serves on, but a daemon taking it
+	// over will not find that view's nodes.
+	file       string
+	saveFailed func(error)
+}
+
+// slotsFile is the slot table on disk, <data-dir>/fuse/slots.json:
+//
+//	{"slots": {"<allocID>/<view>": 3, ...}, "next": 7, "freed": [2]}
+type slotsFile struct {
+	Slots map[string]uint64 `json:"slots"`
+	Next  uint64            `json:"next"`
+	Freed []uint64          `json:"freed,omitempty"`
+}
+
+// saveLocked writes the table to s.file; s.mu is held. The table matters
+// to a daemon that takes this connection over, on this boot: a crash of
+// the machine ends the connection too, so the page cache is durable
+// enough, and the write is atomic by rename but not synced.
+func (s *slots) saveLocked() error {
+	if s.file == "" {
+		return nil
+	}
+	f := slotsFile{Slots: make(map[string]uint64, len(s.byKey)), Next: s.next, Freed: s.freed}
+	for k, n := range s.byKey {
+		f.Slots[k.alloc+"/"+strconv.FormatUint(k.view, 10)] = n
+	}
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	return writeReplace(s.file, b)
+}
+
+// load reads the table a previous daemon of this connection kept.
+func (s *slots) load(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("failed to read the slot table: %w", err)
+	}
+	var f slotsFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("the slot table %s: %w", file, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byKey = make(map[viewKey]uint64, len(f.Slots))
+	for k, n := range f.Slots {
+		i := strings.LastIndexByte(k, '/')
+		view, err := strconv.ParseUint(k[i+1:], 10, 64)
+		if i <= 0 || err != nil || n == 0 || n > maxSlot {
+			return fmt.Errorf("the slot table %s: bad entry %q: %d", file, k, n)
+		}
+		s.byKey[viewKey{k[:i], view}] = n
+	}
+	s.next, s.freed, s.file = f.Next, f.Freed, file
+	return nil
+}
+
+// view returns the allocation and view that hold slot n.
+func (s *slots) view(n uint64) (viewKey, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.byKey {
+		if v == n {
+			return k, true
+		}
+	}
+	return viewKey{}, false
 }
 
 // slot returns the slot of view of allocation alloc, or ENOSPC when
@@ -64,6 +141,9 @@ func (s *slots) slot(alloc string, view uint64) (uint64, syscall.Errno) {
 		s.byKey = make(map[viewKey]uint64)
 	}
 	s.byKey[k] = n
+	if err := s.saveLocked(); err != nil && s.saveFailed != nil {
+		s.saveFailed(err)
+	}
 	return n, 0
 }
 
@@ -76,5 +156,8 @@ func (s *slots) release(alloc string) {
 			delete(s.byKey, k)
 			s.freed = append(s.freed, n)
 		}
+	}
+	if err := s.saveLocked(); err != nil && s.saveFailed != nil {
+		s.saveFailed(err)
 	}
 }

@@ -52,6 +52,9 @@ type MountOptions struct {
 	// interpose, when set, wraps the request handler: tests use it to
 	// hold or delay a request as a busy or starved daemon thread would.
 	interpose func(fuse.RawFileSystem) fuse.RawFileSystem
+	// adopt, when set, serves a connection an earlier daemon mounted
+	// (AdoptMount).
+	adopt *adoption
 }
 
 // DefaultMountOptions are the options `allocfs serve` uses.
@@ -63,13 +66,19 @@ func DefaultMountOptions() MountOptions {
 type Mount struct {
 	// ioUring is set when the kernel sends requests over io_uring.
 	ioUring bool
-	logger  hclog.Logger
-	store   *store.Store
-	dir     string
-	opts    MountOptions
-	server  fuseServer
-	root    *rootNode
-	started time.Time
+	// takeover resolves what the kernel got from earlier daemons, in a
+	// daemon that took the connection over; nil otherwise.
+	takeover *takeoverFS
+	// backingIDs records passthrough registrations for a daemon that
+	// takes the connection over (backingids.go); nil without one.
+	backingIDs *backingIDs
+	logger     hclog.Logger
+	store      *store.Store
+	dir        string
+	opts       MountOptions
+	server     fuseServer
+	root       *rootNode
+	started    time.Time
 	// agent owns allocation roots; shared owns alloc/ and task dirs
 	// (nobody when root, the agent otherwise). Both are fixed at mount.
 	agent, shared fuseOwner
@@ -137,7 +146,12 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		NullPermissions: true,
 		// The root's inode number is FUSE's root node ID, as "." and
 		// ".." of its listing say (tree.go).
-		RootStableAttr:  &gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: rootIno},
+		RootStableAttr: &gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: rootIno},
+		// A node's ID is its inode number, which says where its file
+		// is (tree.go, identity.go): a daemon that takes the connection
+		// over from another finds every node the kernel names
+		// (takeover.go).
+		ExternalNodeID:  true,
 		EntryTimeout:    &stable,
 		AttrTimeout:     &stable,
 		NegativeTimeout: &negative,
@@ -175,12 +189,15 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
+	if opts.adopt != nil && (opts.GoFuseServer || opts.Debug) {
+		return nil, errors.New("go-fuse's server cannot serve a connection another daemon mounted")
+	}
 	if opts.GoFuseServer || opts.Debug {
 		if err := m.serveGoFuse(dir, fopts); err != nil {
 			return nil, err
 		}
 	} else {
-		conn, err := transport.Mount(dir, transport.Options{
+		topts := transport.Options{
 			FsName:             fopts.MountOptions.FsName,
 			Subtype:            fopts.MountOptions.Name,
 			AllowOther:         fopts.MountOptions.AllowOther,
@@ -189,18 +206,56 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			Capabilities:       mountCapabilities,
 			IOUring:            opts.IOUring,
 			Logger:             m.logger.Named("fuse"),
-		})
-		if err != nil {
+		}
+		var conn *transport.Conn
+		var err error
+		generation := uint32(0)
+		if a := opts.adopt; a != nil {
+			generation = a.session.Generation
+			if err := m.slots.load(slotsPath(store.DataDir())); err != nil {
+				return nil, err
+			}
+			if conn, err = transport.Adopt(a.fd, a.session.Session, topts); err != nil {
+				return nil, fmt.Errorf("failed to take over the allocfs mount at %q: %w", dir, err)
+			}
+		} else if conn, err = transport.Mount(dir, topts); err != nil {
 			return nil, fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
 		}
+		// What a daemon taking the connection over needs is on disk
+		// before any node ID reaches the kernel.
+		m.slots.file = slotsPath(store.DataDir())
+		m.slots.saveFailed = func(err error) {
+			m.logger.Error("failed to record a slot: a daemon taking this mount over will not find that allocation's nodes", "error", err)
+		}
+		serr := saveSession(store.DataDir(), sessionFile{Session: conn.Session(), Generation: generation})
+		if serr == nil {
+			m.slots.mu.Lock()
+			serr = m.slots.saveLocked()
+			m.slots.mu.Unlock()
+		}
+		if serr != nil {
+			m.logger.Error("the mount cannot be taken over by another daemon", "error", serr)
+		}
 		fopts.ServerCallbacks = conn
-		m.requests = m.newHandler(fopts)
+		if cb, err := openBackingIDs(conn, store.DataDir(), opts.adopt != nil); err != nil {
+			m.logger.Error("a daemon taking this mount over will not open files the kernel passes through while they are open", "error", err)
+		} else {
+			fopts.ServerCallbacks = cb
+			m.backingIDs = cb
+		}
+		m.requests = m.newHandler(fopts, generation)
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
 		if err := conn.Serve(m.requests); err != nil {
 			return nil, errors.Join(fmt.Errorf("failed to serve allocfs at %q: %w", dir, err), unix.Unmount(dir, unix.MNT_DETACH), conn.Wait())
 		}
 		m.ioUring = conn.IOUring()
+		if opts.adopt != nil {
+			m.logger.Info("took the mount over", "generation", generation)
+			if err := conn.Resend(); err != nil {
+				m.logger.Warn("the kernel did not resend what the previous daemon had not answered: those requests wait until the mount ends (FUSE_NOTIFY_RESEND needs Linux 6.9)", "error", err)
+			}
+		}
 	}
 	if m.passthrough.Load() {
 		m.logger.Info("mounted", "passthrough", true, "io_uring", m.ioUring)
@@ -335,7 +390,7 @@ func (m *Mount) Unmount() error {
 			}
 			return
 		}
-		m.unmountErr = errors.Join(m.server.Wait(), m.roots.Close())
+		m.unmountErr = errors.Join(m.server.Wait(), m.roots.Close(), m.dropTakeoverState())
 	})
 	return m.unmountErr
 }

@@ -43,17 +43,23 @@ func (s goFuseServer) Wait() error {
 
 // newHandler makes what serves the mount's requests: the node tree behind
 // go-fuse's bridge, with the release ordering and the counts around it.
-func (m *Mount) newHandler(fopts *gofs.Options) *countingFS {
+// A daemon of a later generation than 0 took the connection over, and
+// resolves what the kernel got from earlier ones (takeover.go).
+func (m *Mount) newHandler(fopts *gofs.Options, generation uint32) *countingFS {
 	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}
 	if m.opts.interpose != nil {
 		h = m.opts.interpose(h)
+	}
+	if generation > 0 {
+		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation)
+		h = m.takeover
 	}
 	return &countingFS{fs: h}
 }
 
 // serveGoFuse mounts and serves with go-fuse's server.
 func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
-	m.requests = m.newHandler(fopts)
+	m.requests = m.newHandler(fopts, 0)
 	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
 	if err != nil {
 		return fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)

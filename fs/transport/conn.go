@@ -83,6 +83,11 @@ type Conn struct {
 	polls     atomic.Int32
 	firstPoll atomic.Uint64
 
+	// active counts the handlers running on /dev/fuse readers; parked
+	// is set by Park.
+	active atomic.Int32
+	parked atomic.Bool
+
 	// rings is set while requests come over io_uring (fuseuring.go);
 	// ringRequests counts those.
 	rings        atomic.Bool
@@ -313,7 +318,17 @@ func (c *Conn) reader() {
 			// handler that blocks does not stall the mount.
 			c.spawn()
 		}
+		// Counted before the check, so that Park, which sets parked
+		// and then waits for active to drain, never misses a handler.
+		c.active.Add(1)
+		if c.parked.Load() {
+			c.active.Add(-1)
+			// Unanswered on purpose: the daemon that takes over has
+			// the kernel send it again (Resend).
+			select {}
+		}
 		c.handle(b, b.in[:n])
+		c.active.Add(-1)
 		if c.idle.Load() >= 2 && c.running.Load() > 2 {
 			// Enough readers wait already.
 			return

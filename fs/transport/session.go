@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -102,6 +104,27 @@ func (c *Conn) Resend() error {
 	hdr := fuse.OutHeader{Status: notifyResend, Length: uint32(outHeaderSize)}
 	if _, err := unix.Write(c.fd, unsafe.Slice((*byte)(unsafe.Pointer(&hdr)), outHeaderSize)); err != nil {
 		return fmt.Errorf("FUSE_NOTIFY_RESEND: %w", err)
+	}
+	return nil
+}
+
+// Park stops serving, for a hand-over: requests read from now on are left
+// unanswered (the next daemon has them resent), and Park returns once no
+// handler runs any more, or fails after timeout. The process must exit
+// after it, without unmounting: its readers never end. A connection
+// served over io_uring cannot be parked, since the kernel resends nothing
+// a ring entry held (Resend).
+func (c *Conn) Park(timeout time.Duration) error {
+	if c.rings.Load() {
+		return errors.New("a FUSE connection served over io_uring cannot be handed over: the kernel would not resend what its rings hold")
+	}
+	c.parked.Store(true)
+	deadline := time.Now().Add(timeout)
+	for c.active.Load() > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d FUSE requests still being handled after %v", c.active.Load(), timeout)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package transport_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,8 @@ func TestHelperDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := &holdingRoot{hold: true, entered: func() { unix.Write(sock, []byte("H")) }}
+	park, _ := strconv.ParseBool(os.Getenv("ALLOCFS_TRANSPORT_HELPER_PARK"))
+	root := &holdingRoot{hold: !park, entered: func() { unix.Write(sock, []byte("H")) }}
 	if err := conn.Serve(gofs.NewNodeFS(root, &gofs.Options{ServerCallbacks: conn})); err != nil {
 		t.Fatal(err)
 	}
@@ -82,13 +84,23 @@ func TestHelperDaemon(t *testing.T) {
 	if err := unix.Sendmsg(sock, session, unix.UnixRights(conn.Fd()), nil, 0); err != nil {
 		t.Fatal(err)
 	}
+	if park {
+		// Park when told to, and say so.
+		if _, err := unix.Read(sock, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Park(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		unix.Write(sock, []byte("p"))
+	}
 	select {}
 }
 
 // startHelperDaemon starts TestHelperDaemon on mnt and returns it, the
 // connection's descriptor and session it sent, and the socket on which
 // it says "H".
-func startHelperDaemon(t *testing.T, mnt string, ring bool) (*exec.Cmd, int, transport.Session, int) {
+func startHelperDaemon(t *testing.T, mnt string, ring bool, env ...string) (*exec.Cmd, int, transport.Session, int) {
 	t.Helper()
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -96,7 +108,7 @@ func startHelperDaemon(t *testing.T, mnt string, ring bool) (*exec.Cmd, int, tra
 	}
 	child := os.NewFile(uintptr(pair[1]), "helper socket")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperDaemon$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+mnt, "ALLOCFS_TRANSPORT_HELPER_RING="+strconv.FormatBool(ring))
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+mnt, "ALLOCFS_TRANSPORT_HELPER_RING="+strconv.FormatBool(ring)), env...)
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -266,5 +278,49 @@ func TestAdoptRefusesWhatItCannotServe(t *testing.T) {
 	}
 	if _, err := unix.FcntlInt(uintptr(null), unix.F_GETFD, 0); err != nil {
 		t.Errorf("the refused descriptor was closed: %v", err)
+	}
+}
+
+// TestParkLeavesRequestsToTheNextDaemon: a parked daemon answers
+// nothing it reads any more; the daemon that adopts the connection after
+// it exits has the kernel resend what it left, and the caller gets its
+// answer.
+func TestParkLeavesRequestsToTheNextDaemon(t *testing.T) {
+	fstest.RequireFUSE(t)
+	mnt := t.TempDir()
+	cmd, fd, session, sock := startHelperDaemon(t, mnt, false, "ALLOCFS_TRANSPORT_HELPER_PARK=1")
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(mnt, "held"), &st); err != nil || st.Size != 42 {
+		t.Fatalf("stat before the park: %v, size %d", err, st.Size)
+	}
+	unix.Write(sock, []byte("P"))
+	if _, err := unix.Read(sock, make([]byte, 1)); err != nil {
+		t.Fatalf("waiting for the helper to park: %v", err)
+	}
+	stat := make(chan error, 1)
+	var st2 unix.Stat_t
+	go func() { stat <- unix.Stat(filepath.Join(mnt, "other"), &st2) }()
+	select {
+	case err := <-stat:
+		t.Fatalf("a parked daemon answered a lookup: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	conn := adopt(t, fd, session, false)
+	if err := conn.Resend(); err != nil {
+		t.Fatalf("Resend: %v", err)
+	}
+	select {
+	case err := <-stat:
+		if !errors.Is(err, unix.ENOENT) {
+			t.Errorf("the lookup the parked daemon left: %v, want ENOENT from the new daemon", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the lookup the parked daemon left is not answered 5 s after the resend")
+		transport.Abort(conn)
+		<-stat
 	}
 }

@@ -1,0 +1,387 @@
+package fs
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/transport"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// Taking a connection over. A daemon that adopts the /dev/fuse file of
+// another (AdoptMount; fs/transport/session.go) inherits the kernel's
+// view of the mount: node IDs, each with a lookup count, and open file
+// handles, all handed out by a process that is gone. allocfs makes both
+// resolvable:
+//
+//   - A node's ID is its inode number (go-fuse's ExternalNodeID), which
+//     says where its file is: a skeleton directory's is a hash of its
+//     place in the layout; a volume entry's is the backing file's inode
+//     number with the slot of the allocation's view in its high bits
+//     (identity.go), and the slot table is kept on disk. LookupNode turns
+//     the number back into a path (the backing inode is opened by handle,
+//     and read back through /proc/self/fd) and walks the tree to it.
+//   - A handle's number carries the generation of the daemon that opened
+//     it in its high 32 bits; a handle of an earlier generation is opened
+//     again on first use, or needs nothing (a release, a flush).
+//
+// go-fuse's bridge has no way to ask whether it knows a node ID: it
+// panics on one it does not, before it changes anything. takeoverFS, in
+// front of it, catches exactly that panic, resolves the node (a LOOKUP of
+// "." through the bridge, which calls LookupNode), and runs the request
+// again. A FORGET of an inherited node carries the kernel's count, which
+// the bridge never had: it is applied one at a time until the bridge lets
+// go of the node, since the bridge's own check of a count that is too
+// large panics with the node's lock held.
+
+// fuseStateDir is where a mount keeps what a daemon taking its
+// connection over needs, inside the data dir:
+//
+//	<data-dir>/fuse/session.json   the INIT the kernel and the first
+//	                               daemon agreed, and the generation
+//	<data-dir>/fuse/slots.json     the slot table (identity.go)
+const fuseStateDir = "fuse"
+
+// sessionFile is <data-dir>/fuse/session.json:
+//
+//	{"session": {"Version": 1, "Dir": "/mnt", "Kernel": {...}, ...},
+//	 "generation": 2}
+type sessionFile struct {
+	Session transport.Session `json:"session"`
+	// Generation counts the daemons that served the connection before
+	// the current one: 0 for the one that mounted.
+	Generation uint32 `json:"generation"`
+}
+
+func sessionPath(dataDir string) string { return filepath.Join(dataDir, fuseStateDir, "session.json") }
+func slotsPath(dataDir string) string   { return filepath.Join(dataDir, fuseStateDir, "slots.json") }
+
+// writeReplace replaces path with b, atomically by rename. It does not
+// sync: what it writes matters on this boot only.
+func writeReplace(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// saveSession records a connection for the daemon that takes it over.
+func saveSession(dataDir string, f sessionFile) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	if err := writeReplace(sessionPath(dataDir), b); err != nil {
+		return fmt.Errorf("failed to record the FUSE session: %w", err)
+	}
+	return nil
+}
+
+// dropTakeoverState removes what the mount kept for a daemon taking it
+// over, once the connection has ended.
+func (m *Mount) dropTakeoverState() error {
+	var err error
+	if m.backingIDs != nil {
+		err = m.backingIDs.Close()
+	}
+	if m.opts.GoFuseServer || m.opts.Debug {
+		return err
+	}
+	if rerr := os.RemoveAll(filepath.Join(m.store.DataDir(), fuseStateDir)); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("failed to remove the FUSE session record: %w", rerr))
+	}
+	return err
+}
+
+// loadSession reads what the previous daemon of the connection recorded.
+func loadSession(dataDir string) (sessionFile, error) {
+	var f sessionFile
+	b, err := os.ReadFile(sessionPath(dataDir))
+	if err != nil {
+		return f, fmt.Errorf("failed to read the FUSE session the previous daemon recorded: %w", err)
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, fmt.Errorf("the FUSE session %s: %w", sessionPath(dataDir), err)
+	}
+	return f, nil
+}
+
+// AdoptMount serves the connection of /dev/fuse descriptor fd, which an
+// earlier daemon mounted on store's data dir and recorded there, and
+// asks the kernel to send again what that daemon had not answered. It
+// takes fd. The mount point is the recorded one.
+func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions) (*Mount, error) {
+	f, err := loadSession(st.DataDir())
+	if err != nil {
+		return nil, err
+	}
+	f.Generation++
+	if f.Generation == 0 {
+		return nil, errors.New("the FUSE session has been taken over 2^32 times")
+	}
+	opts.adopt = &adoption{fd: fd, session: f}
+	return NewMount(logger, st, f.Session.Dir, opts)
+}
+
+// adoption is what NewMount needs to serve a connection it did not mount.
+type adoption struct {
+	fd      int
+	session sessionFile
+}
+
+var _ = (gofs.NodeLookupNoder)((*rootNode)(nil))
+
+// LookupNode finds the node whose ID (inode number) is id, for a kernel
+// that got it from an earlier daemon.
+func (r *rootNode) LookupNode(ctx context.Context, id uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	paths, errno := r.m.pathsOfNode(id)
+	if errno != 0 {
+		r.m.logger.Warn("a node the kernel holds from the previous daemon cannot be found", "node", id, "error", errno)
+		return nil, errno
+	}
+	for _, p := range paths {
+		n, errno := r.m.walkTo(ctx, p)
+		if errno != 0 || n.StableAttr().Ino != id {
+			continue
+		}
+		if g, ok := n.Operations().(gofs.NodeGetattrer); ok {
+			var a fuse.AttrOut
+			if errno := g.Getattr(ctx, nil, &a); errno == 0 {
+				out.Attr = a.Attr
+			}
+		}
+		out.Attr.Ino = id
+		r.m.stableTimeouts(out)
+		return n, 0
+	}
+	r.m.logger.Warn("a node the kernel holds from the previous daemon is not where its file is", "node", id, "paths", fmt.Sprint(paths))
+	return nil, syscall.ESTALE
+}
+
+// walkTo returns the node at path (names from the mount root), attaching
+// each node it makes to its parent in go-fuse's tree, as a lookup would:
+// a volume node's path in its layers is its place in that tree.
+func (m *Mount) walkTo(ctx context.Context, path []string) (*gofs.Inode, syscall.Errno) {
+	cur := m.root.EmbeddedInode()
+	for _, name := range path {
+		if ch := cur.GetChild(name); ch != nil {
+			cur = ch
+			continue
+		}
+		l, ok := cur.Operations().(gofs.NodeLookuper)
+		if !ok {
+			return nil, syscall.ENOTDIR
+		}
+		var out fuse.EntryOut
+		ch, errno := l.Lookup(ctx, name, &out)
+		if errno != 0 {
+			return nil, errno
+		}
+		if !cur.AddChild(name, ch, false) {
+			// Another lookup attached one first.
+			if ch = cur.GetChild(name); ch == nil {
+				return nil, syscall.ESTALE
+			}
+		}
+		cur = ch
+	}
+	return cur, 0
+}
+
+// pathsOfNode returns the places in the mount where node id may be, most
+// likely first.
+func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
+	if id&syntheticBit != 0 {
+		p, ok := m.skeletonPath(id)
+		if !ok {
+			return nil, syscall.ESTALE
+		}
+		return [][]string{p}, 0
+	}
+	slot, ino := id>>viewShift, id&(1<<viewShift-1)
+	k, ok := m.slots.view(slot)
+	if !ok {
+		return nil, syscall.ESTALE
+	}
+	st, err := m.store.View(k.alloc)
+	if err != nil {
+		return nil, syscall.ESTALE
+	}
+	layerID, rel, err := m.backingPath(st, ino)
+	if err != nil {
+		m.logger.Debug("backing file of an inherited node not found", "node", id, "error", err)
+		return nil, syscall.ESTALE
+	}
+	var first, rest [][]string
+	for key, v := range st.Volumes {
+		base, ok := volumePath(st, key, k.view)
+		if !ok {
+			continue
+		}
+		p := append(base, rel...)
+		if v.Upper == layerID || slicesContains(v.Lowers, layerID) {
+			first = append(first, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	return append(first, rest...), 0
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// volumePath is where volume key of st shows in view (layout.go), or
+// false if that view does not show it.
+func volumePath(st *store.State, key string, view uint64) ([]string, bool) {
+	shared, ok := strings.CutPrefix(key, allocdir.SharedAllocName+"/")
+	switch {
+	case view == 0 && ok:
+		return []string{st.ID, allocdir.SharedAllocName, shared}, true
+	case view == 0:
+		return append([]string{st.ID}, strings.Split(key, "/")...), true
+	case ok && view <= uint64(len(st.Tasks)):
+		return []string{st.ID, st.Tasks[view-1].Name, allocdir.SharedAllocName, shared}, true
+	}
+	return nil, false
+}
+
+// skeletonPath finds the layout directory whose synthetic inode number
+// is id.
+func (m *Mount) skeletonPath(id uint64) ([]string, bool) {
+	for _, allocID := range m.store.IDs() {
+		if syntheticIno("alloc", allocID) == id {
+			return []string{allocID}, true
+		}
+		if syntheticIno("shared", allocID, "0") == id {
+			return []string{allocID, allocdir.SharedAllocName}, true
+		}
+		st, err := m.store.View(allocID)
+		if err != nil {
+			continue
+		}
+		for i, t := range st.Tasks {
+			if syntheticIno("shared", allocID, strconv.Itoa(i+1)) == id {
+				return []string{allocID, t.Name, allocdir.SharedAllocName}, true
+			}
+			for _, name := range []string{allocdir.TaskSecrets, allocdir.TaskPrivate} {
+				if syntheticIno("mem", allocID+"/"+t.Name+"/"+name) == id {
+					return []string{allocID, t.Name, name}, true
+				}
+			}
+		}
+	}
+	return nil, false
+}
+
+// backingPath finds the backing file whose inode number is ino, among the
+// layers of allocation st, and returns its layer and its path there.
+// On ext4 the inode is opened by its handle, whose generation ext4 does
+// not check when it is 0; elsewhere the layers are searched.
+func (m *Mount) backingPath(st *store.State, ino uint64) (string, []string, error) {
+	layers := filepath.Join(m.store.DataDir(), "layers")
+	if p, err := openByIno(layers, ino); err == nil {
+		if layerID, rel, ok := splitLayerPath(layers, p); ok {
+			return layerID, rel, nil
+		}
+	}
+	var ids []string
+	for _, v := range st.Volumes {
+		ids = append(ids, v.Upper)
+		ids = append(ids, v.Lowers...)
+	}
+	ids = append(ids, st.Retained...)
+	for _, id := range ids {
+		if rel, ok := findIno(filepath.Join(layers, id), ino); ok {
+			return id, rel, nil
+		}
+	}
+	return "", nil, fmt.Errorf("no file of inode %d in the layers of %s", ino, st.ID)
+}
+
+// fileidIno32Gen is the ext4 (and ext2/3) file handle type: a 32-bit
+// inode number and a 32-bit generation.
+const fileidIno32Gen = 1
+
+// openByIno opens inode ino of the filesystem of dir by handle and
+// returns its path.
+func openByIno(dir string, ino uint64) (string, error) {
+	if ino > 1<<32-1 {
+		return "", errors.New("inode number beyond 32 bits")
+	}
+	mfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(mfd)
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint32(b, uint32(ino))
+	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileidIno32Gen, b), unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ino {
+		return "", fmt.Errorf("handle of inode %d opened inode %d (%v)", ino, st.Ino, err)
+	}
+	return os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+}
+
+// splitLayerPath splits p, a path under layers, into its layer and the
+// names below it; a deleted file (whose /proc path says so) has none.
+func splitLayerPath(layers, p string) (string, []string, bool) {
+	rel, err := filepath.Rel(layers, p)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") || strings.HasSuffix(p, " (deleted)") {
+		return "", nil, false
+	}
+	parts := strings.Split(rel, "/")
+	return parts[0], parts[1:], true
+}
+
+// findIno searches the tree at root for an entry of inode number ino.
+func findIno(root string, ino uint64) ([]string, bool) {
+	var found []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || found != nil {
+			return filepath.SkipDir
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if s, ok := info.Sys().(*syscall.Stat_t); ok && s.Ino == ino {
+			rel, _ := filepath.Rel(root, p)
+			found = []string{}
+			if rel != "." {
+				found = strings.Split(rel, "/")
+			}
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found, found != nil
+}

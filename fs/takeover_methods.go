@@ -1,0 +1,438 @@
+package fs
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
+)
+
+// takeoverFS stands in front of go-fuse's bridge in a daemon that
+// adopted its connection (takeover.go): it resolves the node IDs and
+// handles the kernel got from earlier daemons. Every method of go-fuse's
+// fuse.RawFileSystem (v2.12.1) is spelled out, as countingFS's are.
+type takeoverFS struct {
+	fs  fuse.RawFileSystem
+	log hclog.Logger
+	// gen is this daemon's generation, in the high 32 bits of every
+	// handle it hands out.
+	gen uint64
+
+	mu sync.Mutex
+	// handles maps a handle of an earlier daemon to the one this daemon
+	// opened for it on first use.
+	handles map[uint64]uint64
+	// resolved and lost count the inherited nodes found and not found.
+	resolved, lost atomic.Int64
+}
+
+func newTakeoverFS(fs fuse.RawFileSystem, log hclog.Logger, gen uint32) *takeoverFS {
+	return &takeoverFS{fs: fs, log: log, gen: uint64(gen), handles: make(map[uint64]uint64)}
+}
+
+// unknownNode reports the node ID of a panic of go-fuse's bridge over a
+// node it does not know ("unknown node N", raised before the request
+// changed anything).
+func unknownNode(r any) (uint64, bool) {
+	s, ok := r.(string)
+	if !ok {
+		return 0, false
+	}
+	var id uint64
+	if n, err := fmt.Sscanf(s, "unknown node %d", &id); n != 1 || err != nil {
+		return 0, false
+	}
+	return id, true
+}
+
+// try runs op and reports the node the bridge did not know, if that is
+// why it failed; any other panic goes on.
+func try(op func()) (unknown uint64, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			id, known := unknownNode(r)
+			if !known {
+				panic(r)
+			}
+			unknown, ok = id, true
+		}
+	}()
+	op()
+	return 0, false
+}
+
+// call runs op, resolving each inherited node the bridge does not know
+// first: a request names at most two nodes.
+func (t *takeoverFS) call(cancel <-chan struct{}, op func()) fuse.Status {
+	for range 3 {
+		id, unknown := try(op)
+		if !unknown {
+			return fuse.OK
+		}
+		if st := t.resolve(cancel, id); st != fuse.OK {
+			return st
+		}
+	}
+	return fuse.Status(syscall.ESTALE)
+}
+
+// resolve has the bridge find node id (a LOOKUP of ".", which asks
+// rootNode.LookupNode for a node it does not have). The bridge counts it
+// as a lookup the kernel did not make: an inherited node's count is
+// never the kernel's, see Forget.
+func (t *takeoverFS) resolve(cancel <-chan struct{}, id uint64) fuse.Status {
+	var out fuse.EntryOut
+	st := t.fs.Lookup(cancel, &fuse.InHeader{NodeId: id}, ".", &out)
+	if st != fuse.OK {
+		t.lost.Add(1)
+		return st
+	}
+	t.resolved.Add(1)
+	return fuse.OK
+}
+
+// ours reports whether fh was handed out by this daemon, and its number
+// in the bridge.
+func (t *takeoverFS) ours(fh uint64) (uint64, bool) {
+	return fh & (1<<32 - 1), fh>>32 == t.gen
+}
+
+// out turns the bridge's number of a handle into the kernel's.
+func (t *takeoverFS) out(fh uint64) uint64 { return fh | t.gen<<32 }
+
+// handle returns the bridge's handle for fh; one of an earlier daemon is
+// opened again with open, once. 0 means there is none and open was nil.
+func (t *takeoverFS) handle(fh uint64, open func() (uint64, fuse.Status)) (uint64, fuse.Status) {
+	if h, ok := t.ours(fh); ok || fh == 0 {
+		return h, fuse.OK
+	}
+	t.mu.Lock()
+	h, ok := t.handles[fh]
+	t.mu.Unlock()
+	if ok || open == nil {
+		return h, fuse.OK
+	}
+	h, st := open()
+	if st != fuse.OK {
+		return 0, st
+	}
+	t.mu.Lock()
+	if prev, ok := t.handles[fh]; ok {
+		t.mu.Unlock()
+		return prev, fuse.OK
+	}
+	t.handles[fh] = h
+	t.mu.Unlock()
+	return h, fuse.OK
+}
+
+// forgetHandle drops the mapping of an inherited handle, and returns the
+// bridge's handle to release (0: none).
+func (t *takeoverFS) forgetHandle(fh uint64) uint64 {
+	if h, ok := t.ours(fh); ok {
+		return h
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.handles[fh]
+	delete(t.handles, fh)
+	return h
+}
+
+// reopen opens node again as the kernel had it open, with flags.
+func (t *takeoverFS) reopen(cancel <-chan struct{}, node uint64, flags uint32, dir bool) func() (uint64, fuse.Status) {
+	return func() (uint64, fuse.Status) {
+		in := &fuse.OpenIn{InHeader: fuse.InHeader{NodeId: node}, Flags: flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC)}
+		var out fuse.OpenOut
+		var st fuse.Status
+		cst := t.call(cancel, func() {
+			if dir {
+				st = t.fs.OpenDir(cancel, in, &out)
+			} else {
+				st = t.fs.Open(cancel, in, &out)
+			}
+		})
+		if cst != fuse.OK {
+			return 0, cst
+		}
+		return out.Fh, st
+	}
+}
+
+func (t *takeoverFS) String() string      { return t.fs.String() }
+func (t *takeoverFS) SetDebug(debug bool) { t.fs.SetDebug(debug) }
+func (t *takeoverFS) Init(s *fuse.Server) { t.fs.Init(s) }
+func (t *takeoverFS) OnUnmount()          { t.fs.OnUnmount() }
+func (t *takeoverFS) status(call, st fuse.Status) fuse.Status {
+	if call != fuse.OK {
+		return call
+	}
+	return st
+}
+
+func (t *takeoverFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Lookup(cancel, header, name, out) }), st)
+}
+
+// Forget applies an inherited node's count one at a time: the bridge's
+// count of it is not the kernel's, and the bridge's own check of a count
+// too large panics with the node locked. Once the bridge has let go of
+// it, the rest of the count is moot; a node it never had needs nothing.
+func (t *takeoverFS) Forget(nodeid uint64, nlookup uint64) {
+	for range nlookup {
+		if _, unknown := try(func() { t.fs.Forget(nodeid, 1) }); unknown {
+			return
+		}
+	}
+}
+
+func (t *takeoverFS) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
+	if input.Flags()&fuse.FUSE_GETATTR_FH != 0 {
+		h, _ := t.handle(input.Fh_, nil)
+		if h == 0 {
+			// An earlier daemon's handle: the node answers alone.
+			input.Flags_ &^= fuse.FUSE_GETATTR_FH
+		}
+		input.Fh_ = h
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.GetAttr(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
+	if input.Valid&fuse.FATTR_FH != 0 {
+		h, _ := t.handle(input.Fh, nil)
+		if h == 0 {
+			input.Valid &^= fuse.FATTR_FH
+		}
+		input.Fh = h
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.SetAttr(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) Mknod(cancel <-chan struct{}, input *fuse.MknodIn, name string, out *fuse.EntryOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Mknod(cancel, input, name, out) }), st)
+}
+
+func (t *takeoverFS) Mkdir(cancel <-chan struct{}, input *fuse.MkdirIn, name string, out *fuse.EntryOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Mkdir(cancel, input, name, out) }), st)
+}
+
+func (t *takeoverFS) Unlink(cancel <-chan struct{}, header *fuse.InHeader, name string) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Unlink(cancel, header, name) }), st)
+}
+
+func (t *takeoverFS) Rmdir(cancel <-chan struct{}, header *fuse.InHeader, name string) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Rmdir(cancel, header, name) }), st)
+}
+
+func (t *takeoverFS) Rename(cancel <-chan struct{}, input *fuse.RenameIn, oldName string, newName string) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Rename(cancel, input, oldName, newName) }), st)
+}
+
+func (t *takeoverFS) Link(cancel <-chan struct{}, input *fuse.LinkIn, filename string, out *fuse.EntryOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Link(cancel, input, filename, out) }), st)
+}
+
+func (t *takeoverFS) Symlink(cancel <-chan struct{}, header *fuse.InHeader, pointedTo string, linkName string, out *fuse.EntryOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Symlink(cancel, header, pointedTo, linkName, out) }), st)
+}
+
+func (t *takeoverFS) Readlink(cancel <-chan struct{}, header *fuse.InHeader) (b []byte, st fuse.Status) {
+	return b, t.status(t.call(cancel, func() { b, st = t.fs.Readlink(cancel, header) }), st)
+}
+
+func (t *takeoverFS) Access(cancel <-chan struct{}, input *fuse.AccessIn) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.Access(cancel, input) }), st)
+}
+
+func (t *takeoverFS) GetXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string, dest []byte) (n uint32, st fuse.Status) {
+	return n, t.status(t.call(cancel, func() { n, st = t.fs.GetXAttr(cancel, header, attr, dest) }), st)
+}
+
+func (t *takeoverFS) ListXAttr(cancel <-chan struct{}, header *fuse.InHeader, dest []byte) (n uint32, st fuse.Status) {
+	return n, t.status(t.call(cancel, func() { n, st = t.fs.ListXAttr(cancel, header, dest) }), st)
+}
+
+func (t *takeoverFS) SetXAttr(cancel <-chan struct{}, input *fuse.SetXAttrIn, attr string, data []byte) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.SetXAttr(cancel, input, attr, data) }), st)
+}
+
+func (t *takeoverFS) RemoveXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.RemoveXAttr(cancel, header, attr) }), st)
+}
+
+func (t *takeoverFS) Create(cancel <-chan struct{}, input *fuse.CreateIn, name string, out *fuse.CreateOut) (st fuse.Status) {
+	st = t.status(t.call(cancel, func() { st = t.fs.Create(cancel, input, name, out) }), st)
+	if st == fuse.OK {
+		out.Fh = t.out(out.Fh)
+	}
+	return st
+}
+
+func (t *takeoverFS) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *fuse.CreateOut) (st fuse.Status) {
+	st = t.status(t.call(cancel, func() { st = t.fs.Tmpfile(cancel, input, out) }), st)
+	if st == fuse.OK {
+		out.Fh = t.out(out.Fh)
+	}
+	return st
+}
+
+func (t *takeoverFS) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (st fuse.Status) {
+	st = t.status(t.call(cancel, func() { st = t.fs.Open(cancel, input, out) }), st)
+	if st == fuse.OK {
+		out.Fh = t.out(out.Fh)
+	}
+	return st
+}
+
+func (t *takeoverFS) Read(cancel <-chan struct{}, input *fuse.ReadIn, buf []byte) (r fuse.ReadResult, st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+		return nil, st
+	}
+	return r, t.status(t.call(cancel, func() { r, st = t.fs.Read(cancel, input, buf) }), st)
+}
+
+func (t *takeoverFS) Lseek(cancel <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) (st fuse.Status) {
+	if in.Fh, st = t.handle(in.Fh, t.reopen(cancel, in.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Lseek(cancel, in, out) }), st)
+}
+
+func (t *takeoverFS) GetLk(cancel <-chan struct{}, input *fuse.LkIn, out *fuse.LkOut) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.GetLk(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) SetLk(cancel <-chan struct{}, input *fuse.LkIn) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.SetLk(cancel, input) }), st)
+}
+
+func (t *takeoverFS) SetLkw(cancel <-chan struct{}, input *fuse.LkIn) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.SetLkw(cancel, input) }), st)
+}
+
+// Release of an earlier daemon's handle releases what this daemon opened
+// for it, if anything.
+func (t *takeoverFS) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
+	if input.Fh = t.forgetHandle(input.Fh); input.Fh == 0 {
+		return
+	}
+	t.call(cancel, func() { t.fs.Release(cancel, input) })
+}
+
+func (t *takeoverFS) Write(cancel <-chan struct{}, input *fuse.WriteIn, data []byte) (n uint32, st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+		return 0, st
+	}
+	return n, t.status(t.call(cancel, func() { n, st = t.fs.Write(cancel, input, data) }), st)
+}
+
+func (t *takeoverFS) Writev(cancel <-chan struct{}, input *fuse.WriteIn, data [][]byte) (n uint32, st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+		return 0, st
+	}
+	return n, t.status(t.call(cancel, func() { n, st = t.fs.Writev(cancel, input, data) }), st)
+}
+
+func (t *takeoverFS) CopyFileRange(cancel <-chan struct{}, input *fuse.CopyFileRangeIn) (n uint32, st fuse.Status) {
+	if input.FhIn, st = t.handle(input.FhIn, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return 0, st
+	}
+	if input.FhOut, st = t.handle(input.FhOut, t.reopen(cancel, input.NodeIdOut, syscall.O_WRONLY, false)); st != fuse.OK {
+		return 0, st
+	}
+	return n, t.status(t.call(cancel, func() { n, st = t.fs.CopyFileRange(cancel, input) }), st)
+}
+
+func (t *takeoverFS) Ioctl(cancel <-chan struct{}, input *fuse.IoctlIn, inbuf []byte, output *fuse.IoctlOut, outbuf []byte) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Ioctl(cancel, input, inbuf, output, outbuf) }), st)
+}
+
+// Flush of an earlier daemon's handle that this daemon never opened
+// again has nothing to flush: the data went to the backing file.
+func (t *takeoverFS) Flush(cancel <-chan struct{}, input *fuse.FlushIn) (st fuse.Status) {
+	if input.Fh, _ = t.handle(input.Fh, nil); input.Fh == 0 {
+		return fuse.OK
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Flush(cancel, input) }), st)
+}
+
+func (t *takeoverFS) Fsync(cancel <-chan struct{}, input *fuse.FsyncIn) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Fsync(cancel, input) }), st)
+}
+
+func (t *takeoverFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_WRONLY, false)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Fallocate(cancel, input) }), st)
+}
+
+func (t *takeoverFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (st fuse.Status) {
+	st = t.status(t.call(cancel, func() { st = t.fs.OpenDir(cancel, input, out) }), st)
+	if st == fuse.OK {
+		out.Fh = t.out(out.Fh)
+	}
+	return st
+}
+
+func (t *takeoverFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.ReadDir(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.ReadDirPlus(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) ReleaseDir(input *fuse.ReleaseIn) {
+	if input.Fh = t.forgetHandle(input.Fh); input.Fh == 0 {
+		return
+	}
+	t.call(nil, func() { t.fs.ReleaseDir(input) })
+}
+
+func (t *takeoverFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) (st fuse.Status) {
+	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+		return st
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.FsyncDir(cancel, input) }), st)
+}
+
+func (t *takeoverFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.StatfsOut) (st fuse.Status) {
+	return t.status(t.call(cancel, func() { st = t.fs.StatFs(cancel, input, out) }), st)
+}
+
+func (t *takeoverFS) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) (st fuse.Status) {
+	if input.GetattrFlags&fuse.FUSE_GETATTR_FH != 0 {
+		h, _ := t.handle(input.Fh, nil)
+		if h == 0 {
+			input.GetattrFlags &^= fuse.FUSE_GETATTR_FH
+		}
+		input.Fh = h
+	}
+	return t.status(t.call(cancel, func() { st = t.fs.Statx(cancel, input, out) }), st)
+}

@@ -1,0 +1,244 @@
+package fs
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// takeoverHelperEnv holds "<data-dir> <mount point>" for TestTakeoverHelper.
+const takeoverHelperEnv = "ALLOCFS_TAKEOVER_HELPER"
+
+// holdLookups holds every LOOKUP of the name "held": it writes "H" to fd
+// and never returns, as a handler busy at the instant of a crash.
+type holdLookups struct {
+	fuse.RawFileSystem
+	fd int
+}
+
+func (h *holdLookups) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	if name == "held" {
+		unix.Write(h.fd, []byte("H"))
+		select {}
+	}
+	return h.RawFileSystem.Lookup(cancel, header, name, out)
+}
+
+// TestTakeoverHelper is not a test: run as a child process by
+// TestAdoptMountAfterKill, it serves the data dir at the mount point its
+// environment names, sends its /dev/fuse descriptor over the unix socket
+// it has as fd 3, and holds every lookup of "held" until it is killed.
+func TestTakeoverHelper(t *testing.T) {
+	env := os.Getenv(takeoverHelperEnv)
+	if env == "" {
+		t.Skip("run as a child process by TestAdoptMountAfterKill")
+	}
+	dataDir, mnt, _ := strings.Cut(env, " ")
+	const sock = 3
+	logger := hclog.New(&hclog.LoggerOptions{Name: "helper", Level: hclog.Warn, Output: os.Stderr})
+	s, err := store.Open(logger, dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultMountOptions()
+	opts.IOUring = false
+	opts.interpose = func(h fuse.RawFileSystem) fuse.RawFileSystem { return &holdLookups{RawFileSystem: h, fd: sock} }
+	m, err := NewMount(logger, s, mnt, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(sock, []byte("fd"), unix.UnixRights(m.server.(ownServer).conn.Fd()), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {}
+}
+
+// TestAdoptMountAfterKill: a daemon is killed with SIGKILL while one
+// lookup is in its handler and a process has files, a directory listing
+// and its working directory in the mount; a new daemon takes the
+// connection over (AdoptMount), and every one of them carries on: the
+// lookup is answered, the open file takes more writes and an fsync, the
+// listing goes on, and the shell lists its working directory.
+func TestAdoptMountAfterKill(t *testing.T) {
+	fstest.RequireFUSE(t)
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir, mnt := filepath.Join(root, "data"), filepath.Join(root, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The allocation, and a file only the held lookup will find, are
+	// made before any daemon runs.
+	s0 := storeAt(t, dataDir)
+	st, err := s0.Create("a1", []allocdir.Task{{Name: "web"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := s0.LayerPath(st.Volumes["alloc/data"].Upper)
+	if err := os.WriteFile(filepath.Join(data, "held"), []byte("found"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	local := s0.LayerPath(st.Volumes["web/local"].Upper)
+	for _, n := range []string{"one", "two", "three"} {
+		if err := os.WriteFile(filepath.Join(local, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s0.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	childSock := os.NewFile(uintptr(pair[1]), "helper socket")
+	helper := exec.Command(os.Args[0], "-test.run=^TestTakeoverHelper$")
+	helper.Env = append(os.Environ(), takeoverHelperEnv+"="+dataDir+" "+mnt)
+	helper.ExtraFiles = []*os.File{childSock}
+	helper.Stderr = os.Stderr
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	childSock.Close()
+	t.Cleanup(func() {
+		helper.Process.Kill()
+		helper.Wait()
+	})
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(pair[0], make([]byte, 16), oob, 0)
+	if err != nil {
+		t.Fatalf("receiving the helper's descriptor: %v", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("no descriptor from the helper: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("no descriptor from the helper: %v", err)
+	}
+
+	// What a task holds in the mount the helper serves.
+	logPath := filepath.Join(mnt, "a1/alloc/data/log.txt")
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("before\n"); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.Open(filepath.Join(mnt, "a1/web/local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	first, err := dir.Readdirnames(1)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first entry of the listing: %v %v", first, err)
+	}
+	shell := exec.Command("sh", "-c", "read go; ls; pwd -P")
+	shell.Dir = filepath.Join(mnt, "a1/web/local")
+	shellIn, err := shell.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shellOut bytes.Buffer
+	shell.Stdout, shell.Stderr = &shellOut, &shellOut
+	if err := shell.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer shell.Process.Kill()
+	held := make(chan error, 1)
+	var heldSt unix.Stat_t
+	go func() { held <- unix.Stat(filepath.Join(mnt, "a1/alloc/data/held"), &heldSt) }()
+	if _, err := unix.Read(pair[0], make([]byte, 1)); err != nil {
+		t.Fatalf("waiting for the lookup to reach the helper: %v", err)
+	}
+
+	if err := helper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	helper.Wait()
+
+	s := openTestStore(t, dataDir, store.Options{})
+	m, err := AdoptMount(testLogger(t), s, fds[0], DefaultMountOptions())
+	if err != nil {
+		t.Fatalf("AdoptMount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+
+	select {
+	case err := <-held:
+		if err != nil || heldSt.Size != int64(len("found")) {
+			t.Errorf("the lookup in flight at the kill: %v, size %d", err, heldSt.Size)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the lookup in flight at the kill is not answered 10 s after the takeover")
+	}
+	if _, err := f.WriteString("after\n"); err != nil {
+		t.Errorf("a write to a file opened before the kill: %v", err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Errorf("fsync of a file opened before the kill: %v", err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != int64(len("before\nafter\n")) {
+		t.Errorf("fstat of a file opened before the kill: %v, %v", fi, err)
+	}
+	rest, err := dir.Readdirnames(-1)
+	if err != nil {
+		t.Errorf("the rest of a listing begun before the kill: %v", err)
+	}
+	if got := len(first) + len(rest); got != 3 {
+		t.Errorf("the listing begun before the kill has %d entries (%v then %v), want 3", got, first, rest)
+	}
+	io.WriteString(shellIn, "go\n")
+	if err := shell.Wait(); err != nil {
+		t.Errorf("a shell whose working directory is in the mount: %v\n%s", err, shellOut.String())
+	}
+	if want := fmt.Sprintf("one\nthree\ntwo\n%s\n", filepath.Join(mnt, "a1/web/local")); shellOut.String() != want {
+		t.Errorf("the shell printed %q, want %q", shellOut.String(), want)
+	}
+	if b, err := os.ReadFile(logPath); err != nil || string(b) != "before\nafter\n" {
+		t.Errorf("the log file: %q, %v", b, err)
+	}
+	if n := m.takeover.resolved.Load(); n == 0 {
+		t.Errorf("no inherited node was resolved")
+	}
+	if n := m.takeover.lost.Load(); n != 0 {
+		t.Errorf("%d inherited nodes were not found", n)
+	}
+	f.Close()
+	dir.Close()
+}
+
+// storeAt opens the store in dataDir, for a test that closes it itself.
+func storeAt(t *testing.T, dataDir string) *store.Store {
+	t.Helper()
+	s, err := store.Open(testLogger(t), dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
