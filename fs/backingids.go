@@ -56,14 +56,19 @@ type backingIDs struct {
 	f *os.File
 
 	mu sync.Mutex
-	// inherited are the earlier daemons' registrations not taken yet.
+	// inherited are the earlier daemons' registrations. They stay for
+	// the connection's life: files those daemons opened may still use
+	// them, and the kernel refuses an open of the same inode with any
+	// other. Each holds its file, so its inode number is not reused.
 	inherited map[backingFile]int32
+	// pinned are the IDs of inherited, never unregistered.
+	pinned map[int32]bool
 }
 
 // openBackingIDs opens the record in dataDir: a fresh one for a fresh
 // connection, the earlier daemon's when adopting.
 func openBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*backingIDs, error) {
-	b := &backingIDs{Conn: conn, inherited: make(map[backingFile]int32)}
+	b := &backingIDs{Conn: conn, inherited: make(map[backingFile]int32), pinned: make(map[int32]bool)}
 	path := backingPathIn(dataDir)
 	if err := os.MkdirAll(dataDir+"/"+fuseStateDir, 0o700); err != nil {
 		return nil, err
@@ -94,6 +99,7 @@ func (b *backingIDs) load() error {
 			r := buf[i : i+backingRecordSize]
 			if id := int32(binary.LittleEndian.Uint32(r)); id > 0 {
 				b.inherited[backingFile{binary.LittleEndian.Uint64(r[8:]), binary.LittleEndian.Uint64(r[16:])}] = id
+				b.pinned[id] = true
 			}
 		}
 		off += int64(n)
@@ -120,7 +126,7 @@ func (b *backingIDs) write(id int32, bf backingFile) {
 func (b *backingIDs) Close() error { return b.f.Close() }
 
 // RegisterBackingFd registers m.Fd, or returns the ID an earlier daemon
-// registered for the same file.
+// registered for the same file, every time.
 func (b *backingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(m.Fd), &st); err != nil {
@@ -129,7 +135,6 @@ func (b *backingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno
 	bf := backingFile{st.Dev, st.Ino}
 	b.mu.Lock()
 	id, ok := b.inherited[bf]
-	delete(b.inherited, bf)
 	b.mu.Unlock()
 	if ok {
 		return id, 0
@@ -141,12 +146,20 @@ func (b *backingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno
 	return id, errno
 }
 
-// UnregisterBackingFd drops a registration and its record.
+// UnregisterBackingFd drops a registration and its record; an
+// inherited one stays.
 func (b *backingIDs) UnregisterBackingFd(id int32) syscall.Errno {
-	errno := b.Conn.UnregisterBackingFd(id)
+	b.mu.Lock()
+	pinned := b.pinned[id]
+	b.mu.Unlock()
+	if pinned {
+		return 0
+	}
+	// The record goes first: one that outlived its ID would have a later
+	// daemon refuse every passthrough open of the file.
 	var r [backingRecordSize]byte
 	if _, err := b.f.ReadAt(r[:], int64(id%backingSlots)*backingRecordSize); err == nil && int32(binary.LittleEndian.Uint32(r[:])) == id {
 		b.write(id, backingFile{})
 	}
-	return errno
+	return b.Conn.UnregisterBackingFd(id)
 }

@@ -57,7 +57,10 @@ type MountOptions struct {
 	adopt *adoption
 }
 
-// DefaultMountOptions are the options `allocfs serve` uses.
+// DefaultMountOptions are the mount's defaults. `allocfs serve` takes
+// them but for IOUring, which it leaves off unless asked: a connection
+// that outlives its daemon must not hold requests in rings
+// (docs/design/live-restart.md).
 func DefaultMountOptions() MountOptions {
 	return MountOptions{IOUring: true, StableTimeout: 60 * time.Second, NegativeTimeout: time.Second}
 }
@@ -138,6 +141,10 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 	}
 
 	m.root = &rootNode{m: m}
+	var generation uint32
+	if opts.adopt != nil {
+		generation = opts.adopt.session.Generation
+	}
 	stable := opts.StableTimeout
 	negative := opts.NegativeTimeout
 	fopts := &gofs.Options{
@@ -151,10 +158,14 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		// is (tree.go, identity.go): a daemon that takes the connection
 		// over from another finds every node the kernel names
 		// (takeover.go).
-		ExternalNodeID:  true,
-		EntryTimeout:    &stable,
-		AttrTimeout:     &stable,
-		NegativeTimeout: &negative,
+		ExternalNodeID: true,
+		// Nodes with no file (a memory volume's) are numbered from here:
+		// each daemon of a connection in a range of its own, so that no
+		// number an earlier one handed out names another node now.
+		FirstAutomaticIno: syntheticBit | uint64(generation)<<40,
+		EntryTimeout:      &stable,
+		AttrTimeout:       &stable,
+		NegativeTimeout:   &negative,
 		MountOptions: fuse.MountOptions{
 			AllowOther:        os.Geteuid() == 0,
 			FsName:            "allocfs:" + store.DataDir(),
@@ -209,9 +220,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		}
 		var conn *transport.Conn
 		var err error
-		generation := uint32(0)
 		if a := opts.adopt; a != nil {
-			generation = a.session.Generation
 			if err := m.slots.load(slotsPath(store.DataDir())); err != nil {
 				return nil, err
 			}
@@ -233,7 +242,12 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			serr = m.slots.saveLocked()
 			m.slots.mu.Unlock()
 		}
-		if serr != nil {
+		switch {
+		case serr != nil && opts.adopt != nil:
+			// The next daemon would count from the same generation,
+			// and take this one's handles for its own.
+			return nil, errors.Join(fmt.Errorf("failed to take over the allocfs mount at %q: %w", dir, serr), conn.Wait())
+		case serr != nil:
 			m.logger.Error("the mount cannot be taken over by another daemon", "error", serr)
 		}
 		fopts.ServerCallbacks = conn
@@ -252,9 +266,6 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.ioUring = conn.IOUring()
 		if opts.adopt != nil {
 			m.logger.Info("took the mount over", "generation", generation)
-			if err := conn.Resend(); err != nil {
-				m.logger.Warn("the kernel did not resend what the previous daemon had not answered: those requests wait until the mount ends (FUSE_NOTIFY_RESEND needs Linux 6.9)", "error", err)
-			}
 		}
 	}
 	if m.passthrough.Load() {

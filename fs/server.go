@@ -51,7 +51,7 @@ func (m *Mount) newHandler(fopts *gofs.Options, generation uint32) *countingFS {
 		h = m.opts.interpose(h)
 	}
 	if generation > 0 {
-		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation)
+		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
 		h = m.takeover
 	}
 	return &countingFS{fs: h}

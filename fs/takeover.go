@@ -1,22 +1,21 @@
 package fs
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/transport"
-	gofs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -31,17 +30,19 @@ import (
 //     says where its file is: a skeleton directory's is a hash of its
 //     place in the layout; a volume entry's is the backing file's inode
 //     number with the slot of the allocation's view in its high bits
-//     (identity.go), and the slot table is kept on disk. LookupNode turns
-//     the number back into a path (the backing inode is opened by handle,
-//     and read back through /proc/self/fd) and walks the tree to it.
+//     (identity.go), and the slot table is kept on disk. pathsOfNode
+//     turns the number back into a path (the backing inode is opened by
+//     handle, and its path read back through /proc/self/fd); a file born
+//     after this daemon started only took a freed number, and is not it.
 //   - A handle's number carries the generation of the daemon that opened
 //     it in its high 32 bits; a handle of an earlier generation is opened
 //     again on first use, or needs nothing (a release, a flush).
 //
 // go-fuse's bridge has no way to ask whether it knows a node ID: it
 // panics on one it does not, before it changes anything. takeoverFS, in
-// front of it, catches exactly that panic, resolves the node (a LOOKUP of
-// "." through the bridge, which calls LookupNode), and runs the request
+// front of it, catches exactly that panic, resolves the node (the path's
+// names looked up through the bridge from the root, so that each node on
+// the way is registered and attached where it is), and runs the request
 // again. A FORGET of an inherited node carries the kernel's count, which
 // the bridge never had: it is applied one at a time until the bridge lets
 // go of the node, since the bridge's own check of a count that is too
@@ -140,69 +141,65 @@ func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions)
 	return NewMount(logger, st, f.Session.Dir, opts)
 }
 
+// HeldSession checks that the connection recorded in dataDir can be
+// taken over by this allocfs, and returns its mount point.
+func HeldSession(dataDir string) (string, error) {
+	f, err := loadSession(dataDir)
+	if err != nil {
+		return "", err
+	}
+	if err := transport.CheckSession(f.Session); err != nil {
+		return "", err
+	}
+	return f.Session.Dir, nil
+}
+
+// FuseFd returns the mount's /dev/fuse descriptor, for a holder to keep
+// a copy of (it stays the mount's), and false for go-fuse's server,
+// whose connection cannot be taken over.
+func (m *Mount) FuseFd() (int, bool) {
+	s, ok := m.server.(ownServer)
+	if !ok {
+		return -1, false
+	}
+	return s.conn.Fd(), true
+}
+
+// Park stops serving for a hand-over (transport.Conn.Park): what the
+// kernel sends from now on waits for the next daemon. The process must
+// exit after it, without unmounting.
+func (m *Mount) Park(timeout time.Duration) error {
+	s, ok := m.server.(ownServer)
+	if !ok {
+		return errors.New("go-fuse's server cannot hand its connection over")
+	}
+	return s.conn.Park(timeout)
+}
+
+// MemoryInUse names the memory volumes (<alloc>/<task>/secrets or
+// private) that hold anything: their content lives in this process, and
+// a daemon taking the mount over starts them empty.
+func (m *Mount) MemoryInUse() []string {
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	var names []string
+	for key, d := range m.mem.roots {
+		v := d.v
+		v.mu.Lock()
+		used := v.used > 0 || v.freeEntry < (v.inodes-1)*memEntrySpace
+		v.mu.Unlock()
+		if used {
+			names = append(names, key)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
 // adoption is what NewMount needs to serve a connection it did not mount.
 type adoption struct {
 	fd      int
 	session sessionFile
-}
-
-var _ = (gofs.NodeLookupNoder)((*rootNode)(nil))
-
-// LookupNode finds the node whose ID (inode number) is id, for a kernel
-// that got it from an earlier daemon.
-func (r *rootNode) LookupNode(ctx context.Context, id uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	paths, errno := r.m.pathsOfNode(id)
-	if errno != 0 {
-		r.m.logger.Warn("a node the kernel holds from the previous daemon cannot be found", "node", id, "error", errno)
-		return nil, errno
-	}
-	for _, p := range paths {
-		n, errno := r.m.walkTo(ctx, p)
-		if errno != 0 || n.StableAttr().Ino != id {
-			continue
-		}
-		if g, ok := n.Operations().(gofs.NodeGetattrer); ok {
-			var a fuse.AttrOut
-			if errno := g.Getattr(ctx, nil, &a); errno == 0 {
-				out.Attr = a.Attr
-			}
-		}
-		out.Attr.Ino = id
-		r.m.stableTimeouts(out)
-		return n, 0
-	}
-	r.m.logger.Warn("a node the kernel holds from the previous daemon is not where its file is", "node", id, "paths", fmt.Sprint(paths))
-	return nil, syscall.ESTALE
-}
-
-// walkTo returns the node at path (names from the mount root), attaching
-// each node it makes to its parent in go-fuse's tree, as a lookup would:
-// a volume node's path in its layers is its place in that tree.
-func (m *Mount) walkTo(ctx context.Context, path []string) (*gofs.Inode, syscall.Errno) {
-	cur := m.root.EmbeddedInode()
-	for _, name := range path {
-		if ch := cur.GetChild(name); ch != nil {
-			cur = ch
-			continue
-		}
-		l, ok := cur.Operations().(gofs.NodeLookuper)
-		if !ok {
-			return nil, syscall.ENOTDIR
-		}
-		var out fuse.EntryOut
-		ch, errno := l.Lookup(ctx, name, &out)
-		if errno != 0 {
-			return nil, errno
-		}
-		if !cur.AddChild(name, ch, false) {
-			// Another lookup attached one first.
-			if ch = cur.GetChild(name); ch == nil {
-				return nil, syscall.ESTALE
-			}
-		}
-		cur = ch
-	}
-	return cur, 0
 }
 
 // pathsOfNode returns the places in the mount where node id may be, most
@@ -227,6 +224,11 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 	layerID, rel, err := m.backingPath(st, ino)
 	if err != nil {
 		m.logger.Debug("backing file of an inherited node not found", "node", id, "error", err)
+		return nil, syscall.ESTALE
+	}
+	if born, err := birth(filepath.Join(append([]string{m.store.DataDir(), "layers", layerID}, rel...)...)); err != nil || born.After(m.started) {
+		// Its inode number was freed and taken by a file this daemon
+		// made: the kernel's node is of a file that is gone.
 		return nil, syscall.ESTALE
 	}
 	var first, rest [][]string
@@ -320,6 +322,18 @@ func (m *Mount) backingPath(st *store.State, ino uint64) (string, []string, erro
 		}
 	}
 	return "", nil, fmt.Errorf("no file of inode %d in the layers of %s", ino, st.ID)
+}
+
+// birth returns when the file at path was made.
+func birth(path string) (time.Time, error) {
+	var x unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME, &x); err != nil {
+		return time.Time{}, err
+	}
+	if x.Mask&unix.STATX_BTIME == 0 {
+		return time.Time{}, nil
+	}
+	return time.Unix(x.Btime.Sec, int64(x.Btime.Nsec)), nil
 }
 
 // fileidIno32Gen is the ext4 (and ext2/3) file handle type: a 32-bit

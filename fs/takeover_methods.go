@@ -2,6 +2,7 @@ package fs
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,8 @@ import (
 type takeoverFS struct {
 	fs  fuse.RawFileSystem
 	log hclog.Logger
+	// paths says where an inherited node may be (Mount.pathsOfNode).
+	paths func(id uint64) ([][]string, syscall.Errno)
 	// gen is this daemon's generation, in the high 32 bits of every
 	// handle it hands out.
 	gen uint64
@@ -29,18 +32,20 @@ type takeoverFS struct {
 	resolved, lost atomic.Int64
 }
 
-func newTakeoverFS(fs fuse.RawFileSystem, log hclog.Logger, gen uint32) *takeoverFS {
-	return &takeoverFS{fs: fs, log: log, gen: uint64(gen), handles: make(map[uint64]uint64)}
+func newTakeoverFS(fs fuse.RawFileSystem, log hclog.Logger, gen uint32, paths func(uint64) ([][]string, syscall.Errno)) *takeoverFS {
+	return &takeoverFS{fs: fs, log: log, gen: uint64(gen), paths: paths, handles: make(map[uint64]uint64)}
 }
 
 // unknownNode reports the node ID of a panic of go-fuse's bridge over a
-// node it does not know ("unknown node N", raised before the request
-// changed anything).
+// node it does not know: "unknown node N", raised before the request
+// changed anything, or "detachFile: unknown node N", raised by a release
+// of a handle whose node the bridge let go of, with nothing left to do.
 func unknownNode(r any) (uint64, bool) {
 	s, ok := r.(string)
 	if !ok {
 		return 0, false
 	}
+	s = strings.TrimPrefix(s, "detachFile: ")
 	var id uint64
 	if n, err := fmt.Sscanf(s, "unknown node %d", &id); n != 1 || err != nil {
 		return 0, false
@@ -79,19 +84,38 @@ func (t *takeoverFS) call(cancel <-chan struct{}, op func()) fuse.Status {
 	return fuse.Status(syscall.ESTALE)
 }
 
-// resolve has the bridge find node id (a LOOKUP of ".", which asks
-// rootNode.LookupNode for a node it does not have). The bridge counts it
-// as a lookup the kernel did not make: an inherited node's count is
-// never the kernel's, see Forget.
+// resolve has the bridge find node id: the path its inode number leads
+// to (Mount.pathsOfNode) is looked up through the bridge, name by name
+// from the root, as the kernel would, so that every node on the way is
+// registered and attached where it is. The bridge counts those lookups,
+// which the kernel did not make: an inherited node's count is never the
+// kernel's (see Forget), and a directory on the way stays known to the
+// bridge for the connection's life.
 func (t *takeoverFS) resolve(cancel <-chan struct{}, id uint64) fuse.Status {
-	var out fuse.EntryOut
-	st := t.fs.Lookup(cancel, &fuse.InHeader{NodeId: id}, ".", &out)
-	if st != fuse.OK {
+	paths, errno := t.paths(id)
+	if errno != 0 {
 		t.lost.Add(1)
-		return st
+		t.log.Warn("a node the kernel holds from an earlier daemon cannot be found", "node", id, "error", errno)
+		return fuse.Status(errno)
 	}
-	t.resolved.Add(1)
-	return fuse.OK
+	for _, p := range paths {
+		node := uint64(fuse.FUSE_ROOT_ID)
+		for _, name := range p {
+			var out fuse.EntryOut
+			if st := t.fs.Lookup(cancel, &fuse.InHeader{NodeId: node}, name, &out); st != fuse.OK || out.NodeId == 0 {
+				node = 0
+				break
+			}
+			node = out.NodeId
+		}
+		if node == id {
+			t.resolved.Add(1)
+			return fuse.OK
+		}
+	}
+	t.lost.Add(1)
+	t.log.Warn("a node the kernel holds from an earlier daemon is not where its file is", "node", id, "paths", fmt.Sprint(paths))
+	return fuse.Status(syscall.ESTALE)
 }
 
 // ours reports whether fh was handed out by this daemon, and its number
@@ -105,7 +129,7 @@ func (t *takeoverFS) out(fh uint64) uint64 { return fh | t.gen<<32 }
 
 // handle returns the bridge's handle for fh; one of an earlier daemon is
 // opened again with open, once. 0 means there is none and open was nil.
-func (t *takeoverFS) handle(fh uint64, open func() (uint64, fuse.Status)) (uint64, fuse.Status) {
+func (t *takeoverFS) handle(fh, node uint64, open func() (uint64, bool, fuse.Status)) (uint64, fuse.Status) {
 	if h, ok := t.ours(fh); ok || fh == 0 {
 		return h, fuse.OK
 	}
@@ -115,13 +139,20 @@ func (t *takeoverFS) handle(fh uint64, open func() (uint64, fuse.Status)) (uint6
 	if ok || open == nil {
 		return h, fuse.OK
 	}
-	h, st := open()
+	h, dir, st := open()
 	if st != fuse.OK {
 		return 0, st
 	}
 	t.mu.Lock()
 	if prev, ok := t.handles[fh]; ok {
 		t.mu.Unlock()
+		// Another request opened it first: this open goes.
+		in := &fuse.ReleaseIn{InHeader: fuse.InHeader{NodeId: node}, Fh: h}
+		if dir {
+			t.fs.ReleaseDir(in)
+		} else {
+			t.fs.Release(nil, in)
+		}
 		return prev, fuse.OK
 	}
 	t.handles[fh] = h
@@ -142,9 +173,15 @@ func (t *takeoverFS) forgetHandle(fh uint64) uint64 {
 	return h
 }
 
+// writable is the open flags of a handle that writes: a write from the
+// page cache (a shared mapping's writeback) carries none.
+func writable(flags uint32) uint32 {
+	return flags&^syscall.O_ACCMODE | syscall.O_RDWR
+}
+
 // reopen opens node again as the kernel had it open, with flags.
-func (t *takeoverFS) reopen(cancel <-chan struct{}, node uint64, flags uint32, dir bool) func() (uint64, fuse.Status) {
-	return func() (uint64, fuse.Status) {
+func (t *takeoverFS) reopen(cancel <-chan struct{}, node uint64, flags uint32, dir bool) func() (uint64, bool, fuse.Status) {
+	return func() (uint64, bool, fuse.Status) {
 		in := &fuse.OpenIn{InHeader: fuse.InHeader{NodeId: node}, Flags: flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC)}
 		var out fuse.OpenOut
 		var st fuse.Status
@@ -156,9 +193,9 @@ func (t *takeoverFS) reopen(cancel <-chan struct{}, node uint64, flags uint32, d
 			}
 		})
 		if cst != fuse.OK {
-			return 0, cst
+			return 0, dir, cst
 		}
-		return out.Fh, st
+		return out.Fh, dir, st
 	}
 }
 
@@ -191,7 +228,7 @@ func (t *takeoverFS) Forget(nodeid uint64, nlookup uint64) {
 
 func (t *takeoverFS) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
 	if input.Flags()&fuse.FUSE_GETATTR_FH != 0 {
-		h, _ := t.handle(input.Fh_, nil)
+		h, _ := t.handle(input.Fh_, input.NodeId, nil)
 		if h == 0 {
 			// An earlier daemon's handle: the node answers alone.
 			input.Flags_ &^= fuse.FUSE_GETATTR_FH
@@ -203,7 +240,7 @@ func (t *takeoverFS) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out 
 
 func (t *takeoverFS) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
 	if input.Valid&fuse.FATTR_FH != 0 {
-		h, _ := t.handle(input.Fh, nil)
+		h, _ := t.handle(input.Fh, input.NodeId, nil)
 		if h == 0 {
 			input.Valid &^= fuse.FATTR_FH
 		}
@@ -289,35 +326,35 @@ func (t *takeoverFS) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.
 }
 
 func (t *takeoverFS) Read(cancel <-chan struct{}, input *fuse.ReadIn, buf []byte) (r fuse.ReadResult, st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
 		return nil, st
 	}
 	return r, t.status(t.call(cancel, func() { r, st = t.fs.Read(cancel, input, buf) }), st)
 }
 
 func (t *takeoverFS) Lseek(cancel <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) (st fuse.Status) {
-	if in.Fh, st = t.handle(in.Fh, t.reopen(cancel, in.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if in.Fh, st = t.handle(in.Fh, in.NodeId, t.reopen(cancel, in.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Lseek(cancel, in, out) }), st)
 }
 
 func (t *takeoverFS) GetLk(cancel <-chan struct{}, input *fuse.LkIn, out *fuse.LkOut) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.GetLk(cancel, input, out) }), st)
 }
 
 func (t *takeoverFS) SetLk(cancel <-chan struct{}, input *fuse.LkIn) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.SetLk(cancel, input) }), st)
 }
 
 func (t *takeoverFS) SetLkw(cancel <-chan struct{}, input *fuse.LkIn) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.SetLkw(cancel, input) }), st)
@@ -333,31 +370,31 @@ func (t *takeoverFS) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
 }
 
 func (t *takeoverFS) Write(cancel <-chan struct{}, input *fuse.WriteIn, data []byte) (n uint32, st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, writable(input.Flags), false)); st != fuse.OK {
 		return 0, st
 	}
 	return n, t.status(t.call(cancel, func() { n, st = t.fs.Write(cancel, input, data) }), st)
 }
 
 func (t *takeoverFS) Writev(cancel <-chan struct{}, input *fuse.WriteIn, data [][]byte) (n uint32, st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, input.Flags, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, writable(input.Flags), false)); st != fuse.OK {
 		return 0, st
 	}
 	return n, t.status(t.call(cancel, func() { n, st = t.fs.Writev(cancel, input, data) }), st)
 }
 
 func (t *takeoverFS) CopyFileRange(cancel <-chan struct{}, input *fuse.CopyFileRangeIn) (n uint32, st fuse.Status) {
-	if input.FhIn, st = t.handle(input.FhIn, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.FhIn, st = t.handle(input.FhIn, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return 0, st
 	}
-	if input.FhOut, st = t.handle(input.FhOut, t.reopen(cancel, input.NodeIdOut, syscall.O_WRONLY, false)); st != fuse.OK {
+	if input.FhOut, st = t.handle(input.FhOut, input.NodeIdOut, t.reopen(cancel, input.NodeIdOut, syscall.O_RDWR, false)); st != fuse.OK {
 		return 0, st
 	}
 	return n, t.status(t.call(cancel, func() { n, st = t.fs.CopyFileRange(cancel, input) }), st)
 }
 
 func (t *takeoverFS) Ioctl(cancel <-chan struct{}, input *fuse.IoctlIn, inbuf []byte, output *fuse.IoctlOut, outbuf []byte) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Ioctl(cancel, input, inbuf, output, outbuf) }), st)
@@ -366,21 +403,21 @@ func (t *takeoverFS) Ioctl(cancel <-chan struct{}, input *fuse.IoctlIn, inbuf []
 // Flush of an earlier daemon's handle that this daemon never opened
 // again has nothing to flush: the data went to the backing file.
 func (t *takeoverFS) Flush(cancel <-chan struct{}, input *fuse.FlushIn) (st fuse.Status) {
-	if input.Fh, _ = t.handle(input.Fh, nil); input.Fh == 0 {
+	if input.Fh, _ = t.handle(input.Fh, input.NodeId, nil); input.Fh == 0 {
 		return fuse.OK
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Flush(cancel, input) }), st)
 }
 
 func (t *takeoverFS) Fsync(cancel <-chan struct{}, input *fuse.FsyncIn) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Fsync(cancel, input) }), st)
 }
 
 func (t *takeoverFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_WRONLY, false)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDWR, false)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Fallocate(cancel, input) }), st)
@@ -395,14 +432,14 @@ func (t *takeoverFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fu
 }
 
 func (t *takeoverFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.ReadDir(cancel, input, out) }), st)
 }
 
 func (t *takeoverFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.ReadDirPlus(cancel, input, out) }), st)
@@ -416,7 +453,7 @@ func (t *takeoverFS) ReleaseDir(input *fuse.ReleaseIn) {
 }
 
 func (t *takeoverFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) (st fuse.Status) {
-	if input.Fh, st = t.handle(input.Fh, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
+	if input.Fh, st = t.handle(input.Fh, input.NodeId, t.reopen(cancel, input.NodeId, syscall.O_RDONLY, true)); st != fuse.OK {
 		return st
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.FsyncDir(cancel, input) }), st)
@@ -428,7 +465,7 @@ func (t *takeoverFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *f
 
 func (t *takeoverFS) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) (st fuse.Status) {
 	if input.GetattrFlags&fuse.FUSE_GETATTR_FH != 0 {
-		h, _ := t.handle(input.Fh, nil)
+		h, _ := t.handle(input.Fh, input.NodeId, nil)
 		if h == 0 {
 			input.GetattrFlags &^= fuse.FUSE_GETATTR_FH
 		}

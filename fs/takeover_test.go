@@ -223,6 +223,37 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	if b, err := os.ReadFile(logPath); err != nil || string(b) != "before\nafter\n" {
 		t.Errorf("the log file: %q, %v", b, err)
 	}
+	// The kernel forgets what it can and looks the paths up again: the
+	// nodes the takeover resolved must be the ones those lookups find.
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
+		t.Logf("cannot drop the kernel's caches: %v", err)
+	}
+	if b, err := os.ReadFile(logPath); err != nil || string(b) != "before\nafter\n" {
+		t.Errorf("the log file after the kernel forgot it: %q, %v", b, err)
+	}
+	moved := filepath.Join(mnt, "a1/alloc/data/moved.txt")
+	if err := os.Rename(logPath, moved); err != nil {
+		t.Errorf("rename of the log file after the takeover: %v", err)
+	}
+	if _, err := f.WriteString("moved\n"); err != nil {
+		t.Errorf("a write to the open file after its rename: %v", err)
+	}
+	if b, err := os.ReadFile(moved); err != nil || string(b) != "before\nafter\nmoved\n" {
+		t.Errorf("the renamed log file: %q, %v", b, err)
+	}
+	// A memory volume's nodes are numbered in a range of this daemon's
+	// own: no number the dead one handed out can name one of them.
+	secret := filepath.Join(mnt, "a1/web/secrets/token")
+	if err := os.WriteFile(secret, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var sst unix.Stat_t
+	if err := unix.Stat(secret, &sst); err != nil {
+		t.Fatal(err)
+	}
+	if gen := (sst.Ino &^ syntheticBit) >> 40; gen != 1 {
+		t.Errorf("a memory file made after the takeover has inode %#x, of generation %d's range; want 1's", sst.Ino, gen)
+	}
 	if n := m.takeover.resolved.Load(); n == 0 {
 		t.Errorf("no inherited node was resolved")
 	}

@@ -18,7 +18,9 @@ import (
 // TestSecondServeRefused checks that a second `allocfs serve` on a data
 // dir that one already serves fails at once, saying which process holds it
 // and where it is mounted, and changes nothing: no mount, no socket, and
-// the first daemon serves on, on another mount point as on the same one.
+// the first daemon serves on. On another mount point it always fails; on
+// the same one it fails with --live-restart=false, and takes the mount
+// over otherwise (an upgrade: restart_test.go).
 func TestSecondServeRefused(t *testing.T) {
 	n := startNode(t)
 	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")
@@ -35,7 +37,7 @@ func TestSecondServeRefused(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sock := filepath.Join(other, "second.sock")
-			cmd := exec.Command(harness.Binary(t), "serve", "--data-dir", n.dataDir, "--mount", c.mnt, "--socket", sock)
+			cmd := exec.Command(harness.Binary(t), "serve", "--data-dir", n.dataDir, "--mount", c.mnt, "--socket", sock, "--live-restart=false")
 			r := n.run(t, cmd, "second allocfs serve")
 			if r.code == 0 {
 				t.Fatalf("second serve on %s: exit 0, want a failure", n.dataDir)

@@ -30,25 +30,28 @@
 //	n := startNode(t)         build if needed, serve, wait for the mount
 //	n.cli(t, args...)         run allocfs with ALLOCFS_SOCKET set to n's socket
 //	n.sh(t, dir, script)      bash -c with `set -euo pipefail`, LC_ALL=C, in dir
-//	n.kill9(t)                SIGKILL: the mount goes stale (ENOTCONN, or ECONNABORTED over io_uring)
+//	n.kill9(t)                SIGKILL: the holder keeps the mount for the next serve
 //	n.Restart(t)              serve again on the same data dir and mount
-//	n.stop(t)                 SIGTERM; the daemon must exit 0 and unmount
+//	n.stop(t)                 SIGUSR1 (a full stop); the daemon must exit 0 and unmount
 //
 // The helpers take the *testing.T of the (sub)test that calls them, so a
 // subtest's failure stops that subtest and not its parent; mustCLI and
 // mustSh fail the test unless the command exits 0.
 //
 // Cleanup does not depend on the test passing: the daemon is killed by
-// its PID, the mount point is detached lazily (umount -l), and the
-// temporary directory is removed.
+// its PID, the mount point is detached lazily (umount -l), the holder of
+// the FUSE connection is told to stop, and the temporary directory is
+// removed.
 //
 // # The tests
 //
 // TestShellTools runs one tool per subtest against one allocation and
 // checks what a person would check: bytes, exit codes, modes, owners,
 // mtimes. TestCrashRestart kills the daemon with SIGKILL and checks that a
-// restarted daemon detaches the stale mount and serves every allocation
-// and every byte written before the crash. TestPosix runs go-fuse's
+// restarted daemon takes the held mount over and serves every allocation,
+// every byte written before the crash and a request made meanwhile;
+// TestLiveRestart (restart_test.go) upgrades and kills a daemon under
+// running tasks, none of which may notice. TestPosix runs go-fuse's
 // posixtest table, each entry in a fresh directory inside a volume, plus
 // a few POSIX checks of our own (posixExtra) where posixtest has none or
 // excuses a failure with a skip of its own.

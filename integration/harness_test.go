@@ -67,18 +67,19 @@ func startNodeWith(t *testing.T, prefix []string, args ...string) *node {
 }
 
 // kill9 kills the daemon with SIGKILL, as a crash or the OOM killer would.
-// Its mount stays behind, stale.
+// Its mount stays, held for the next serve (cmd/allocfs/holder.go).
 func (n *node) kill9(t *testing.T) { n.Signal(t, syscall.SIGKILL) }
 
-// stop sends SIGTERM and fails the test unless the daemon exits 0 and
-// leaves nothing mounted.
+// stop asks for a full stop (SIGUSR1: unmount, running allocations or
+// not) and fails the test unless the daemon exits 0 and leaves nothing
+// mounted.
 func (n *node) stop(t *testing.T) {
 	t.Helper()
-	if code := n.Signal(t, syscall.SIGTERM); code != 0 {
-		t.Errorf("allocfs serve after SIGTERM: exit %d, want 0", code)
+	if code := n.Signal(t, syscall.SIGUSR1); code != 0 {
+		t.Errorf("allocfs serve after SIGUSR1: exit %d, want 0", code)
 	}
 	if c := harness.MountsAt(t, n.mnt); c != 0 {
-		t.Errorf("after SIGTERM: %d allocfs mounts at %s, want 0", c, n.mnt)
+		t.Errorf("after SIGUSR1: %d allocfs mounts at %s, want 0", c, n.mnt)
 	}
 }
 

@@ -58,6 +58,7 @@ var commands = []command{
 	{"logs", "print or follow a task's logs, across rotation", runLogs},
 	{"exec", "run a command as a task of an allocation, its output rotated into alloc/logs", runExec},
 	{"version", "print the version", runVersion},
+	{"fuse-holder", "hold the FUSE connection while serve restarts (started by serve)", runHolder},
 }
 
 // run executes the command line args and returns the exit code.

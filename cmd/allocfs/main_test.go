@@ -182,13 +182,66 @@ func TestServeMountLifecycle(t *testing.T) {
 	}
 }
 
-// TestServeRecoversAfterCrash: a daemon killed with SIGKILL leaves a
-// stale mount; the next serve detaches it, reloads the allocation from the
-// data dir and serves its files again.
+// TestServeRecoversAfterCrash: after SIGKILL, the holder keeps the mount
+// (a stat made meanwhile waits), the next serve takes it over and serves
+// the file written before the crash; SIGINT with a running allocation
+// leaves the mount for the next serve, and SIGUSR1 unmounts.
 func TestServeRecoversAfterCrash(t *testing.T) {
 	fstest.RequireFUSE(t)
 	dataDir, mnt := testDirs(t)
 	d := startServe(t, dataDir, mnt)
+	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.Socket)
+	content := []byte("survives a crash\n")
+	f := filepath.Join(mnt, "a1", "web", "local", "f")
+	if err := os.WriteFile(f, content, 0o644); err != nil {
+		t.Fatalf("write through the mount: %v", err)
+	}
+
+	d.Signal(t, syscall.SIGKILL)
+	waited := make(chan error, 1)
+	go func() {
+		var st unix.Stat_t
+		waited <- unix.Stat(filepath.Join(mnt, "a1", "web", "local", "g"), &st)
+	}()
+	d = startServe(t, dataDir, mnt)
+	// Its socket answers before it has taken the mount over.
+	for deadline := time.Now().Add(harness.Timeout); !strings.Contains(d.Out.String(), "took the mount over"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not take the held mount over:\n%s", d.Out)
+		}
+	}
+	if err := <-waited; !errors.Is(err, unix.ENOENT) {
+		t.Errorf("a stat made while no daemon ran: %v, want ENOENT from the next daemon", err)
+	}
+	got, err := os.ReadFile(f)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Errorf("%s after restart: got %q, %v; want %q", f, got, err, content)
+	}
+	if code := d.Signal(t, syscall.SIGINT); code != exitOK {
+		t.Fatalf("serve after SIGINT: exit %d, want 0", code)
+	}
+	if got := mountedAt(t, mnt); got != allocfsFSType {
+		t.Errorf("after SIGINT with a running allocation, %s is %q; want it still mounted for the next serve", mnt, got)
+	}
+	d = startServe(t, dataDir, mnt)
+	if code := d.Signal(t, syscall.SIGUSR1); code != exitOK {
+		t.Fatalf("serve after SIGUSR1: exit %d, want 0", code)
+	}
+	if got := mountedAt(t, mnt); got != "" {
+		t.Errorf("after SIGUSR1 %s is still mounted (%s)", mnt, got)
+	}
+}
+
+// TestServeRecoversAfterCrashWithoutHolder: with --live-restart=false a
+// SIGKILL leaves a stale mount; the next serve detaches it, reloads the
+// allocation from the data dir and serves its files again.
+func TestServeRecoversAfterCrashWithoutHolder(t *testing.T) {
+	fstest.RequireFUSE(t)
+	dataDir, mnt := testDirs(t)
+	start := func() *harness.Daemon {
+		return harness.StartDaemon(t, &harness.Daemon{DataDir: dataDir, Mount: mnt, Socket: filepath.Join(dataDir, "allocfs.sock"), Args: []string{"--live-restart=false"}})
+	}
+	d := start()
 	mustRun(t, "alloc", "create", "a1", "--task", "web", "--socket", d.Socket)
 	content := []byte("survives a crash\n")
 	f := filepath.Join(mnt, "a1", "web", "local", "f")
@@ -202,7 +255,7 @@ func TestServeRecoversAfterCrash(t *testing.T) {
 		t.Fatalf("statfs of the mount point after SIGKILL: got %v, want ENOTCONN or ECONNABORTED (a stale mount)", err)
 	}
 
-	d = startServe(t, dataDir, mnt)
+	d = start()
 	if !strings.Contains(d.Out.String(), "stale mount") {
 		t.Errorf("serve did not log the stale mount it detached:\n%s", d.Out)
 	}

@@ -69,13 +69,15 @@ func (r *reloader) reload() {
 // resolveServePaths makes a's paths absolute and resolved, as serve
 // compares them.
 func resolveServePaths(a *serveArgs) error {
-	for _, p := range []*string{&a.dataDir, &a.mountDir, &a.socket} {
+	for _, p := range []*string{&a.dataDir, &a.socket} {
 		var err error
 		if *p, err = resolvePath(*p); err != nil {
 			return err
 		}
 	}
-	return nil
+	var err error
+	a.mountDir, err = resolveMountPath(a.mountDir)
+	return err
 }
 
 // restartOnly names the flags that differ between old and next and that

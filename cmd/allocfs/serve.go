@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -42,6 +43,7 @@ type serveArgs struct {
 	dataDir, mountDir, socket       string
 	logLevel                        string
 	logJSON, debugFuse, fuseIOUring bool
+	liveRestart                     bool
 	node                            nodeConfig
 	gc                              store.GCConfig
 }
@@ -65,7 +67,8 @@ reload that changes them says so in the log.`)
 	fset.StringVar(&a.socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
 	fset.StringVar(&a.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fset.BoolVar(&a.logJSON, "log-json", false, "log JSON lines instead of text")
-	fset.BoolVar(&a.fuseIOUring, "fuse-io-uring", true, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y); false: always over /dev/fuse")
+	fset.BoolVar(&a.liveRestart, "live-restart", true, "keep the mount alive across restarts: a holder process keeps the FUSE connection, the next serve takes it over (after a crash too), and SIGTERM with running allocations leaves it to that one; false: every stop unmounts")
+	fset.BoolVar(&a.fuseIOUring, "fuse-io-uring", false, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y), about twice as fast for metadata; needs --live-restart=false, since the kernel resends nothing a dead daemon's rings held")
 	fset.BoolVar(&a.debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
 	fset.StringVar(&a.node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
 	fset.StringVar(&a.node.migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
@@ -105,6 +108,9 @@ func parseServeArgs(e *env, args []string) (*serveArgs, error) {
 	}
 	if a.dataDir == "" {
 		return nil, usageErrorf(serveCmd, "--data-dir must not be empty")
+	}
+	if a.liveRestart && a.fuseIOUring {
+		return nil, usageErrorf(serveCmd, "--fuse-io-uring needs --live-restart=false: after a crash, the kernel would not resend the requests the dead daemon's rings held, and their callers would wait forever")
 	}
 	if a.mountDir == "" {
 		a.mountDir = filepath.Join(a.dataDir, "mnt")
@@ -146,6 +152,9 @@ func readConfigFile(path string) ([]string, error) {
 }
 
 func runServe(e *env, args []string) error {
+	// Taken before anything else: the variables describe this process's
+	// descriptors as it started.
+	stored := listenedFuse()
 	a, err := parseServeArgs(e, args)
 	if err != nil {
 		return err
@@ -163,11 +172,18 @@ func runServe(e *env, args []string) error {
 		JSONFormat: a.logJSON,
 		Output:     e.stderr,
 	})
+	// go-fuse's bridge reports a node it does not know through the
+	// standard logger as it panics; after a takeover that is how every
+	// inherited node is found (fs/takeover.go), so it is debug talk.
+	log.SetFlags(0)
+	log.SetOutput(logger.Named("fuse").StandardWriter(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}))
 	return serve(logger, serveConfig{
 		dataDir:  a.dataDir,
 		mountDir: a.mountDir,
 		socket:   a.socket,
 		mount:    fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring},
+		live:     a.liveRestart && !a.debugFuse,
+		stored:   stored,
 		node:     a.node,
 		secrets:  secrets,
 		gc:       a.gc,
@@ -183,6 +199,11 @@ type serveConfig struct {
 	mountDir string
 	socket   string
 	mount    fs.MountOptions
+	// live keeps the connection alive across restarts (holder.go).
+	live bool
+	// stored is the FUSE connection systemd passed from its descriptor
+	// store (systemd.go), or -1.
+	stored int
 	// node is what other machines reach over TCP, and secrets what its
 	// files held at the start.
 	node    nodeConfig
@@ -204,7 +225,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	// process. One that arrives while the mount comes up is acted on as
 	// soon as it is up.
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, sigFullStop, sigHandOver)
 	defer signal.Stop(sigs)
 	// SIGHUP, which a closed terminal or a reload by habit sends,
 	// reloads (reload.go) and never stops the daemon.
@@ -233,11 +254,20 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		return err
 	}
 	// A mount point that cannot be one is refused before the data dir
-	// is created; the rest of its preparation waits for the lock.
-	if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
-		return notADirectory(cfg.mountDir, fi)
+	// is created; the rest of its preparation waits for the lock. One a
+	// holder keeps waits for a daemon: it is not touched.
+	if _, _, err := askHolder(holderSocket(cfg.dataDir), "version"); cfg.stored < 0 && (err != nil || !cfg.live) {
+		if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
+			return notADirectory(cfg.mountDir, fi)
+		}
 	}
 	s, err := store.Open(logger, cfg.dataDir)
+	if errors.Is(err, store.ErrLocked) && cfg.live {
+		if _, mount, _ := store.LockHolder(cfg.dataDir); mount == cfg.mountDir {
+			// An upgrade: the running daemon hands its mount over.
+			s, err = takeOverRunning(logger, cfg)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
 	}
@@ -254,11 +284,27 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := s.Announce(cfg.mountDir); err != nil {
 		return err
 	}
+	// A connection systemd or a holder keeps (a restart, a crash) is
+	// taken over; only without one is the mount point prepared for a new
+	// mount.
+	heldFd, holderPid := cfg.stored, 0
+	if heldFd >= 0 {
+		if err := checkHeld(cfg, heldFd, "systemd's descriptor store"); err != nil {
+			return err
+		}
+	} else if cfg.live {
+		heldFd, holderPid, err = takeHeld(cfg)
+		if err != nil {
+			return err
+		}
+	}
 	// Only the holder of the data dir's lock may touch the mount point:
 	// a second serve on the same data dir must fail before it detaches
 	// or mounts anything.
-	if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
-		return err
+	if heldFd < 0 {
+		if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
+			return err
+		}
 	}
 	// The socket is bound before the mount comes up (clients that connect
 	// meanwhile wait in the backlog) because binding it later would race
@@ -274,10 +320,40 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
 	opts.IOUring = cfg.mount.IOUring
-	m, err := fs.NewMount(logger, s, cfg.mountDir, opts)
-	if err != nil {
-		ln.Close()
-		return err
+	var m *fs.Mount
+	if heldFd >= 0 {
+		m, err = fs.AdoptMount(logger, s, heldFd, opts)
+		if err != nil {
+			unix.Close(heldFd)
+			ln.Close()
+			return fmt.Errorf("%w; the mount stays kept for the next serve", err)
+		}
+	} else {
+		if m, err = fs.NewMount(logger, s, cfg.mountDir, opts); err != nil {
+			ln.Close()
+			return err
+		}
+		if fd, ok := m.FuseFd(); ok && cfg.live && !underSystemd() {
+			if holderPid, err = startHolder(cfg.dataDir, fd); err != nil {
+				logger.Error("the mount will not survive a crash of this daemon", "error", err)
+			}
+		}
+	}
+	// keeper is what keeps the connection while no daemon runs.
+	keeper := ""
+	if holderPid != 0 {
+		keeper = "holder"
+		logger.Info("the FUSE connection's holder runs", "holder_pid", holderPid)
+	}
+	if fd, ok := m.FuseFd(); ok && cfg.live && underSystemd() {
+		// One entry, whatever systemd kept of the last start's.
+		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
+		if err := sdNotify("FDSTORE=1\nFDNAME="+fuseFDName, fd); err != nil {
+			logger.Error("the mount will not survive a crash of this daemon", "error", err)
+		} else {
+			keeper = "systemd"
+			logger.Info("the FUSE connection is in systemd's descriptor store")
+		}
 	}
 
 	collector := store.NewCollector(logger, s, cfg.gc)
@@ -347,16 +423,51 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
 		"passthrough", m.Passthrough(), "allocations", s.Len())
+	if err := sdNotify("READY=1\nSTATUS=serving " + m.Dir()); err != nil {
+		logger.Warn("systemd was not told the daemon is ready", "error", err)
+	}
 
 	var failure error
+	// leave hands the connection to the holder instead of unmounting.
+	leave := false
 	reloader := &reloader{logger: logger, args: cfg.args, reread: cfg.reread, secrets: &secrets, fetchTLS: apiServer.SetFetchTLS}
 wait:
 	for {
 		select {
 		case <-hups:
+			sdNotify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
 			reloader.reload()
+			sdNotify("READY=1")
 		case sig := <-sigs:
-			logger.Info("shutting down", "signal", sig.String())
+			if keeper == "holder" && !holderAlive(cfg.dataDir) {
+				logger.Error("the FUSE connection's holder is gone: this daemon's end will end the mount", "holder_pid", holderPid)
+				keeper = ""
+			}
+			if sig == sigHandOver {
+				reason := ""
+				if held := m.MemoryInUse(); len(held) > 0 {
+					// An upgrade must not cost a task its secrets.
+					reason = fmt.Sprintf("memory volumes hold data that lives in this process only and would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
+				}
+				if keeper == "" {
+					reason = "nothing keeps its FUSE connection (--live-restart=false, or the holder died): the mount would end with it"
+				}
+				if reason != "" {
+					logger.Error("refused to hand the mount over", "reason", reason)
+					refuseHandOver(cfg.dataDir, reason)
+					continue
+				}
+			}
+			leave = keeper != "" && (sig == sigHandOver || sig != sigFullStop && anyRunning(s))
+			sdNotify("STOPPING=1")
+			if leave {
+				if held := m.MemoryInUse(); len(held) > 0 {
+					logger.Warn("leaving the mount: the content of its memory volumes is lost, the next serve starts them empty", "volumes", strings.Join(held, ", "))
+				}
+				logger.Info("shutting down; the mount stays for the next serve", "signal", sig.String(), "kept_by", keeper)
+			} else {
+				logger.Info("shutting down", "signal", sig.String())
+			}
 			break wait
 		case err := <-served:
 			failure = fmt.Errorf("control API stopped: %w", err)
@@ -364,14 +475,22 @@ wait:
 			break wait
 		}
 	}
-	// A second signal means "now": detach the mount and leave.
+	// A second signal means "now": leave at once, detaching the mount
+	// unless it stays with its holder. Another hand-over request (two
+	// upgrades racing) changes nothing.
 	go func() {
-		sig := <-sigs
-		logger.Error("second signal: exiting without a clean shutdown", "signal", sig.String())
-		if err := unix.Unmount(cfg.mountDir, unix.MNT_DETACH); err != nil {
-			logger.Error("lazy unmount failed", "error", err)
+		for sig := range sigs {
+			if sig == sigHandOver && leave {
+				continue
+			}
+			logger.Error("second signal: exiting without a clean shutdown", "signal", sig.String())
+			if !leave {
+				if err := unix.Unmount(cfg.mountDir, unix.MNT_DETACH); err != nil {
+					logger.Error("lazy unmount failed", "error", err)
+				}
+			}
+			os.Exit(exitFailed)
 		}
-		os.Exit(exitFailed)
 	}()
 
 	stopGC()
@@ -400,10 +519,32 @@ wait:
 	apiServer.Wait()
 	logger.Info("control API stopped")
 
+	if leave {
+		// What the kernel sends from now on waits for the next serve,
+		// which has it sent again.
+		if err := m.Park(parkTimeout); err != nil {
+			logger.Warn("leaving the mount with requests in progress; the next serve runs them again", "error", err)
+		}
+		storeOpen = false
+		if err := s.Close(); err != nil {
+			failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
+		}
+		logger.Info("stopped; the mount waits for the next serve", "mount", m.Dir(), "kept_by", keeper)
+		return failure
+	}
 	logger.Info("unmounting", "mount", m.Dir())
-	if err := m.Unmount(); err != nil {
-		logger.Error("unmount failed", "mount", m.Dir(), "error", err)
-		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), err, m.Dir()))
+	uerr := m.Unmount()
+	if keeper == "systemd" {
+		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
+	}
+	if keeper == "holder" {
+		// After a lazy detach the connection lives on in the files still
+		// open: without its holder it ends with this daemon.
+		askHolder(holderSocket(cfg.dataDir), "stop")
+	}
+	if uerr != nil {
+		logger.Error("unmount failed", "mount", m.Dir(), "error", uerr)
+		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), uerr, m.Dir()))
 	}
 	logger.Info("unmounted", "mount", m.Dir())
 	storeOpen = false

@@ -95,3 +95,20 @@ func readHolder(f *os.File) string {
 func (s *Store) Announce(mount string) error {
 	return s.lock.describe(mount)
 }
+
+// LockHolder returns the PID and mount point that the store holding
+// dataDir's lock wrote about itself (0 and "" where it wrote nothing).
+func LockHolder(dataDir string) (pid int, mount string, err error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, lockName))
+	if err != nil {
+		return 0, "", fmt.Errorf("failed to read the data dir's lock: %w", err)
+	}
+	text := strings.TrimSpace(string(b))
+	rest, ok := strings.CutPrefix(text, "pid ")
+	if !ok {
+		return 0, "", nil
+	}
+	pidText, mount, _ := strings.Cut(rest, ", mount ")
+	pid, _ = strconv.Atoi(pidText)
+	return pid, mount, nil
+}

@@ -83,6 +83,8 @@ type Conn struct {
 	polls     atomic.Int32
 	firstPoll atomic.Uint64
 
+	// adopted is set on a connection another daemon mounted (Adopt).
+	adopted bool
 	// active counts the handlers running on /dev/fuse readers; parked
 	// is set by Park.
 	active atomic.Int32
@@ -240,6 +242,14 @@ func (c *Conn) KernelMinor() uint32 { return c.kernel.Minor }
 // them: then the connection is aborted, and the caller unmounts.
 func (c *Conn) Serve(fs fuse.RawFileSystem) error {
 	c.fs = fs
+	if c.adopted {
+		// Before any reader runs: the resend gives out again whatever
+		// the connection's file is processing, and only the old
+		// daemon's requests are there yet.
+		if err := c.Resend(); err != nil {
+			c.log.Warn("the kernel did not resend what the previous daemon had not answered: those requests wait until the mount ends (FUSE_NOTIFY_RESEND needs Linux 6.9)", "error", err)
+		}
+	}
 	c.spawn()
 	c.spawn()
 	if c.flags&fuse.CAP_OVER_IO_URING != 0 {
@@ -251,6 +261,12 @@ func (c *Conn) Serve(fs fuse.RawFileSystem) error {
 		} else {
 			c.rings.Store(true)
 		}
+	}
+	if c.adopted {
+		// The daemon that mounted answered the probe's POLL: the kernel
+		// asks no more on this connection. And this daemon must not
+		// touch its own mount before it has asked for the resend.
+		return nil
 	}
 	c.probing.Store(true)
 	err := probePoll(c.dir)

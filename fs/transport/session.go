@@ -57,19 +57,15 @@ func (c *Conn) Session() Session {
 func (c *Conn) Fd() int { return c.fd }
 
 // Adopt makes a connection of fd, a /dev/fuse descriptor whose INIT s
-// describes, and which some other daemon served. Serve then serves it,
-// over io_uring again when the session has it (the rings were the old
-// process's, and went with it). Adopt takes fd: Wait closes it.
+// describes, and which some other daemon served. Serve then asks the
+// kernel to resend what that daemon had not answered, and serves it, over
+// io_uring again when the session has it (the rings were the old
+// process's, and went with it). Adopt takes fd: Wait closes it. The old
+// daemon must be gone: requests it still reads are not resent.
 // opts gives the logger and the reader cap; the sizes are the session's.
 func Adopt(fd int, s Session, opts Options) (*Conn, error) {
-	if s.Version != sessionVersion {
-		return nil, fmt.Errorf("the FUSE session is of version %d; this allocfs takes over version %d only", s.Version, sessionVersion)
-	}
-	if !filepath.IsAbs(s.Dir) || s.MaxWrite <= 0 || s.MaxWrite > 1<<20 || s.MaxPages <= 0 {
-		return nil, fmt.Errorf("the FUSE session is malformed (mount point %q, max write %d, max pages %d)", s.Dir, s.MaxWrite, s.MaxPages)
-	}
-	if s.Kernel.Major != kernelMajor || s.Kernel.Minor < minMinor {
-		return nil, fmt.Errorf("the FUSE session speaks %d.%d; allocfs needs %d.%d or later", s.Kernel.Major, s.Kernel.Minor, kernelMajor, minMinor)
+	if err := CheckSession(s); err != nil {
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -85,9 +81,23 @@ func Adopt(fd int, s Session, opts Options) (*Conn, error) {
 	if opts.MaxReaders <= 0 {
 		opts.MaxReaders = 16
 	}
-	c := &Conn{fd: fd, dir: s.Dir, log: opts.Logger, kernel: s.Kernel, flags: s.Flags, maxWrite: s.MaxWrite, maxPages: s.MaxPages, maxReaders: int32(max(opts.MaxReaders, 2))}
+	c := &Conn{fd: fd, dir: s.Dir, log: opts.Logger, kernel: s.Kernel, flags: s.Flags, maxWrite: s.MaxWrite, maxPages: s.MaxPages, maxReaders: int32(max(opts.MaxReaders, 2)), adopted: true}
 	c.bufs.New = func() any { return newBuffers(c.maxWrite) }
 	return c, nil
+}
+
+// CheckSession tells whether Adopt can take a connection of session s.
+func CheckSession(s Session) error {
+	if s.Version != sessionVersion {
+		return fmt.Errorf("the FUSE session is of version %d; this allocfs takes over version %d only", s.Version, sessionVersion)
+	}
+	if !filepath.IsAbs(s.Dir) || s.MaxWrite <= 0 || s.MaxWrite > 1<<20 || s.MaxPages <= 0 {
+		return fmt.Errorf("the FUSE session is malformed (mount point %q, max write %d, max pages %d)", s.Dir, s.MaxWrite, s.MaxPages)
+	}
+	if s.Kernel.Major != kernelMajor || s.Kernel.Minor < minMinor {
+		return fmt.Errorf("the FUSE session speaks %d.%d; allocfs needs %d.%d or later", s.Kernel.Major, s.Kernel.Minor, kernelMajor, minMinor)
+	}
+	return nil
 }
 
 // notifyResend is FUSE_NOTIFY_RESEND's code.

@@ -183,9 +183,6 @@ func adoptAfterKill(t *testing.T, ring bool) {
 	cmd.Wait()
 
 	conn := adopt(t, fd, session, ring)
-	if err := conn.Resend(); err != nil {
-		t.Fatalf("Resend: %v", err)
-	}
 	select {
 	case err := <-stat:
 		if err != nil || st.Size != 42 {
@@ -310,9 +307,6 @@ func TestParkLeavesRequestsToTheNextDaemon(t *testing.T) {
 	}
 	cmd.Wait()
 	conn := adopt(t, fd, session, false)
-	if err := conn.Resend(); err != nil {
-		t.Fatalf("Resend: %v", err)
-	}
 	select {
 	case err := <-stat:
 		if !errors.Is(err, unix.ENOENT) {

@@ -156,6 +156,10 @@ type Daemon struct {
 	// Prefix runs the daemon under another command (nsenter into a
 	// network namespace, say); Args are extra flags of serve.
 	Prefix, Args []string
+	// Env are extra environment variables ("K=V") and ExtraFiles extra
+	// descriptors (from 3 on), as systemd passes them.
+	Env        []string
+	ExtraFiles []*os.File
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
@@ -182,6 +186,7 @@ func StartDaemon(t testing.TB, d *Daemon) *Daemon {
 		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			t.Logf("detach %s: %v", mnt, err)
 		}
+		StopHolder(d.DataDir)
 		if strings.Contains(d.Out.String(), "WARNING: DATA RACE") {
 			t.Errorf("the race detector found a data race in allocfs serve")
 		}
@@ -209,6 +214,8 @@ func (d *Daemon) start(t testing.TB) {
 	args = append(append([]string(nil), d.Prefix...), args...)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = d.Out, d.Out
+	cmd.Env = append(os.Environ(), d.Env...)
+	cmd.ExtraFiles = d.ExtraFiles
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start allocfs serve: %v", err)
 	}
@@ -243,6 +250,34 @@ func (d *Daemon) waitReady(t testing.TB) {
 	}
 	t.Fatalf("allocfs serve not ready (socket %s, mount %s) within %v:\n%s", d.Socket, d.Mount, Timeout, d.Out)
 }
+
+// StopHolder ends the holder of the FUSE connection of dataDir, if one
+// runs (cmd/allocfs/holder.go): the connection ends with it, unless a
+// daemon serves it.
+func StopHolder(dataDir string) {
+	c, err := net.DialTimeout("unix", filepath.Join(dataDir, "fuse", "holder.sock"), time.Second)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write([]byte("stop\n"))
+	c.Read(make([]byte, 8))
+}
+
+// Wait waits for the daemon to exit by itself and returns its exit code.
+func (d *Daemon) Wait(t testing.TB) int {
+	t.Helper()
+	select {
+	case <-d.done:
+	case <-time.After(Timeout):
+		t.Fatalf("allocfs serve did not exit within %v:\n%s", Timeout, d.Out)
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+// Exited is closed once the daemon has exited.
+func (d *Daemon) Exited() <-chan struct{} { return d.done }
 
 // Pid is the daemon's process ID.
 func (d *Daemon) Pid() int { return d.cmd.Process.Pid }

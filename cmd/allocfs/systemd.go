@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// systemd. Under a unit of Type=notify (deploy/allocfs.service) systemd
+// keeps the FUSE connection instead of the holder: serve stores the
+// /dev/fuse descriptor in the unit's file-descriptor store (FDSTORE=1,
+// named "fuse"), and systemd hands it to the next start, after a crash
+// or a restart, as LISTEN_FDS with LISTEN_FDNAMES. serve also says when
+// it is ready, reloading and stopping. The protocol is a datagram of
+// newline-separated assignments on the unix socket NOTIFY_SOCKET names
+// (sd_notify(3)); no library is needed for it.
+
+// fuseFDName names the connection in the descriptor store.
+const fuseFDName = "fuse"
+
+// underSystemd reports whether systemd waits for notifications.
+func underSystemd() bool { return os.Getenv("NOTIFY_SOCKET") != "" }
+
+// sdNotify sends state to systemd, with fds; without NOTIFY_SOCKET it
+// does nothing.
+func sdNotify(state string, fds ...int) error {
+	addr := os.Getenv("NOTIFY_SOCKET")
+	if addr == "" {
+		return nil
+	}
+	// An abstract address ("@name") is one unix.SockaddrUnix takes as is.
+	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("failed to reach systemd's notification socket: %w", err)
+	}
+	defer unix.Close(s)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if err := unix.Sendmsg(s, []byte(state), oob, &unix.SockaddrUnix{Name: addr}, 0); err != nil {
+		return fmt.Errorf("failed to notify systemd (%q): %w", strings.ReplaceAll(state, "\n", " "), err)
+	}
+	return nil
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, which RELOADING=1
+// carries.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano() / int64(time.Microsecond)
+}
+
+// listenedFuse returns the FUSE connection systemd passed this process
+// from its descriptor store, or -1. The LISTEN_* variables are for this
+// process only (LISTEN_PID), and are removed, as sd_listen_fds(3) does.
+func listenedFuse() int {
+	pid, _ := strconv.Atoi(os.Getenv("LISTEN_PID"))
+	count, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	for _, v := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
+		os.Unsetenv(v)
+	}
+	if pid != os.Getpid() || count <= 0 {
+		return -1
+	}
+	const first = 3 // SD_LISTEN_FDS_START
+	fd := -1
+	for i := range count {
+		unix.CloseOnExec(first + i)
+		if i < len(names) && names[i] == fuseFDName && fd < 0 {
+			fd = first + i
+		}
+	}
+	return fd
+}
