@@ -75,13 +75,16 @@ type Mount struct {
 	// backingIDs records passthrough registrations for a daemon that
 	// takes the connection over (backingids.go); nil without one.
 	backingIDs *backingIDs
-	logger     hclog.Logger
-	store      *store.Store
-	dir        string
-	opts       MountOptions
-	server     fuseServer
-	root       *rootNode
-	started    time.Time
+	// outcomes records the outcome of namespace requests for a daemon
+	// that takes the connection over (outcomes.go); nil without one.
+	outcomes *outcomes
+	logger   hclog.Logger
+	store    *store.Store
+	dir      string
+	opts     MountOptions
+	server   fuseServer
+	root     *rootNode
+	started  time.Time
 	// agent owns allocation roots; shared owns alloc/ and task dirs
 	// (nobody when root, the agent otherwise). Both are fixed at mount.
 	agent, shared fuseOwner
@@ -257,7 +260,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			fopts.ServerCallbacks = cb
 			m.backingIDs = cb
 		}
-		m.requests = m.newHandler(fopts, generation)
+		m.requests = m.newHandler(fopts, generation, serr == nil)
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
 		if err := conn.Serve(m.requests); err != nil {

@@ -44,22 +44,33 @@ func (s goFuseServer) Wait() error {
 // newHandler makes what serves the mount's requests: the node tree behind
 // go-fuse's bridge, with the release ordering and the counts around it.
 // A daemon of a later generation than 0 took the connection over, and
-// resolves what the kernel got from earlier ones (takeover.go).
-func (m *Mount) newHandler(fopts *gofs.Options, generation uint32) *countingFS {
+// resolves what the kernel got from earlier ones (takeover.go); one whose
+// connection can be taken over records the outcome of namespace requests
+// (outcomes.go), for the next.
+func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) *countingFS {
 	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}
-	if m.opts.interpose != nil {
-		h = m.opts.interpose(h)
-	}
 	if generation > 0 {
 		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
 		h = m.takeover
+	}
+	if takeable {
+		o, err := openOutcomes(h, m.store.DataDir(), generation > 0)
+		if err != nil {
+			m.logger.Error("a daemon taking this mount over will run again what this one did not answer", "error", err)
+		} else {
+			m.outcomes = o
+			h = o
+		}
+	}
+	if m.opts.interpose != nil {
+		h = m.opts.interpose(h)
 	}
 	return &countingFS{fs: h}
 }
 
 // serveGoFuse mounts and serves with go-fuse's server.
 func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
-	m.requests = m.newHandler(fopts, 0)
+	m.requests = m.newHandler(fopts, 0, false)
 	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
 	if err != nil {
 		return fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)

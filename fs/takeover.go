@@ -54,6 +54,9 @@ import (
 //	<data-dir>/fuse/session.json   the INIT the kernel and the first
 //	                               daemon agreed, and the generation
 //	<data-dir>/fuse/slots.json     the slot table (identity.go)
+//	<data-dir>/fuse/backing        passthrough backing IDs (backingids.go)
+//	<data-dir>/fuse/outcomes       outcomes of namespace requests
+//	                               (outcomes.go)
 const fuseStateDir = "fuse"
 
 // sessionFile is <data-dir>/fuse/session.json:
@@ -101,6 +104,9 @@ func (m *Mount) dropTakeoverState() error {
 	var err error
 	if m.backingIDs != nil {
 		err = m.backingIDs.Close()
+	}
+	if m.outcomes != nil {
+		err = errors.Join(err, m.outcomes.close())
 	}
 	if m.opts.GoFuseServer || m.opts.Debug {
 		return err

@@ -37,6 +37,18 @@ func (h *holdLookups) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name
 	return h.RawFileSystem.Lookup(cancel, header, name, out)
 }
 
+// Mkdir of the name "made" makes the directory and then holds the
+// reply: it writes "M" to fd and never returns, as a daemon killed
+// between a handler's work and its reply.
+func (h *holdLookups) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	st := h.RawFileSystem.Mkdir(cancel, in, name, out)
+	if name == "made" {
+		unix.Write(h.fd, []byte("M"))
+		select {}
+	}
+	return st
+}
+
 // TestTakeoverHelper is not a test: run as a child process by
 // TestAdoptMountAfterKill, it serves the data dir at the mount point its
 // environment names, sends its /dev/fuse descriptor over the unix socket
@@ -169,8 +181,12 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	held := make(chan error, 1)
 	var heldSt unix.Stat_t
 	go func() { held <- unix.Stat(filepath.Join(mnt, "a1/alloc/data/held"), &heldSt) }()
-	if _, err := unix.Read(pair[0], make([]byte, 1)); err != nil {
-		t.Fatalf("waiting for the lookup to reach the helper: %v", err)
+	made := make(chan error, 1)
+	go func() { made <- os.Mkdir(filepath.Join(mnt, "a1/alloc/tmp/made"), 0o755) }()
+	for range 2 {
+		if _, err := unix.Read(pair[0], make([]byte, 1)); err != nil {
+			t.Fatalf("waiting for the lookup and the mkdir to reach the helper: %v", err)
+		}
 	}
 
 	if err := helper.Process.Kill(); err != nil {
@@ -196,6 +212,19 @@ func TestAdoptMountAfterKill(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the lookup in flight at the kill is not answered 10 s after the takeover")
+	}
+	select {
+	case err := <-made:
+		// The dead daemon made it; the resent request is answered
+		// from its record, not run again into EEXIST.
+		if err != nil {
+			t.Errorf("a mkdir whose reply the kill lost: %v, want success", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the mkdir in flight at the kill is not answered 10 s after the takeover")
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, "a1/alloc/tmp/made")); err != nil || !fi.IsDir() {
+		t.Errorf("the directory the mkdir made: %v, %v", fi, err)
 	}
 	if _, err := f.WriteString("after\n"); err != nil {
 		t.Errorf("a write to a file opened before the kill: %v", err)
