@@ -18,6 +18,9 @@ type MountEntry struct {
 	MountPoint string
 	FSType     string
 	Source     string
+	// Device is the filesystem's device, "major:minor"; a FUSE
+	// connection's minor names it in /sys/fs/fuse/connections.
+	Device string
 }
 
 // ParseMountinfo reads the format of proc(5)'s mountinfo:
@@ -43,7 +46,7 @@ func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
 		}
-		e := MountEntry{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1]}
+		e := MountEntry{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1], Device: fields[2]}
 		if sep+2 < len(fields) {
 			e.Source = unescapeMountinfo(fields[sep+2])
 		}

@@ -74,6 +74,8 @@ type Server struct {
 	stopStreams func()
 	// fetchTLS is the TLS of remote migrations' fetches; see SetFetchTLS.
 	fetchTLS atomic.Pointer[tls.Config]
+	// health runs the checks of GET /v1/agent/health; see SetHealth.
+	health func() []HealthCheck
 }
 
 // SetFetchTLS sets the TLS configuration of the fetches of remote
@@ -110,6 +112,7 @@ func NewServer(logger hclog.Logger, store *store.Store, collector *store.Collect
 	s.mux.HandleFunc("POST "+AllocsPath+"/{id}/gc", s.gcAlloc)
 	s.mux.HandleFunc("POST "+GCPath, s.gcAll)
 	s.mux.HandleFunc("GET "+StatusPath, s.nodeStatus)
+	s.mux.HandleFunc("GET "+HealthPath, s.agentHealth)
 	return s
 }
 

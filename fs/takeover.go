@@ -171,6 +171,18 @@ func (m *Mount) FuseFd() (int, bool) {
 	return s.conn.Fd(), true
 }
 
+// ConnectionEnded reports whether the kernel ended the mount's
+// connection (an unmount, an abort); false for go-fuse's server, which
+// does not say.
+func (m *Mount) ConnectionEnded() bool {
+	s, ok := m.server.(ownServer)
+	return ok && s.conn.Ended()
+}
+
+// PassthroughLost reports whether passthrough was negotiated and file
+// data went through the daemon all the same (Passthrough says neither).
+func (m *Mount) PassthroughLost() bool { return m.passthrough.Load() && m.passthroughLost.Load() }
+
 // Park stops serving for a hand-over (transport.Conn.Park): what the
 // kernel sends from now on waits for the next daemon. The process must
 // exit after it, without unmounting.

@@ -30,10 +30,10 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatalf("parseMountinfo: %v", err)
 	}
 	want := []allocdir.MountEntry{
-		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1"},
-		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs"},
-		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs"},
-		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup"},
+		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Device: "8:1"},
+		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs", Device: "0:45"},
+		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs", Device: "0:46"},
+		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup", Device: "0:47"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)

@@ -371,6 +371,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}
 	clientAPI := apiServer.ServeClientAPI(lookup)
 	apiServer.SetFetchTLS(cfg.secrets.fetchTLS)
+	apiServer.SetHealth(nodeHealth(m, s))
 	srv := guard.httpServer(guard.limitStreams(apiServer, false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)

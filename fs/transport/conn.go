@@ -85,6 +85,9 @@ type Conn struct {
 
 	// adopted is set on a connection another daemon mounted (Adopt).
 	adopted bool
+	// ended is set once a read of the connection failed: it was
+	// unmounted or aborted.
+	ended atomic.Bool
 	// active counts the handlers running on /dev/fuse readers; parked
 	// is set by Park.
 	active atomic.Int32
@@ -324,6 +327,7 @@ func (c *Conn) reader() {
 		n, err := c.read(b.in)
 		idle := c.idle.Add(-1)
 		if err != nil {
+			c.ended.Store(true)
 			if !errors.Is(err, unix.ENODEV) && !c.closed.Load() {
 				c.log.Error("reading a FUSE request failed; this reader stops", "error", err)
 			}
@@ -395,3 +399,7 @@ func (c *Conn) close() error {
 
 // Dir returns the mount point.
 func (c *Conn) Dir() string { return c.dir }
+
+// Ended reports whether the kernel has ended the connection (an unmount,
+// an abort): a reader found it gone.
+func (c *Conn) Ended() bool { return c.ended.Load() }

@@ -1,0 +1,83 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/integration/harness"
+)
+
+// health asks the node's unix socket for /v1/agent/health.
+func (n *node) health(t *testing.T) (int, api.Health) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
+		},
+	}}
+	resp, err := c.Get("http://allocfs" + api.HealthPath)
+	if err != nil {
+		t.Fatalf("GET %s: %v", api.HealthPath, err)
+	}
+	defer resp.Body.Close()
+	var h api.Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatalf("GET %s: the body is not a health answer: %v", api.HealthPath, err)
+	}
+	return resp.StatusCode, h
+}
+
+// TestAgentHealth: a serving node is healthy, mount, passthrough and
+// store alike; once its FUSE connection is aborted (what a dead mount
+// is), the same endpoint answers 500 and names the mount.
+func TestAgentHealth(t *testing.T) {
+	fstest.RequireFUSE(t)
+	n := startNode(t)
+	code, h := n.health(t)
+	if code != http.StatusOK || !h.Client.OK || len(h.Checks) != 3 {
+		t.Fatalf("health of a serving node: %d %+v, want 200, ok and three checks", code, h)
+	}
+	for _, c := range h.Checks {
+		if !c.OK {
+			t.Errorf("check %s failed on a serving node: %s", c.Name, c.Detail)
+		}
+	}
+
+	mounts, err := allocdir.ReadMountinfo("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	minor := ""
+	for _, m := range mounts {
+		if m.MountPoint == n.mnt && m.FSType == harness.FSType {
+			_, minor, _ = strings.Cut(m.Device, ":")
+		}
+	}
+	if minor == "" {
+		t.Fatalf("no allocfs mount at %s", n.mnt)
+	}
+	if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
+		t.Fatalf("abort the FUSE connection: %v", err)
+	}
+	for deadline := time.Now().Add(harness.Timeout); ; time.Sleep(20 * time.Millisecond) {
+		code, h = n.health(t)
+		if code == http.StatusInternalServerError {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health after the connection was aborted: %d %+v, want 500", code, h)
+		}
+	}
+	if h.Client.OK || !strings.HasPrefix(h.Client.Message, "mount: ") {
+		t.Errorf("health of a dead mount: %+v, want the mount named", h.Client)
+	}
+}
