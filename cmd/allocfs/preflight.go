@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,8 +82,9 @@ func checkFUSE() error {
 
 // prepareMountPoint makes dir ready to be mounted on: it detaches a stale
 // mount left by a crashed daemon, creates dir if it is missing, checks it is
-// a directory, and refuses if a live allocfs is mounted there.
-func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
+// a directory, and refuses if a live allocfs is mounted there, or if the
+// directory holds anything the mount would hide, unless allowNonEmpty.
+func prepareMountPoint(logger hclog.Logger, dir, mountinfo string, allowNonEmpty bool) error {
 	fi, err := probe(dir, statTimeout)
 	if staleMount(err) {
 		// The daemon that served this mount died: the kernel still holds
@@ -120,6 +122,21 @@ func prepareMountPoint(logger hclog.Logger, dir, mountinfo string) error {
 			return fmt.Errorf("another allocfs is serving %s; stop it first", dir)
 		}
 		logger.Warn("mount point already has a mount; allocfs will hide it", "mountpoint", dir, "fstype", m.FSType, "source", m.Source)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("cannot use mount point %q: %w", dir, err)
+	}
+	names, err := f.Readdirnames(3)
+	f.Close()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("cannot list mount point %q: %w", dir, err)
+	}
+	if len(names) > 0 {
+		if !allowNonEmpty {
+			return fmt.Errorf("mount point %q is not empty (%s): the mount would hide what is there; empty it, pass another --mount, or pass --allow-non-empty", dir, strings.Join(names, ", "))
+		}
+		logger.Warn("mount point is not empty; allocfs hides what is there", "mountpoint", dir, "entries", strings.Join(names, ", "))
 	}
 	return nil
 }

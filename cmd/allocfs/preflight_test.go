@@ -87,7 +87,8 @@ func TestCheckLayout(t *testing.T) {
 }
 
 // TestPrepareMountPoint: a missing mount point is created, a file is
-// refused, and a live allocfs mount in the mount table is refused.
+// refused, a live allocfs mount in the mount table is refused, and a
+// directory with files in it is refused unless --allow-non-empty.
 func TestPrepareMountPoint(t *testing.T) {
 	root := t.TempDir()
 	logger := testLogger(t)
@@ -97,7 +98,7 @@ func TestPrepareMountPoint(t *testing.T) {
 	}
 
 	missing := filepath.Join(root, "a", "b", "mnt")
-	if err := prepareMountPoint(logger, missing, emptyInfo); err != nil {
+	if err := prepareMountPoint(logger, missing, emptyInfo, false); err != nil {
 		t.Fatalf("missing mount point: %v", err)
 	}
 	if fi, err := os.Stat(missing); err != nil || !fi.IsDir() {
@@ -108,7 +109,7 @@ func TestPrepareMountPoint(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := prepareMountPoint(logger, file, emptyInfo)
+	err := prepareMountPoint(logger, file, emptyInfo, false)
 	if err == nil || !strings.Contains(err.Error(), "is not a directory (a regular file)") {
 		t.Errorf("file as mount point: got %v, want 'is not a directory'", err)
 	}
@@ -122,9 +123,26 @@ func TestPrepareMountPoint(t *testing.T) {
 	if err := os.WriteFile(liveInfo, []byte(line), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = prepareMountPoint(logger, live, liveInfo)
+	err = prepareMountPoint(logger, live, liveInfo, false)
 	if want := "another allocfs is serving " + live + "; stop it first"; err == nil || err.Error() != want {
 		t.Errorf("live allocfs mount: got %v, want %q", err, want)
+	}
+
+	// A directory with files in it would hide them: refused, and left
+	// as it was, unless asked.
+	full := filepath.Join(root, "full")
+	if err := os.MkdirAll(filepath.Join(full, "kept"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err = prepareMountPoint(logger, full, emptyInfo, false)
+	if err == nil || !strings.Contains(err.Error(), "is not empty (kept)") || !strings.Contains(err.Error(), "--allow-non-empty") {
+		t.Errorf("non-empty mount point: got %v, want a refusal naming kept and --allow-non-empty", err)
+	}
+	if _, err := os.Stat(filepath.Join(full, "kept")); err != nil {
+		t.Errorf("the refused mount point's entry: %v", err)
+	}
+	if err := prepareMountPoint(logger, full, emptyInfo, true); err != nil {
+		t.Errorf("non-empty mount point with --allow-non-empty: %v", err)
 	}
 }
 

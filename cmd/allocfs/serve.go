@@ -43,7 +43,7 @@ type serveArgs struct {
 	dataDir, mountDir, socket       string
 	logLevel                        string
 	logJSON, debugFuse, fuseIOUring bool
-	liveRestart                     bool
+	liveRestart, allowNonEmpty      bool
 	node                            nodeConfig
 	gc                              store.GCConfig
 }
@@ -64,6 +64,7 @@ reload that changes them says so in the log.`)
 	fset.StringVar(&a.configFile, "config", "", "`file` of flags, one per line (--log-level=debug; # starts a comment), read before the command line, whose flags win; SIGHUP reads it again")
 	fset.StringVar(&a.dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&a.mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")
+	fset.BoolVar(&a.allowNonEmpty, "allow-non-empty", false, "mount over a mount point that holds files, hiding them (refused otherwise)")
 	fset.StringVar(&a.socket, "socket", "", "control API unix socket `path` (default <data-dir>/allocfs.sock)")
 	fset.StringVar(&a.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fset.BoolVar(&a.logJSON, "log-json", false, "log JSON lines instead of text")
@@ -178,17 +179,18 @@ func runServe(e *env, args []string) error {
 	log.SetFlags(0)
 	log.SetOutput(logger.Named("fuse").StandardWriter(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}))
 	return serve(logger, serveConfig{
-		dataDir:  a.dataDir,
-		mountDir: a.mountDir,
-		socket:   a.socket,
-		mount:    fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring},
-		live:     a.liveRestart && !a.debugFuse,
-		stored:   stored,
-		node:     a.node,
-		secrets:  secrets,
-		gc:       a.gc,
-		args:     a,
-		reread:   func() (*serveArgs, error) { return parseServeArgs(e, args) },
+		dataDir:       a.dataDir,
+		mountDir:      a.mountDir,
+		socket:        a.socket,
+		mount:         fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring},
+		live:          a.liveRestart && !a.debugFuse,
+		allowNonEmpty: a.allowNonEmpty,
+		stored:        stored,
+		node:          a.node,
+		secrets:       secrets,
+		gc:            a.gc,
+		args:          a,
+		reread:        func() (*serveArgs, error) { return parseServeArgs(e, args) },
 	})
 }
 
@@ -201,6 +203,8 @@ type serveConfig struct {
 	mount    fs.MountOptions
 	// live keeps the connection alive across restarts (holder.go).
 	live bool
+	// allowNonEmpty mounts over a mount point that holds files.
+	allowNonEmpty bool
 	// stored is the FUSE connection systemd passed from its descriptor
 	// store (systemd.go), or -1.
 	stored int
@@ -302,7 +306,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	// a second serve on the same data dir must fail before it detaches
 	// or mounts anything.
 	if heldFd < 0 {
-		if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath); err != nil {
+		if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath, cfg.allowNonEmpty); err != nil {
 			return err
 		}
 	}
