@@ -8,6 +8,10 @@ STATICCHECK ?= $(GOBIN)/staticcheck
 PKGS      := ./...
 # A generous per-package bound: a hung mount must fail the run, not CI.
 TEST_TIMEOUT ?= 10m
+# The binary's revision, for `allocfs --version` where the build has no
+# VCS stamp (-buildvcs=false, or a copy of the tree without .git).
+REVISION  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+LDFLAGS   := -ldflags "-X main.revision=$(REVISION)"
 
 .PHONY: all build test lint bench tools clean
 
@@ -57,7 +61,7 @@ COPYUP_ROUNDS ?= 3
 COPYUP_OUT    ?= bin/copyup.txt
 .PHONY: bench-copyup
 bench-copyup:
-	$(GO) build -o bin/allocfs ./cmd/allocfs
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	COPYUP_ROUNDS=$(COPYUP_ROUNDS) COPYUP_OUT=$(COPYUP_OUT) ALLOCFS_BIN=$(CURDIR)/bin/allocfs sh scripts/bench-copyup.sh
 
 # scale mounts a separate `allocfs serve`, creates SCALE_ALLOCS allocations
@@ -68,7 +72,7 @@ bench-copyup:
 # python3; drops the page cache.
 .PHONY: scale
 scale:
-	$(GO) build -o bin/allocfs ./cmd/allocfs
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/scale.sh
 
 tools:
@@ -81,6 +85,6 @@ clean:
 RUN_DIR ?= $(CURDIR)/.allocfs
 .PHONY: run
 run:
-	$(GO) build -o bin/allocfs ./cmd/allocfs
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	mkdir -p $(RUN_DIR)
 	./bin/allocfs serve --data-dir $(RUN_DIR) --mount $(RUN_DIR)/mnt --socket $(RUN_DIR)/allocfs.sock

@@ -89,6 +89,10 @@ func dispatch(prefix string, table []command, e *env, args []string) error {
 	case "-h", "--help", "help":
 		printCommands(e.stdout, prefix, table)
 		return nil
+	case "--version", "-version":
+		if prefix == "allocfs" {
+			return runVersion(e, args[1:])
+		}
 	}
 	for _, c := range table {
 		if c.name == args[0] {

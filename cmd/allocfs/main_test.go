@@ -322,6 +322,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"help", nil, []string{"--help"}, exitOK, ""},
 		{"alloc create help", nil, []string{"alloc", "create", "--help"}, exitOK, ""},
 		{"version", nil, []string{"version"}, exitOK, ""},
+		{"--version", nil, []string{"--version"}, exitOK, ""},
 		{"alloc without subcommand", nil, []string{"alloc"}, exitUsage, "a command is required"},
 		{"create without --task", nil, []string{"alloc", "create", "a1", "--socket", missing}, exitUsage, "at least one --task is required"},
 		{"create without ID", nil, []string{"alloc", "create", "--task", "web"}, exitUsage, "expected 1 argument"},

@@ -6,8 +6,12 @@ import (
 	"runtime/debug"
 )
 
-// version is set at link time: -ldflags "-X main.version=1.2.3".
-var version = "0.0.0-dev"
+// version is set at link time: -ldflags "-X main.version=1.2.3";
+// revision too, by the Makefile, for builds that carry no VCS stamp.
+var (
+	version  = "0.0.0-dev"
+	revision = ""
+)
 
 func runVersion(e *env, args []string) error {
 	fset := newFlagSet(e, "allocfs version", "", "Print the version of allocfs and how it was built.")
@@ -22,11 +26,11 @@ func runVersion(e *env, args []string) error {
 // built from a checkout, the Go version and the platform.
 func buildDetails() string {
 	s := fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	var rev, modified string
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return s
+		info = &debug.BuildInfo{}
 	}
-	var rev, modified string
 	for _, kv := range info.Settings {
 		switch kv.Key {
 		case "vcs.revision":
@@ -36,6 +40,9 @@ func buildDetails() string {
 				modified = "+dirty"
 			}
 		}
+	}
+	if rev == "" {
+		rev = revision
 	}
 	if rev == "" {
 		return s
