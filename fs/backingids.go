@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 
@@ -41,10 +42,6 @@ const (
 	backingRecordSize = 32
 )
 
-func backingPathIn(dataDir string) string {
-	return dataDir + "/" + fuseStateDir + "/backing"
-}
-
 // backingFile identifies a backing file.
 type backingFile struct{ dev, ino uint64 }
 
@@ -69,8 +66,8 @@ type backingIDs struct {
 // connection, the earlier daemon's when adopting.
 func openBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*backingIDs, error) {
 	b := &backingIDs{Conn: conn, inherited: make(map[backingFile]int32), pinned: make(map[int32]bool)}
-	path := backingPathIn(dataDir)
-	if err := os.MkdirAll(dataDir+"/"+fuseStateDir, 0o700); err != nil {
+	path := StateFile(dataDir, "backing")
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
 	flags := os.O_RDWR | os.O_CREATE

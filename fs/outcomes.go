@@ -3,7 +3,6 @@ package fs
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -65,7 +64,7 @@ type outcomes struct {
 // openOutcomes maps the record in dataDir: an empty one for a fresh
 // connection, the earlier daemons' when adopting.
 func openOutcomes(next fuse.RawFileSystem, dataDir string, adopting bool) (*outcomes, error) {
-	path := filepath.Join(dataDir, fuseStateDir, "outcomes")
+	path := StateFile(dataDir, "outcomes")
 	flags := os.O_RDWR | os.O_CREATE
 	if !adopting {
 		flags |= os.O_TRUNC

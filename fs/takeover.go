@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,8 +71,12 @@ type sessionFile struct {
 	Generation uint32 `json:"generation"`
 }
 
-func sessionPath(dataDir string) string { return filepath.Join(dataDir, fuseStateDir, "session.json") }
-func slotsPath(dataDir string) string   { return filepath.Join(dataDir, fuseStateDir, "slots.json") }
+// StateFile is the path of name in the data dir's fuse/ directory, where
+// a mount, its holder and its hand-over keep what outlives a daemon.
+func StateFile(dataDir, name string) string { return filepath.Join(dataDir, fuseStateDir, name) }
+
+func sessionPath(dataDir string) string { return StateFile(dataDir, "session.json") }
+func slotsPath(dataDir string) string   { return StateFile(dataDir, "slots.json") }
 
 // writeReplace replaces path with b, atomically by rename. It does not
 // sync: what it writes matters on this boot only.
@@ -256,22 +261,13 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 			continue
 		}
 		p := append(base, rel...)
-		if v.Upper == layerID || slicesContains(v.Lowers, layerID) {
+		if v.Upper == layerID || slices.Contains(v.Lowers, layerID) {
 			first = append(first, p)
 		} else {
 			rest = append(rest, p)
 		}
 	}
 	return append(first, rest...), 0
-}
-
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // volumePath is where volume key of st shows in view (layout.go), or

@@ -160,6 +160,15 @@ func (t *takeoverFS) handle(fh, node uint64, open func() (uint64, bool, fuse.Sta
 	return h, fuse.OK
 }
 
+// attrHandle maps *fh for a request that names a handle only if it has
+// one (getattr, setattr, statx): an earlier daemon's handle that this one
+// never opened again becomes none, and the node answers alone. It
+// reports whether a handle is left.
+func (t *takeoverFS) attrHandle(fh *uint64, node uint64) bool {
+	*fh, _ = t.handle(*fh, node, nil)
+	return *fh != 0
+}
+
 // forgetHandle drops the mapping of an inherited handle, and returns the
 // bridge's handle to release (0: none).
 func (t *takeoverFS) forgetHandle(fh uint64) uint64 {
@@ -227,24 +236,15 @@ func (t *takeoverFS) Forget(nodeid uint64, nlookup uint64) {
 }
 
 func (t *takeoverFS) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
-	if input.Flags()&fuse.FUSE_GETATTR_FH != 0 {
-		h, _ := t.handle(input.Fh_, input.NodeId, nil)
-		if h == 0 {
-			// An earlier daemon's handle: the node answers alone.
-			input.Flags_ &^= fuse.FUSE_GETATTR_FH
-		}
-		input.Fh_ = h
+	if input.Flags()&fuse.FUSE_GETATTR_FH != 0 && !t.attrHandle(&input.Fh_, input.NodeId) {
+		input.Flags_ &^= fuse.FUSE_GETATTR_FH
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.GetAttr(cancel, input, out) }), st)
 }
 
 func (t *takeoverFS) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
-	if input.Valid&fuse.FATTR_FH != 0 {
-		h, _ := t.handle(input.Fh, input.NodeId, nil)
-		if h == 0 {
-			input.Valid &^= fuse.FATTR_FH
-		}
-		input.Fh = h
+	if input.Valid&fuse.FATTR_FH != 0 && !t.attrHandle(&input.Fh, input.NodeId) {
+		input.Valid &^= fuse.FATTR_FH
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.SetAttr(cancel, input, out) }), st)
 }
@@ -464,12 +464,8 @@ func (t *takeoverFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *f
 }
 
 func (t *takeoverFS) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) (st fuse.Status) {
-	if input.GetattrFlags&fuse.FUSE_GETATTR_FH != 0 {
-		h, _ := t.handle(input.Fh, input.NodeId, nil)
-		if h == 0 {
-			input.GetattrFlags &^= fuse.FUSE_GETATTR_FH
-		}
-		input.Fh = h
+	if input.GetattrFlags&fuse.FUSE_GETATTR_FH != 0 && !t.attrHandle(&input.Fh, input.NodeId) {
+		input.GetattrFlags &^= fuse.FUSE_GETATTR_FH
 	}
 	return t.status(t.call(cancel, func() { st = t.fs.Statx(cancel, input, out) }), st)
 }

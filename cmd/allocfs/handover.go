@@ -168,7 +168,7 @@ func waitExit(pidfd int, timeout time.Duration) error {
 }
 
 // refusalPath is where a serve asked to hand over says why it will not.
-func refusalPath(dataDir string) string { return filepath.Join(dataDir, "fuse", "handover.refused") }
+func refusalPath(dataDir string) string { return fs.StateFile(dataDir, "handover.refused") }
 
 // refuseHandOver tells the serve that asked for the mount why it does not
 // get it.

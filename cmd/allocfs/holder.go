@@ -8,12 +8,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/fs"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +45,7 @@ const holderProtocol = 1
 const holderFD = 3
 
 func holderSocket(dataDir string) string {
-	return filepath.Join(dataDir, "fuse", "holder.sock")
+	return fs.StateFile(dataDir, "holder.sock")
 }
 
 func runHolder(e *env, args []string) error {
