@@ -79,7 +79,7 @@ func (c *Client) stream(ctx context.Context, path string) (io.ReadCloser, error)
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-		return nil, answerError(resp.StatusCode, data)
+		return nil, c.answerError(resp.StatusCode, data)
 	}
 	return resp.Body, nil
 }
@@ -104,3 +104,39 @@ func (r *FrameReader) Next() (*fsapi.Frame, error) {
 
 // Close ends the stream.
 func (r *FrameReader) Close() error { return r.body.Close() }
+
+// StreamQuery is the request of a file's content as frames, with Nomad's
+// parameters.
+type StreamQuery struct {
+	Path string
+	// Origin is "start" or "end"; Offset counts bytes from it.
+	Origin string
+	Offset int64
+	Follow bool
+}
+
+// Stream streams the file q.Path of allocation id as frames, following
+// it as it grows when q.Follow; the caller closes the stream.
+func (c *Client) Stream(ctx context.Context, id string, q StreamQuery) (*FrameReader, error) {
+	v := url.Values{
+		"path":   {q.Path},
+		"offset": {strconv.FormatInt(q.Offset, 10)},
+		"follow": {strconv.FormatBool(q.Follow)},
+	}
+	if q.Origin != "" {
+		v.Set("origin", q.Origin)
+	}
+	body, err := c.stream(ctx, fsPath("stream", id, v))
+	if err != nil {
+		return nil, err
+	}
+	return &FrameReader{body: body, dec: json.NewDecoder(body)}, nil
+}
+
+// AllocStubs returns the allocations whose ID starts with prefix, sorted
+// by ID, as Nomad's /v1/allocations?prefix= does.
+func (c *Client) AllocStubs(ctx context.Context, prefix string) ([]AllocStub, error) {
+	var out []AllocStub
+	err := c.call(ctx, http.MethodGet, AllocationsPath+"?"+url.Values{"prefix": {prefix}}.Encode(), nil, http.StatusOK, &out)
+	return out, err
+}

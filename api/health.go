@@ -29,17 +29,10 @@ type HealthCheck struct {
 	Detail string `json:"detail"`
 }
 
-// SetHealth sets what GET /v1/agent/health checks; without it the node
-// is healthy when the API answers. Call it before serving.
-func (s *Server) SetHealth(checks func() []HealthCheck) { s.health = checks }
-
 // agentHealth answers 200 when every check passes, and 500, as Nomad
 // does, when one fails; the body says which.
 func (s *Server) agentHealth(w http.ResponseWriter, r *http.Request) {
-	var checks []HealthCheck
-	if s.health != nil {
-		checks = s.health()
-	}
+	checks := s.node.Health(r.Context())
 	h := Health{Client: HealthStatus{OK: true, Message: "ok"}, Checks: checks}
 	for _, c := range checks {
 		if !c.OK {

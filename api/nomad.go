@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-
-	"github.com/allocfs/allocfs/api/fsapi"
 )
 
 // Paths of Nomad's client API that allocfs answers besides the fs
@@ -15,34 +13,9 @@ const (
 	clientAllocPath = "/v1/client/allocation/"
 )
 
-// ServeClientAPI adds Nomad's client endpoints to the server: the file
-// system API of package fsapi over lookup, GET
-// /v1/client/allocation/<id>/gc and GET /v1/client/gc. They answer as
-// Nomad does (errors are the bare message, not JSON). The returned handler
-// serves those endpoints alone, for listeners other than the control
-// socket. Call it once, before serving.
-func (s *Server) ServeClientAPI(lookup fsapi.Lookup) http.Handler {
-	client := http.NewServeMux()
-	fsh := fsapi.NewHandler(s.logger, lookup)
-	s.stopStreams = fsh.StopStreams
-	client.Handle(fsapi.Prefix, fsh)
-	client.HandleFunc("GET "+clientAllocPath+"{id}/gc", s.clientGCAlloc)
-	client.HandleFunc("GET "+ClientGCPath, s.clientGCAll)
-	s.mux.Handle("/v1/client/", client)
-	return client
-}
-
-// StopStreams ends the client API's streams (followers): register it with
-// http.Server.RegisterOnShutdown, or a shutdown waits for them in vain.
-func (s *Server) StopStreams() {
-	if s.stopStreams != nil {
-		s.stopStreams()
-	}
-}
-
 // clientError answers err in Nomad's style: its status and bare message.
 func (s *Server) clientError(w http.ResponseWriter, r *http.Request, err error) {
-	code := statusCode(err)
+	code := StatusCode(err)
 	switch {
 	case code == http.StatusGone:
 		// Nomad's client no longer knows a collected allocation.
@@ -57,26 +30,34 @@ func (s *Server) clientError(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 // clientGCAlloc is Nomad's forced GC of one allocation: only a terminal
-// one is collected.
+// one is collected. Its answer is Nomad's: an empty JSON object, which
+// Nomad's client decodes.
 func (s *Server) clientGCAlloc(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r)
 	if err != nil {
 		s.clientError(w, r, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
-	if err := s.collector.CollectAlloc(id, "requested through the client API"); err != nil {
+	if err := s.node.Collect(r.Context(), id, "requested through the client API"); err != nil {
 		s.clientError(w, r, err)
 		return
 	}
-	w.WriteHeader(http.StatusOK)
+	nomadOK(w)
 }
 
 // clientGCAll is Nomad's node GC: every terminal allocation, oldest
 // stopped first.
 func (s *Server) clientGCAll(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.collector.CollectAll("node gc requested through the client API"); err != nil {
+	if _, err := s.node.CollectAll(r.Context(), "node gc requested through the client API"); err != nil {
 		s.clientError(w, r, err)
 		return
 	}
-	w.WriteHeader(http.StatusOK)
+	nomadOK(w)
+}
+
+// nomadOK is the body of a Nomad endpoint that returns nothing: its Go
+// client decodes every 200 body as JSON, and an empty one fails to.
+func nomadOK(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, "{}\n")
 }

@@ -2,9 +2,7 @@ package api
 
 import (
 	"net/url"
-
-	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"time"
 )
 
 // Paths of the control API. Allocation IDs are appended to AllocsPath as
@@ -18,10 +16,69 @@ const (
 // allocPath is the path of one allocation: its ID as one escaped segment.
 func allocPath(id string) string { return AllocsPath + "/" + url.PathEscape(id) }
 
+// The JSON of the control API names every field in snake_case and leaves
+// out what is unset, so that no answer shows a zero time or an empty
+// string that means "none". Nomad's own shapes (the client API, the
+// allocation stubs of AllocationsPath) keep Nomad's names.
+
+// Task is one task of an allocation, as the control API shows it.
+type Task struct {
+	// Name is the task's name and its directory's name.
+	Name string `json:"name"`
+	// SecretsMB caps the memory of the task's secrets/; 0 is the default.
+	SecretsMB int `json:"secrets_mb,omitempty"`
+	// User owns secrets/ and private/ when the daemon runs as root.
+	User string `json:"user,omitempty"`
+}
+
+// Status values of Alloc.Status.
+const (
+	StatusRunning  = "running"
+	StatusTerminal = "terminal"
+)
+
+// Alloc is the record of an allocation.
+type Alloc struct {
+	ID    string `json:"id"`
+	Tasks []Task `json:"tasks"`
+	// Status is StatusRunning or StatusTerminal.
+	Status  string    `json:"status"`
+	Created time.Time `json:"created"`
+	// Stopped is when the allocation became terminal; absent while it
+	// runs.
+	Stopped *time.Time `json:"stopped,omitempty"`
+	// Volumes maps a directory of the allocation ("alloc/data",
+	// "<task>/local", ...) to its layers.
+	Volumes map[string]Volume `json:"volumes"`
+	// Previous is the allocation this one took its data from, and
+	// MigratedTo the one that took this one's.
+	Previous   string `json:"previous,omitempty"`
+	MigratedTo string `json:"migrated_to,omitempty"`
+}
+
+// TaskNames returns the names of a's tasks in the order they were given.
+func (a *Alloc) TaskNames() []string {
+	names := make([]string, 0, len(a.Tasks))
+	for _, t := range a.Tasks {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
+// Volume is the stack of layers of one directory: Upper is written,
+// Lowers (top first) are read through.
+type Volume struct {
+	Upper  string   `json:"upper"`
+	Lowers []string `json:"lowers,omitempty"`
+	// ReadOnly: the whole volume refuses writes (a previous allocation's
+	// view after its data migrated away).
+	ReadOnly bool `json:"read_only,omitempty"`
+}
+
 // CreateAllocRequest is the body of POST /v1/allocs.
 type CreateAllocRequest struct {
-	ID    string          `json:"id"`
-	Tasks []allocdir.Task `json:"tasks"`
+	ID    string `json:"id"`
+	Tasks []Task `json:"tasks"`
 	// Previous is the allocation this one replaces; Migrate says what
 	// happens to its data ("none", "sticky" or "migrate"; migrate implies
 	// sticky) and Mode how a local handover is done ("adopt" or
@@ -43,12 +100,11 @@ type GCResponse struct {
 // AllocStatus is the answer of GET /v1/allocs/{id}: the allocation's
 // record plus where it is mounted and what its layers hold.
 type AllocStatus struct {
-	store.State
+	Alloc
 
 	// Mount is the allocation's directory in the mount: <mount>/<id>.
 	Mount string `json:"mount"`
-	// Layers has one entry per volume of State.Volumes, with the same
-	// keys ("alloc/data", "<task>/local", ...).
+	// Layers has one entry per volume of Volumes, with the same keys.
 	Layers map[string]LayerUsage `json:"layers"`
 	// Passthrough tells whether the kernel serves file data from the
 	// backing files (fast) or every read and write goes through the
@@ -117,7 +173,33 @@ type ProgressEvent struct {
 // plain request would have had).
 type createLine struct {
 	Progress *ProgressEvent `json:"progress,omitempty"`
-	State    *store.State   `json:"state,omitempty"`
+	Alloc    *Alloc         `json:"alloc,omitempty"`
 	Error    string         `json:"error,omitempty"`
 	Status   int            `json:"status,omitempty"`
+}
+
+// AllocationsPath lists allocations in the shape of Nomad's
+// /v1/allocations (AllocListStub), with its ?prefix= filter: what a
+// client needs to turn an ID prefix into an ID, and to find an
+// allocation's tasks, on the socket and on a node's TCP listener alike.
+const AllocationsPath = "/v1/allocations"
+
+// AllocStub is one entry of AllocationsPath: the fields of Nomad's
+// AllocListStub that allocfs knows, under Nomad's names.
+type AllocStub struct {
+	ID   string
+	Name string
+	// ClientStatus is "running", or "complete" for a terminal allocation.
+	ClientStatus string
+	// TaskStates has one entry per task, keyed by its name.
+	TaskStates map[string]TaskState
+	// CreateTime and ModifyTime are Unix nanoseconds, as Nomad's are.
+	CreateTime int64
+	ModifyTime int64
+}
+
+// TaskState is a task's entry of AllocStub.TaskStates.
+type TaskState struct {
+	// State is "running", or "dead" once the allocation is terminal.
+	State string
 }

@@ -206,7 +206,7 @@ func TestExec(t *testing.T) {
 		if r := n.cli(t, "exec", "a2", "rot", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "unknown allocation") {
 			t.Errorf("unknown allocation: exit %d, stderr %q; want 1 and %q", r.code, r.stderr, "unknown allocation")
 		}
-		if r := n.cli(t, "exec", "a1", "db", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, `allocation a1 has no task "db"`) {
+		if r := n.cli(t, "exec", "a1", "db", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, `allocation "a1" has no task "db"`) {
 			t.Errorf("unknown task: exit %d, stderr %q; want 1 and that a1 has no task db", r.code, r.stderr)
 		}
 	})

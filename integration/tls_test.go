@@ -53,9 +53,9 @@ func newTestCA(t *testing.T, name string) *testCA {
 	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// issue signs a leaf certificate for a server (on 127.0.0.1) or a client
-// and returns it with its key, in PEM.
-func (ca *testCA) issue(t *testing.T, serial int64, server bool) (certPEM, keyPEM []byte) {
+// issue signs a leaf certificate for a server (on 127.0.0.1 and ips) or a
+// client and returns it with its key, in PEM.
+func (ca *testCA) issue(t *testing.T, serial int64, server bool, ips ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -72,6 +72,9 @@ func (ca *testCA) issue(t *testing.T, serial int64, server bool) (certPEM, keyPE
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		for _, ip := range ips {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -80,5 +80,6 @@
 //
 // FetchOptions.Progress receives the bytes received, the size when the
 // source announced it, and the rate, at most every 200 ms.
-// [NewProgressPrinter] renders them for a terminal or a log.
+// The daemon passes them on to the client that asked (api.ProgressEvent),
+// whose CLI renders them for a terminal or a log.
 package migrate

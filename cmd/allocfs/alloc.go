@@ -1,26 +1,17 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/signal"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
-	"github.com/allocfs/allocfs/fs/store"
-	"github.com/allocfs/allocfs/migrate"
-	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 )
 
 var allocCommands = []command{
@@ -29,32 +20,12 @@ var allocCommands = []command{
 	{"status", "show an allocation's layout, layers and usage", runAllocStatus},
 	{"stop", "make an allocation terminal: kept and browsable until GC", runAllocStop},
 	{"destroy", "destroy an allocation and the layers only it uses", runAllocDestroy},
+	{"fs", "list, describe, print or follow an allocation's files, as 'nomad alloc fs'", runAllocFS},
+	{"logs", "print or follow a task's logs across rotation, as 'nomad alloc logs'", runAllocLogs},
 }
 
 func runAlloc(e *env, args []string) error {
 	return dispatch("allocfs alloc", allocCommands, e, args)
-}
-
-// socketFlag adds --socket to a client command. Its default comes from
-// $ALLOCFS_SOCKET, else api.DefaultSocket.
-func socketFlag(e *env, fset *pflag.FlagSet) *string {
-	def := e.getenv(api.SocketEnv)
-	if def == "" {
-		def = api.DefaultSocket
-	}
-	return fset.String("socket", def, "`path` of the control socket of `allocfs serve` (env "+api.SocketEnv+")")
-}
-
-// dial returns a client of the daemon at socket and the context of one
-// client command, cancelled by SIGINT or SIGTERM so that an interrupted
-// command stops waiting; done releases both.
-func dial(socket string) (context.Context, *api.Client, func()) {
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	c := api.NewClient(socket)
-	return ctx, c, func() {
-		c.Close()
-		cancel()
-	}
 }
 
 // checkAllocID refuses IDs the server refuses too, before dialing it. It
@@ -92,7 +63,8 @@ previous allocation must be stopped first.`)
 	mode := fset.String("migrate-mode", "adopt", "how data is handed over on this node: `adopt` or snapshot")
 	from := fset.String("from", "", "base `URL` of the node holding --previous (http://host:port); needs --migrate")
 	tokenFile := fset.String("token-file", "", "`file` holding the migration token the --from node expects")
-	if err := parseFlags(fset, args, 1, 1); err != nil {
+	asJSON := fset.Bool("json", false, "print the new allocation's record as JSON")
+	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
 	if len(taskNames) == 0 {
@@ -101,18 +73,18 @@ previous allocation must be stopped first.`)
 	if secretsMB < 0 {
 		return usageErrorf(cmd, "--secrets-mb must not be negative, got %d", secretsMB)
 	}
-	policy := migrate.PolicyNone
+	policy := ""
 	switch {
 	case *migrateData:
-		policy = migrate.PolicyMigrate
+		policy = "migrate"
 	case *sticky:
-		policy = migrate.PolicySticky
+		policy = "sticky"
 	}
-	if policy != migrate.PolicyNone && *previous == "" {
+	if policy != "" && *previous == "" {
 		return usageErrorf(cmd, "--sticky and --migrate need --previous")
 	}
-	if _, err := migrate.ParseMode(*mode); err != nil {
-		return usageErrorf(cmd, "%v", err)
+	if *mode != "adopt" && *mode != "snapshot" {
+		return usageErrorf(cmd, "--migrate-mode is adopt or snapshot, not %q", *mode)
 	}
 	if *previous != "" {
 		if err := checkAllocID(*previous); err != nil {
@@ -121,7 +93,7 @@ previous allocation must be stopped first.`)
 	}
 	var token string
 	if *from != "" {
-		if policy != migrate.PolicyMigrate {
+		if policy != "migrate" {
 			return usageErrorf(cmd, "--from needs --migrate")
 		}
 		if *tokenFile != "" {
@@ -137,7 +109,7 @@ previous allocation must be stopped first.`)
 		return err
 	}
 
-	tasks := make([]allocdir.Task, 0, len(taskNames))
+	tasks := make([]api.Task, 0, len(taskNames))
 	index := make(map[string]int, len(taskNames))
 	for _, name := range taskNames {
 		if err := allocdir.ValidTaskName(name); err != nil {
@@ -147,7 +119,7 @@ previous allocation must be stopped first.`)
 			return usageErrorf(cmd, "task %q is given twice", name)
 		}
 		index[name] = len(tasks)
-		tasks = append(tasks, allocdir.Task{Name: name, SecretsMB: secretsMB})
+		tasks = append(tasks, api.Task{Name: name, SecretsMB: secretsMB})
 	}
 	for _, u := range users {
 		task, user, ok := strings.Cut(u, "=")
@@ -163,26 +135,21 @@ previous allocation must be stopped first.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: string(policy), Mode: *mode, From: *from, Token: token}
-	var st *store.State
+	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: policy, Mode: *mode, From: *from, Token: token}
+	var st *api.Alloc
 	var err error
 	if *from != "" {
-		show := migrate.NewProgressPrinter(e.stderr, isTerminal(e.stderr))
-		st, err = c.CreateWithProgress(ctx, req, func(ev api.ProgressEvent) {
-			p := migrate.Progress{AllocID: *previous, Attempt: ev.Attempt, Bytes: ev.Bytes, Total: ev.Total, Rate: ev.Rate,
-				Elapsed: time.Duration(ev.ElapsedMS) * time.Millisecond, Done: ev.Done}
-			if ev.Err != "" {
-				p.Err = errors.New(ev.Err)
-			}
-			show(p)
-		})
+		st, err = c.CreateWithProgress(ctx, req, newProgressPrinter(e.stderr, isTerminal(e.stderr), *previous))
 	} else {
 		st, err = c.Create(ctx, req)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "created allocation %s (tasks: %s)\n", st.ID, strings.Join(taskList(st.Tasks), ", "))
+	if *asJSON {
+		return printJSON(e.stdout, st)
+	}
+	fmt.Fprintf(e.stdout, "created allocation %s (tasks: %s)\n", st.ID, strings.Join(st.TaskNames(), ", "))
 	switch {
 	case st.Previous != "" && *from != "":
 		fmt.Fprintf(e.stdout, "fetched the data of %s from %s\n", st.Previous, *from)
@@ -197,17 +164,22 @@ func runAllocStop(e *env, args []string) error {
 Stop an allocation: it becomes terminal. Its directory stays in the mount,
 browsable, its logs readable, until garbage collection (allocfs gc).`)
 	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 1, 1); err != nil {
-		return err
-	}
-	id := fset.Arg(0)
-	if err := checkAllocID(id); err != nil {
+	asJSON := fset.Bool("json", false, "print the allocation's record as JSON")
+	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
 	ctx, c, done := dial(*socket)
 	defer done()
-	if _, err := c.StopAlloc(ctx, id); err != nil {
+	id, err := resolveID(ctx, c, fset.Arg(0))
+	if err != nil {
 		return err
+	}
+	st, err := c.StopAlloc(ctx, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, st)
 	}
 	fmt.Fprintf(e.stdout, "stopped allocation %s\n", id)
 	return nil
@@ -219,20 +191,25 @@ Collect terminal allocations: with an ID, that one (it must be stopped);
 without, every stopped allocation, oldest first. Layers that another
 allocation still stacks on survive.`)
 	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 0, 1); err != nil {
+	asJSON := fset.Bool("json", false, "print what was collected as JSON")
+	if err := parseNomadFlags(fset, args, 0, 1); err != nil {
 		return err
-	}
-	id := fset.Arg(0)
-	if id != "" {
-		if err := checkAllocID(id); err != nil {
-			return err
-		}
 	}
 	ctx, c, done := dial(*socket)
 	defer done()
+	id := ""
+	if fset.NArg() > 0 {
+		var err error
+		if id, err = resolveID(ctx, c, fset.Arg(0)); err != nil {
+			return err
+		}
+	}
 	collected, err := c.GC(ctx, id)
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, api.GCResponse{Collected: collected})
 	}
 	if len(collected) == 0 {
 		fmt.Fprintln(e.stdout, "nothing to collect: no terminal allocations")
@@ -247,7 +224,8 @@ allocation still stacks on survive.`)
 func runAllocList(e *env, args []string) error {
 	fset := newFlagSet(e, "allocfs alloc list", "[flags]", "List the allocations the daemon holds, sorted by ID.")
 	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 0, 0); err != nil {
+	asJSON := fset.Bool("json", false, "print the records as JSON")
+	if err := parseNomadFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
 	ctx, c, done := dial(*socket)
@@ -256,10 +234,13 @@ func runAllocList(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *asJSON {
+		return printJSON(e.stdout, list)
+	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATUS\tTASKS\tCREATED")
 	for _, st := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", st.ID, st.Status, strings.Join(taskList(st.Tasks), ","), st.Created.Local().Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", st.ID, st.Status, strings.Join(st.TaskNames(), ","), st.Created.Local().Format(time.RFC3339))
 	}
 	return tw.Flush()
 }
@@ -270,15 +251,15 @@ Show an allocation: where it is mounted, its layout, the layer behind each
 volume and what that layer holds on the backing store.`)
 	socket := socketFlag(e, fset)
 	asJSON := fset.Bool("json", false, "print the daemon's answer as JSON")
-	if err := parseFlags(fset, args, 1, 1); err != nil {
-		return err
-	}
-	id := fset.Arg(0)
-	if err := checkAllocID(id); err != nil {
+	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
 	ctx, c, done := dial(*socket)
 	defer done()
+	id, err := resolveID(ctx, c, fset.Arg(0))
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		raw, err := c.AllocStatusJSON(ctx, id)
 		if err != nil {
@@ -302,7 +283,7 @@ func printAllocStatus(e *env, st *api.AllocStatus) error {
 	fmt.Fprintf(tw, "Created\t%s\n", st.Created.Local().Format(time.RFC3339))
 	fmt.Fprintf(tw, "Mount\t%s\n", st.Mount)
 	fmt.Fprintf(tw, "Passthrough\t%t\n", st.Passthrough)
-	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(taskList(st.Tasks), ", "))
+	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(st.TaskNames(), ", "))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -365,7 +346,7 @@ func memoryNote(st *api.AllocStatus, key string) string {
 	case allocdir.TaskSecrets:
 		for _, t := range st.Tasks {
 			if t.Name == task {
-				return "memory, capped at " + formatBytes(t.SecretsBytes())
+				return "memory, capped at " + formatBytes(allocdir.Task{SecretsMB: t.SecretsMB}.SecretsBytes())
 			}
 		}
 	case allocdir.TaskPrivate:
@@ -379,15 +360,15 @@ func runAllocDestroy(e *env, args []string) error {
 Destroy an allocation: its directory leaves the mount and the layers no other
 allocation uses are removed from the data dir. Secrets are dropped.`)
 	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 1, 1); err != nil {
-		return err
-	}
-	id := fset.Arg(0)
-	if err := checkAllocID(id); err != nil {
+	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
 	ctx, c, done := dial(*socket)
 	defer done()
+	id, err := resolveID(ctx, c, fset.Arg(0))
+	if err != nil {
+		return err
+	}
 	if err := c.DestroyAlloc(ctx, id); err != nil {
 		return err
 	}
@@ -398,7 +379,8 @@ allocation uses are removed from the data dir. Secrets are dropped.`)
 func runStatus(e *env, args []string) error {
 	fset := newFlagSet(e, "allocfs status", "[flags]", "Show the node as the daemon sees it.")
 	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 0, 0); err != nil {
+	asJSON := fset.Bool("json", false, "print the daemon's answer as JSON")
+	if err := parseNomadFlags(fset, args, 0, 0); err != nil {
 		return err
 	}
 	ctx, c, done := dial(*socket)
@@ -406,6 +388,9 @@ func runStatus(e *env, args []string) error {
 	st, err := c.NodeStatus(ctx)
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, st)
 	}
 	b := st.Backing
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -417,15 +402,6 @@ func runStatus(e *env, args []string) error {
 		formatBytes(int64(b.BytesAvailable)), formatBytes(int64(b.BytesTotal)), formatBytes(int64(b.BytesFree)))
 	fmt.Fprintf(tw, "Backing inodes\t%d free of %d\n", b.FilesFree, b.FilesTotal)
 	return tw.Flush()
-}
-
-// taskList returns the task names in the order they were given.
-func taskList(tasks []allocdir.Task) []string {
-	names := make([]string, len(tasks))
-	for i, t := range tasks {
-		names[i] = t.Name
-	}
-	return names
 }
 
 // formatBytes prints n in binary units: 512 B, 1.5 KiB, 3.0 GiB.
@@ -440,15 +416,4 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-// isTerminal reports whether w is a terminal, where progress is drawn on
-// one updating line.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }

@@ -15,140 +15,135 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/api/fsapi"
+	"github.com/spf13/pflag"
 )
 
-var fsCommands = []command{
-	{"ls", "list a directory of an allocation", runFSList},
-	{"stat", "describe a file of an allocation", runFSStat},
-	{"cat", "print a file of an allocation", runFSCat},
-}
+func runAllocFS(e *env, args []string) error {
+	const cmd = "allocfs alloc fs"
+	fset := newFlagSet(e, cmd, "[flags] ALLOC [PATH]", `
+Browse the files of allocation ALLOC (an ID or a unique prefix of one), as
+'nomad alloc fs' does: a directory PATH (default /) is listed, a file is
+printed. With -stat, PATH is described instead. With -f a file is
+followed as it grows until interrupted; with -tail printing starts -n
+lines (default 10) or -c bytes before the end. Sizes are in binary units
+unless -H asks for plain bytes.
 
-func runFS(e *env, args []string) error {
-	return dispatch("allocfs fs", fsCommands, e, args)
-}
-
-// nomadFlags rewrites Nomad's single-dash long flags (-stderr, -json) as
-// pflag's double-dash ones, so that both spellings work. Single letters
-// (-f, -n 5) are pflag shorthands already; everything after "--" is left
-// alone.
-func nomadFlags(args []string, long ...string) []string {
-	out := make([]string, 0, len(args))
-	for i, a := range args {
-		if a == "--" {
-			return append(out, args[i:]...)
-		}
-		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") {
-			for _, l := range long {
-				if name == l {
-					a = "-" + a
-					break
-				}
-			}
-		}
-		out = append(out, a)
-	}
-	return out
-}
-
-// fsTarget checks the ID and PATH arguments of an fs command.
-func fsTarget(args []string) (id, p string, err error) {
-	id, p = args[0], "/"
-	if len(args) > 1 {
-		p = args[1]
-	}
-	return id, p, checkAllocID(id)
-}
-
-func runFSList(e *env, args []string) error {
-	fset := newFlagSet(e, "allocfs fs ls", "ID [PATH] [flags]", `
-List the directory PATH (default /) of allocation ID, as 'nomad alloc fs'
-does. Content is read from the store, never through the mount; listing
-secrets/ and private/ is allowed, reading them is not.`)
-	socket := socketFlag(e, fset)
-	asJSON := fset.Bool("json", false, "print the entries as JSON (Nomad's AllocFileInfo)")
-	human := fset.BoolP("human", "H", false, "print sizes in human units")
-	if err := parseFlags(fset, nomadFlags(args, "json"), 1, 2); err != nil {
+Files are read from the store, never through the mount. Listing secrets/
+and private/ is allowed, reading them is not. With -address the command
+reaches another node's API, behind its token.`)
+	client := clientFlags(e, fset)
+	stat := fset.Bool("stat", false, "describe PATH instead of listing or printing it")
+	follow := fset.BoolP("follow", "f", false, "follow the file as it grows")
+	tail := fset.Bool("tail", false, "start printing the file -n lines or -c bytes before its end")
+	lines := fset.IntP("lines", "n", 10, "with -tail, how many `lines` to print")
+	byteCount := fset.Int64P("bytes", "c", 0, "with -tail, how many `bytes` before the end to start")
+	machine := fset.BoolP("machine", "H", false, "machine-friendly output: sizes in bytes")
+	asJSON := fset.Bool("json", false, "print listings and -stat as JSON (Nomad's AllocFileInfo)")
+	if err := parseNomadFlags(fset, args, 1, 2); err != nil {
 		return err
 	}
-	id, p, err := fsTarget(fset.Args())
+	if err := checkTailFlags(cmd, fset, *lines, *byteCount); err != nil {
+		return err
+	}
+	if err := checkAllocID(fset.Arg(0)); err != nil {
+		return err
+	}
+	p := "/"
+	if fset.NArg() > 1 {
+		p = fset.Arg(1)
+	}
+	ctx, c, done, err := client.dial()
 	if err != nil {
 		return err
 	}
-	ctx, c, done := dial(*socket)
 	defer done()
-	files, err := c.List(ctx, id, p)
+	alloc, err := resolveAlloc(ctx, c, fset.Arg(0))
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(e.stdout, files)
-	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "Mode\tSize\tModified Time\tName")
-	for _, f := range files {
-		name := f.Name
-		if f.IsDir {
-			name += "/"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.FileMode, sizeString(f.Size, *human), f.ModTime.Local().Format(time.RFC3339), name)
-	}
-	return tw.Flush()
-}
-
-func runFSStat(e *env, args []string) error {
-	fset := newFlagSet(e, "allocfs fs stat", "ID PATH [flags]", `
-Describe the file PATH of allocation ID: mode, size, modification time and
-content type, as 'nomad alloc fs -stat' does.`)
-	socket := socketFlag(e, fset)
-	asJSON := fset.Bool("json", false, "print Nomad's AllocFileInfo as JSON")
-	human := fset.BoolP("human", "H", false, "print the size in human units")
-	if err := parseFlags(fset, nomadFlags(args, "json"), 2, 2); err != nil {
-		return err
-	}
-	id, p, err := fsTarget(fset.Args())
-	if err != nil {
-		return err
-	}
-	ctx, c, done := dial(*socket)
-	defer done()
+	id := alloc.ID
 	f, err := c.Stat(ctx, id, p)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return printJSON(e.stdout, f)
+	switch {
+	case *stat:
+		if *asJSON {
+			return printJSON(e.stdout, f)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "Mode\tSize\tModified Time\tContent Type\tName")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.FileMode, sizeString(f.Size, *machine), f.ModTime.Local().Format(time.RFC3339), f.ContentType, f.Name)
+		return tw.Flush()
+	case f.IsDir:
+		if *follow || *tail {
+			return fmt.Errorf("%s of allocation %q is a directory: -f and -tail follow files", p, id)
+		}
+		files, err := c.List(ctx, id, p)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, files)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "Mode\tSize\tModified Time\tName")
+		for _, f := range files {
+			name := f.Name
+			if f.IsDir {
+				name += "/"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.FileMode, sizeString(f.Size, *machine), f.ModTime.Local().Format(time.RFC3339), name)
+		}
+		return tw.Flush()
+	case !*follow && !*tail:
+		body, err := c.Cat(ctx, id, p)
+		if err != nil {
+			return err
+		}
+		defer body.Close()
+		if _, err := io.Copy(e.stdout, body); err != nil {
+			return fmt.Errorf("reading %s of allocation %q broke off: %w", p, id, err)
+		}
+		return nil
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "Mode\tSize\tModified Time\tContent Type\tName")
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.FileMode, sizeString(f.Size, *human), f.ModTime.Local().Format(time.RFC3339), f.ContentType, f.Name)
-	return tw.Flush()
+	q := api.StreamQuery{Path: p, Follow: *follow}
+	keep := tailFrom(&q.Origin, &q.Offset, *tail, *lines, *byteCount)
+	frames, err := c.Stream(ctx, id, q)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer frames.Close()
+	return copyLogs(ctx, e.stdout, frames, keep)
 }
 
-func runFSCat(e *env, args []string) error {
-	fset := newFlagSet(e, "allocfs fs cat", "ID PATH [flags]", `
-Print the file PATH of allocation ID. Files under a task's secrets/ or
-private/, or reached through a link into them or out of the allocation,
-are refused.`)
-	socket := socketFlag(e, fset)
-	if err := parseFlags(fset, args, 2, 2); err != nil {
-		return err
+// checkTailFlags refuses -n and -c together or negative.
+func checkTailFlags(cmd string, fset *pflag.FlagSet, lines int, byteCount int64) error {
+	if lines < 0 || byteCount < 0 {
+		return usageErrorf(cmd, "-n and -c must not be negative")
 	}
-	id, p, err := fsTarget(fset.Args())
-	if err != nil {
-		return err
-	}
-	ctx, c, done := dial(*socket)
-	defer done()
-	body, err := c.Cat(ctx, id, p)
-	if err != nil {
-		return err
-	}
-	defer body.Close()
-	if _, err := io.Copy(e.stdout, body); err != nil {
-		return fmt.Errorf("reading %s of %s broke off: %w", p, id, err)
+	if fset.Changed("lines") && fset.Changed("bytes") {
+		return usageErrorf(cmd, "-n and -c cannot be used together")
 	}
 	return nil
+}
+
+// tailFrom sets where a stream starts for -tail, -n and -c, and returns
+// how many lines of the backlog to keep (-1: all).
+func tailFrom(origin *string, offset *int64, tail bool, lines int, byteCount int64) int {
+	if !tail {
+		return -1
+	}
+	*origin = "end"
+	if byteCount > 0 {
+		*offset = byteCount
+		return -1
+	}
+	*offset = int64(lines) * bytesPerLine
+	return lines
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -157,11 +152,12 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func sizeString(n int64, human bool) string {
-	if human {
-		return formatBytes(n)
+// sizeString is n in binary units, or in bytes for machines.
+func sizeString(n int64, machine bool) string {
+	if machine {
+		return fmt.Sprint(n)
 	}
-	return fmt.Sprint(n)
+	return formatBytes(n)
 }
 
 // bytesPerLine is the guess at line length that turns -n LINES into how
@@ -172,46 +168,64 @@ const bytesPerLine = 1024
 // sent counts as the backlog: longer than the server's 200 ms batching.
 const caughtUp = 400 * time.Millisecond
 
-func runLogs(e *env, args []string) error {
-	fset := newFlagSet(e, "allocfs logs", "ID TASK [flags]", `
+func runAllocLogs(e *env, args []string) error {
+	const cmd = "allocfs alloc logs"
+	fset := newFlagSet(e, cmd, "[flags] ALLOC [TASK]", `
 Print the stdout (or, with -stderr, the stderr) of task TASK of allocation
-ID, across its rotated log files, as 'nomad alloc logs' does. With -f the
-command follows the logs as they are written, across rotation, until
-interrupted. With -tail it starts -n lines (default 10) or -c bytes from
-the end. With --previous it reads the logs of the allocation ID replaced,
-which stay until that one is collected.`)
-	socket := socketFlag(e, fset)
+ALLOC (an ID or a unique prefix of one), across its rotated log files, as
+'nomad alloc logs' does; TASK may be left out when the allocation has one.
+With -f the command follows the logs as they are written, across
+rotation, until interrupted. With -tail it starts -n lines (default 10)
+or -c bytes from the end. With -previous it reads the logs of the
+allocation ALLOC replaced, which stay until that one is collected. With
+-address it reaches another node's API, behind its token.`)
+	client := clientFlags(e, fset)
 	follow := fset.BoolP("follow", "f", false, "follow the logs as they are written")
 	stderr := fset.Bool("stderr", false, "print stderr instead of stdout")
+	fset.Bool("stdout", true, "print stdout (the default)")
 	tail := fset.Bool("tail", false, "start from the end: -n lines or -c bytes before it")
 	lines := fset.IntP("lines", "n", 10, "with -tail, how many `lines` to print")
 	byteCount := fset.Int64P("bytes", "c", 0, "with -tail, how many `bytes` before the end to start")
-	previous := fset.Bool("previous", false, "read the logs of the allocation ID replaced")
-	if err := parseFlags(fset, nomadFlags(args, "stderr", "tail", "previous"), 2, 2); err != nil {
+	previous := fset.Bool("previous", false, "read the logs of the allocation ALLOC replaced")
+	verbose := fset.Bool("verbose", false, "say on stderr which allocation and task are read")
+	if err := parseNomadFlags(fset, args, 1, 2); err != nil {
 		return err
 	}
-	id, task := fset.Arg(0), fset.Arg(1)
-	if err := checkAllocID(id); err != nil {
+	if err := checkTailFlags(cmd, fset, *lines, *byteCount); err != nil {
 		return err
 	}
-	if err := allocdir.ValidTaskName(task); err != nil {
-		return fmt.Errorf("invalid task name: %w", err)
+	if err := checkAllocID(fset.Arg(0)); err != nil {
+		return err
 	}
-	if *lines < 0 || *byteCount < 0 {
-		return usageErrorf("allocfs logs", "-n and -c must not be negative")
+	if task := fset.Arg(1); task != "" {
+		if err := allocdir.ValidTaskName(task); err != nil {
+			return fmt.Errorf("invalid task name: %w", err)
+		}
 	}
-	if fset.Changed("lines") && fset.Changed("bytes") {
-		return usageErrorf("allocfs logs", "-n and -c cannot be used together")
+	ctx, c, done, err := client.dial()
+	if err != nil {
+		return err
 	}
-	ctx, c, done := dial(*socket)
 	defer done()
+	alloc, err := resolveAlloc(ctx, c, fset.Arg(0))
+	if err != nil {
+		return err
+	}
+	task, err := resolveTask(alloc, fset.Arg(1))
+	if err != nil {
+		return err
+	}
+	id := alloc.ID
 	if *previous {
+		if client.remote.Address != "" {
+			return errors.New("-previous needs the control socket: a node's TCP API does not say which allocation another replaced")
+		}
 		st, err := c.AllocStatus(ctx, id)
 		if err != nil {
 			return err
 		}
 		if st.Previous == "" {
-			return fmt.Errorf("allocation %s did not replace another allocation", id)
+			return fmt.Errorf("allocation %q did not replace another allocation", id)
 		}
 		id = st.Previous
 	}
@@ -219,17 +233,10 @@ which stay until that one is collected.`)
 	if *stderr {
 		q.Type = "stderr"
 	}
-	keep := -1
-	if *tail {
-		q.Origin = "end"
-		switch {
-		case *byteCount > 0:
-			q.Offset = *byteCount
-		default:
-			q.Offset = int64(*lines) * bytesPerLine
-			keep = *lines
-		}
+	if *verbose {
+		fmt.Fprintf(e.stderr, "allocation %s, task %s, %s\n", id, task, q.Type)
 	}
+	keep := tailFrom(&q.Origin, &q.Offset, *tail, *lines, *byteCount)
 	frames, err := c.Logs(ctx, id, q)
 	if err != nil && ctx.Err() != nil {
 		// Interrupted before the first byte: that is how -f ends.
@@ -237,7 +244,7 @@ which stay until that one is collected.`)
 	}
 	if err != nil {
 		if *previous && collected(err) {
-			return fmt.Errorf("the logs of %s, the allocation replaced, are gone: it was collected (%w)", id, err)
+			return fmt.Errorf("the logs of %q, the allocation replaced, are gone: it was collected (%w)", id, err)
 		}
 		return err
 	}

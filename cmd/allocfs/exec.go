@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -15,7 +17,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/logmon"
 	"github.com/hashicorp/go-hclog"
 )
@@ -264,15 +266,15 @@ func lookupTask(socket, id, task string) (string, error) {
 		}
 		return "", err
 	}
-	if st.Status != store.StatusRunning {
-		return "", fmt.Errorf("allocation %s is %s: its directories no longer take new output", id, st.Status)
+	if st.Status != api.StatusRunning {
+		return "", fmt.Errorf("allocation %q is %s: its directories no longer take new output", id, st.Status)
 	}
 	for _, t := range st.Tasks {
 		if t.Name == task {
 			return st.Mount, nil
 		}
 	}
-	return "", fmt.Errorf("allocation %s has no task %q (its tasks: %s)", id, task, strings.Join(taskList(st.Tasks), ", "))
+	return "", fmt.Errorf("allocation %q has no task %q; its tasks: %s", id, task, strings.Join(st.TaskNames(), ", "))
 }
 
 // taskEnv is environ with the variables raw_exec gives a task, which

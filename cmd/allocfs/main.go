@@ -49,17 +49,14 @@ type command struct {
 }
 
 // commands is the top-level table; see also allocCommands.
-var commands = []command{
-	{"serve", "mount the allocation directories and serve the control API", runServe},
+var commands = append([]command{
 	{"alloc", "create, list, inspect and destroy allocations", runAlloc},
 	{"status", "show the node: data dir, mount, passthrough, backing store", runStatus},
 	{"gc", "collect terminal allocations", runGC},
-	{"fs", "list, describe and print an allocation's files (ls, stat, cat)", runFS},
-	{"logs", "print or follow a task's logs, across rotation", runLogs},
-	{"exec", "run a command as a task of an allocation, its output rotated into alloc/logs", runExec},
+	{"fs", "the same as 'alloc fs': an allocation's files, as 'nomad alloc fs'", runAllocFS},
+	{"logs", "the same as 'alloc logs': a task's logs, as 'nomad alloc logs'", runAllocLogs},
 	{"version", "print the version", runVersion},
-	{"fuse-holder", "hold the FUSE connection while serve restarts (started by serve)", runHolder},
-}
+}, nodeCommands...)
 
 // run executes the command line args and returns the exit code.
 func run(args []string, e *env) int {

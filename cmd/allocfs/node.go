@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/migrate"
 )
@@ -183,7 +186,8 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 }
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the
-// migration token, the client API behind the API token, nothing else (the
+// migration token, the client API (with the allocation stubs a client
+// resolves ID prefixes with) behind the API token, nothing else (the
 // control API stays on the unix socket). The tokens are those secrets
 // holds at each request. Refusals are logged through refusals, at a
 // bounded rate: anyone who can connect can cause them.
@@ -194,6 +198,7 @@ func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.
 	}
 	if cfg.servesClientAPI() {
 		mux.Handle("/v1/client/", requireToken(refusals, secrets, client))
+		mux.Handle("GET "+api.AllocationsPath, requireToken(refusals, secrets, client))
 	}
 	return mux
 }

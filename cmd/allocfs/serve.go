@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -5,7 +7,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
+	"github.com/allocfs/allocfs/node"
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -360,22 +362,21 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		}
 	}
 
-	collector := store.NewCollector(logger, s, cfg.gc)
-	apiServer := api.NewServer(logger, s, collector, m.Dir(), m.Passthrough)
 	// Every read of an allocation's files, for the client API and for
-	// snapshots, goes through the store, never through the mount. A
-	// snapshot pins the allocation against collection while it streams
-	// (pinnedFS); a follower of a collected allocation's file sees it
-	// deleted.
-	lookup := func(id string) (allocdir.FS, error) {
-		if _, err := s.Get(id); err != nil {
-			return nil, err
-		}
-		return pinnedFS{FS: fs.NewAllocDir(logger, s, m, m.Dir(), id), store: s, id: id}, nil
-	}
-	clientAPI := apiServer.ServeClientAPI(lookup)
-	apiServer.SetFetchTLS(cfg.secrets.fetchTLS)
-	apiServer.SetHealth(nodeHealth(m, s))
+	// snapshots, goes through the store, never through the mount; a
+	// follower of a collected allocation's file sees it deleted.
+	svc := node.New(node.Config{
+		Logger:      logger,
+		Store:       s,
+		GC:          cfg.gc,
+		MountDir:    m.Dir(),
+		Passthrough: m.Passthrough,
+		AllocFS:     func(id string) allocdir.FS { return fs.NewAllocDir(logger, s, m, m.Dir(), id) },
+		Health:      nodeHealth(m, s),
+	})
+	svc.SetFetchTLS(cfg.secrets.fetchTLS)
+	apiServer := api.NewServer(logger, svc)
+	clientAPI := apiServer.ClientAPI()
 	srv := guard.httpServer(guard.limitStreams(apiServer, false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
@@ -402,7 +403,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 				t := secrets.Load().migrateTokens
 				return t != nil && t.Check(id, token)
 			})
-			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, lookup, tokens), true)
+			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, svc.FS, tokens), true)
 		}
 		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, &secrets, snapshots, guard.limitStreams(clientAPI, false)), "tcp")
 		nodeSrv.TLSConfig = tlsCfg
@@ -422,9 +423,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	gcDone := make(chan struct{})
 	go func() {
 		defer close(gcDone)
-		if cfg.gc.Interval > 0 {
-			collector.Run(gcCtx)
-		}
+		svc.Run(gcCtx)
 	}()
 	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
 		"passthrough", m.Passthrough(), "allocations", s.Len())
@@ -435,7 +434,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	var failure error
 	// leave hands the connection to the holder instead of unmounting.
 	leave := false
-	reloader := &reloader{logger: logger, args: cfg.args, reread: cfg.reread, secrets: &secrets, fetchTLS: apiServer.SetFetchTLS}
+	reloader := &reloader{logger: logger, args: cfg.args, reread: cfg.reread, secrets: &secrets, fetchTLS: svc.SetFetchTLS}
 wait:
 	for {
 		select {
@@ -521,7 +520,7 @@ wait:
 			nodeSrv.Close()
 		}
 	}
-	apiServer.Wait()
+	svc.Wait()
 	logger.Info("control API stopped")
 
 	if leave {
@@ -629,21 +628,4 @@ func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
 		return nil, fmt.Errorf("failed to restrict socket %q to its owner: %w", path, err)
 	}
 	return ln, nil
-}
-
-// pinnedFS keeps its allocation from being collected while its snapshot
-// streams to another node.
-type pinnedFS struct {
-	allocdir.FS
-	store *store.Store
-	id    string
-}
-
-func (p pinnedFS) Snapshot(w io.Writer) error {
-	unpin, err := p.store.Pin(p.id)
-	if err != nil {
-		return err
-	}
-	defer unpin()
-	return p.FS.Snapshot(w)
 }

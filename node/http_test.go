@@ -1,9 +1,10 @@
-package api
+package node
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/allocfs/allocfs/migrate"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/allocfs/allocfs/api"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
@@ -28,16 +31,27 @@ func testLogger(t *testing.T) hclog.Logger {
 
 // newTestServer opens a store in a temporary data dir and returns it with
 // its control API. No mount is involved.
-func newTestServer(t *testing.T) (*store.Store, *Server) {
+func newTestServer(t *testing.T, configure ...func(*Config)) (*store.Store, *api.Server) {
+	t.Helper()
+	s, _, srv := newTestService(t, configure...)
+	return s, srv
+}
+
+// newTestService is newTestServer that returns the service too.
+func newTestService(t *testing.T, configure ...func(*Config)) (*store.Store, *Service, *api.Server) {
 	t.Helper()
 	logger := testLogger(t)
 	s, err := store.Open(logger, t.TempDir())
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
-	srv := NewServer(logger, s, store.NewCollector(logger, s, store.DefaultGCConfig()), testMount, func() bool { return false })
-	t.Cleanup(srv.Wait)
-	return s, srv
+	cfg := Config{Logger: logger, Store: s, GC: store.DefaultGCConfig(), MountDir: testMount}
+	for _, fn := range configure {
+		fn(&cfg)
+	}
+	svc := New(cfg)
+	t.Cleanup(svc.Wait)
+	return s, svc, api.NewServer(logger, svc)
 }
 
 // request sends one request to h and returns the recorded answer.
@@ -71,7 +85,7 @@ func wantError(t *testing.T, rec *httptest.ResponseRecorder, code int) {
 	if rec.Code != code {
 		t.Fatalf("status: got %d, want %d; body: %s", rec.Code, code, rec.Body)
 	}
-	var eb errorBody
+	var eb struct{ Error string }
 	decode(t, rec, &eb)
 	if eb.Error == "" {
 		t.Errorf("error answer without a message: %s", rec.Body)
@@ -80,22 +94,22 @@ func wantError(t *testing.T, rec *httptest.ResponseRecorder, code int) {
 
 // createBody is the JSON body of a create request.
 func createBody(id string, tasks ...string) string {
-	req := CreateAllocRequest{ID: id}
+	req := api.CreateAllocRequest{ID: id}
 	for _, name := range tasks {
-		req.Tasks = append(req.Tasks, allocdir.Task{Name: name, SecretsMB: 1})
+		req.Tasks = append(req.Tasks, api.Task{Name: name, SecretsMB: 1})
 	}
 	b, _ := json.Marshal(req)
 	return string(b)
 }
 
 // mustCreate creates an allocation through the API.
-func mustCreate(t *testing.T, h http.Handler, id string, tasks ...string) *store.State {
+func mustCreate(t *testing.T, h http.Handler, id string, tasks ...string) *api.Alloc {
 	t.Helper()
-	rec := request(t, h, http.MethodPost, AllocsPath, createBody(id, tasks...))
+	rec := request(t, h, http.MethodPost, api.AllocsPath, createBody(id, tasks...))
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("create %s: got %d, want %d; body: %s", id, rec.Code, http.StatusCreated, rec.Body)
 	}
-	var st store.State
+	var st api.Alloc
 	decode(t, rec, &st)
 	return &st
 }
@@ -131,22 +145,22 @@ func snapshotStore(t *testing.T, backend *store.Store) []string {
 // the store then holds.
 func TestCreateAlloc(t *testing.T) {
 	backend, srv := newTestServer(t)
-	rec := request(t, srv, http.MethodPost, AllocsPath, createBody("a1", "web", "db"))
+	rec := request(t, srv, http.MethodPost, api.AllocsPath, createBody("a1", "web", "db"))
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("status: got %d, want %d; body: %s", rec.Code, http.StatusCreated, rec.Body)
 	}
-	if got, want := rec.Header().Get("Location"), AllocsPath+"/a1"; got != want {
+	if got, want := rec.Header().Get("Location"), api.AllocsPath+"/a1"; got != want {
 		t.Errorf("Location: got %q, want %q", got, want)
 	}
-	var st store.State
+	var st api.Alloc
 	decode(t, rec, &st)
-	if st.ID != "a1" || st.Status != store.StatusRunning {
+	if st.ID != "a1" || st.Status != api.StatusRunning {
 		t.Errorf("record: got id %q status %q, want a1 running", st.ID, st.Status)
 	}
 	// The store decides the full set of volumes; these are the ones the
 	// layout cannot do without.
 	for _, key := range []string{"alloc/data", "alloc/logs", "alloc/tmp", "db/local", "db/tmp", "web/local", "web/tmp"} {
-		if v := st.Volumes[key]; v == nil || v.Upper == "" {
+		if v, ok := st.Volumes[key]; !ok || v.Upper == "" {
 			t.Errorf("volume %s: missing from %v", key, st.Volumes)
 		}
 	}
@@ -166,7 +180,7 @@ func TestCreateAllocDuplicate(t *testing.T) {
 	first := mustCreate(t, srv, "a1", "web")
 	before := snapshotStore(t, backend)
 
-	rec := request(t, srv, http.MethodPost, AllocsPath, createBody("a1", "other"))
+	rec := request(t, srv, http.MethodPost, api.AllocsPath, createBody("a1", "other"))
 	wantError(t, rec, http.StatusConflict)
 
 	if after := snapshotStore(t, backend); !slices.Equal(after, before) {
@@ -208,7 +222,7 @@ func TestCreateAllocBadRequest(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			backend, srv := newTestServer(t)
 			before := snapshotStore(t, backend)
-			rec := request(t, srv, http.MethodPost, AllocsPath, body)
+			rec := request(t, srv, http.MethodPost, api.AllocsPath, body)
 			wantError(t, rec, http.StatusBadRequest)
 			if after := snapshotStore(t, backend); !slices.Equal(after, before) {
 				t.Errorf("data dir changed: got %v, want %v", after, before)
@@ -244,12 +258,12 @@ func TestCreateAllocNonPrintableNames(t *testing.T) {
 			"task":        createBody("a2", "web"+c),
 			"second task": createBody("a2", "web", c+"db"),
 		} {
-			rec := request(t, srv, http.MethodPost, AllocsPath, body)
+			rec := request(t, srv, http.MethodPost, api.AllocsPath, body)
 			if rec.Code != http.StatusBadRequest {
 				t.Errorf("create with %U in the %s: got %d, want 400; body: %s", []rune(c)[0], what, rec.Code, rec.Body)
 			}
 		}
-		path := AllocsPath + "/" + url.PathEscape("a1"+c)
+		path := api.AllocsPath + "/" + url.PathEscape("a1"+c)
 		if rec := request(t, srv, http.MethodGet, path, ""); rec.Code != http.StatusBadRequest {
 			t.Errorf("GET %s: got %d, want 400; body: %s", path, rec.Code, rec.Body)
 		}
@@ -275,15 +289,15 @@ func TestCreateAllocUnknownUser(t *testing.T) {
 		if lookupErr == nil {
 			t.Fatalf("user %q exists on this machine; the test needs one that does not", name)
 		}
-		req := CreateAllocRequest{ID: "a2", Tasks: []allocdir.Task{{Name: "db"}, {Name: "web", User: name}}}
+		req := api.CreateAllocRequest{ID: "a2", Tasks: []api.Task{{Name: "db"}, {Name: "web", User: name}}}
 		body, err := json.Marshal(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, path := range []string{AllocsPath, AllocsPath + "?progress=1"} {
+		for _, path := range []string{api.AllocsPath, api.AllocsPath + "?progress=1"} {
 			rec := request(t, srv, http.MethodPost, path, string(body))
 			wantError(t, rec, http.StatusBadRequest)
-			var eb errorBody
+			var eb struct{ Error string }
 			decode(t, rec, &eb)
 			if !strings.HasSuffix(eb.Error, lookupErr.Error()) {
 				t.Errorf("POST %s with user %q: got message %q, want it to end with exec's %q", path, name, eb.Error, lookupErr)
@@ -297,12 +311,12 @@ func TestCreateAllocUnknownUser(t *testing.T) {
 		t.Errorf("store.Get(a2): got %v, want ErrUnknownAlloc", err)
 	}
 
-	req := CreateAllocRequest{ID: "a3", Tasks: []allocdir.Task{{Name: "web", User: "root"}}}
+	req := api.CreateAllocRequest{ID: "a3", Tasks: []api.Task{{Name: "web", User: "root"}}}
 	body, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec := request(t, srv, http.MethodPost, AllocsPath, string(body)); rec.Code != http.StatusCreated {
+	if rec := request(t, srv, http.MethodPost, api.AllocsPath, string(body)); rec.Code != http.StatusCreated {
 		t.Errorf("create with user root: got %d, want 201; body: %s", rec.Code, rec.Body)
 	}
 }
@@ -311,7 +325,7 @@ func TestCreateAllocUnknownUser(t *testing.T) {
 // an empty JSON array (not null) when there is none.
 func TestListAllocs(t *testing.T) {
 	_, srv := newTestServer(t)
-	rec := request(t, srv, http.MethodGet, AllocsPath, "")
+	rec := request(t, srv, http.MethodGet, api.AllocsPath, "")
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status: got %d, want 200", rec.Code)
 	}
@@ -321,8 +335,8 @@ func TestListAllocs(t *testing.T) {
 
 	mustCreate(t, srv, "b2", "web")
 	mustCreate(t, srv, "a1", "web")
-	rec = request(t, srv, http.MethodGet, AllocsPath, "")
-	var list []*store.State
+	rec = request(t, srv, http.MethodGet, api.AllocsPath, "")
+	var list []*api.Alloc
 	decode(t, rec, &list)
 	var ids []string
 	for _, st := range list {
@@ -355,14 +369,14 @@ func TestAllocStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rec := request(t, srv, http.MethodGet, AllocsPath+"/a1", "")
+	rec := request(t, srv, http.MethodGet, api.AllocsPath+"/a1", "")
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status: got %d, want 200; body: %s", rec.Code, rec.Body)
 	}
-	var got AllocStatus
+	var got api.AllocStatus
 	decode(t, rec, &got)
-	if got.ID != "a1" || got.Status != store.StatusRunning || len(got.Tasks) != 1 {
-		t.Errorf("record: got %+v", got.State)
+	if got.ID != "a1" || got.Status != api.StatusRunning || len(got.Tasks) != 1 {
+		t.Errorf("record: got %+v", got.Alloc)
 	}
 	if want := filepath.Join(testMount, "a1"); got.Mount != want {
 		t.Errorf("mount: got %q, want %q", got.Mount, want)
@@ -392,7 +406,7 @@ func TestDestroyAlloc(t *testing.T) {
 	st := mustCreate(t, srv, "a1", "web")
 	mustCreate(t, srv, "a2", "web")
 
-	rec := request(t, srv, http.MethodDelete, AllocsPath+"/a1", "")
+	rec := request(t, srv, http.MethodDelete, api.AllocsPath+"/a1", "")
 	if rec.Code != http.StatusNoContent {
 		t.Fatalf("status: got %d, want 204; body: %s", rec.Code, rec.Body)
 	}
@@ -404,11 +418,11 @@ func TestDestroyAlloc(t *testing.T) {
 			t.Errorf("layer of %s still there after destroy: %v", key, err)
 		}
 	}
-	wantError(t, request(t, srv, http.MethodGet, AllocsPath+"/a1", ""), http.StatusGone)
-	wantError(t, request(t, srv, http.MethodDelete, AllocsPath+"/a1", ""), http.StatusGone)
+	wantError(t, request(t, srv, http.MethodGet, api.AllocsPath+"/a1", ""), http.StatusGone)
+	wantError(t, request(t, srv, http.MethodDelete, api.AllocsPath+"/a1", ""), http.StatusGone)
 
-	var list []*store.State
-	decode(t, request(t, srv, http.MethodGet, AllocsPath, ""), &list)
+	var list []*api.Alloc
+	decode(t, request(t, srv, http.MethodGet, api.AllocsPath, ""), &list)
 	if len(list) != 1 || list[0].ID != "a2" {
 		t.Errorf("list after destroy: got %d allocations, want only a2", len(list))
 	}
@@ -418,10 +432,10 @@ func TestDestroyAlloc(t *testing.T) {
 // cannot be an ID answers 400.
 func TestUnknownAlloc(t *testing.T) {
 	_, srv := newTestServer(t)
-	wantError(t, request(t, srv, http.MethodGet, AllocsPath+"/nope", ""), http.StatusNotFound)
-	wantError(t, request(t, srv, http.MethodDelete, AllocsPath+"/nope", ""), http.StatusNotFound)
-	wantError(t, request(t, srv, http.MethodGet, AllocsPath+"/a%2Fb", ""), http.StatusBadRequest)
-	wantError(t, request(t, srv, http.MethodDelete, AllocsPath+"/%2E%2E", ""), http.StatusBadRequest)
+	wantError(t, request(t, srv, http.MethodGet, api.AllocsPath+"/nope", ""), http.StatusNotFound)
+	wantError(t, request(t, srv, http.MethodDelete, api.AllocsPath+"/nope", ""), http.StatusNotFound)
+	wantError(t, request(t, srv, http.MethodGet, api.AllocsPath+"/a%2Fb", ""), http.StatusBadRequest)
+	wantError(t, request(t, srv, http.MethodDelete, api.AllocsPath+"/%2E%2E", ""), http.StatusBadRequest)
 }
 
 // TestNodeStatus: the node status reports the data dir, the mount, the
@@ -429,11 +443,11 @@ func TestUnknownAlloc(t *testing.T) {
 func TestNodeStatus(t *testing.T) {
 	backend, srv := newTestServer(t)
 	mustCreate(t, srv, "a1", "web")
-	rec := request(t, srv, http.MethodGet, StatusPath, "")
+	rec := request(t, srv, http.MethodGet, api.StatusPath, "")
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status: got %d, want 200; body: %s", rec.Code, rec.Body)
 	}
-	var got NodeStatus
+	var got api.NodeStatus
 	decode(t, rec, &got)
 	if got.DataDir != backend.DataDir() || got.Mount != testMount || got.Allocs != 1 || got.Passthrough {
 		t.Errorf("got %+v, want data dir %q, mount %q, 1 alloc, no passthrough", got, backend.DataDir(), testMount)
@@ -446,8 +460,8 @@ func TestNodeStatus(t *testing.T) {
 	}
 }
 
-// TestStatusCode: wrapped sentinels map to their status; anything else is
-// the daemon's fault.
+// TestStatusCode: the store's and the fetcher's sentinels, classified by
+// the service, map to their status; anything else is the daemon's fault.
 func TestStatusCode(t *testing.T) {
 	cases := []struct {
 		err  error
@@ -455,8 +469,12 @@ func TestStatusCode(t *testing.T) {
 	}{
 		{fmt.Errorf("x: %w", allocdir.ErrInvalidName), http.StatusBadRequest},
 		{fmt.Errorf("x: %w", store.ErrNoTasks), http.StatusBadRequest},
-		{fmt.Errorf("x: %w", ErrBadRequest), http.StatusBadRequest},
+		{fmt.Errorf("x: %w", api.ErrBadRequest), http.StatusBadRequest},
 		{fmt.Errorf("x: %w", store.ErrExists), http.StatusConflict},
+		{fmt.Errorf("x: %w", store.ErrPinned), http.StatusConflict},
+		{fmt.Errorf("x: %w", store.ErrNotTerminal), http.StatusConflict},
+		{fmt.Errorf("x: %w", migrate.ErrPermissionDenied), http.StatusForbidden},
+		{fmt.Errorf("x: %w", migrate.ErrIntegrity), http.StatusBadGateway},
 		{fmt.Errorf("x: %w", allocdir.ErrUnknownAlloc), http.StatusNotFound},
 		{fmt.Errorf("x: %w", allocdir.ErrGone), http.StatusGone},
 		{errors.Join(allocdir.ErrUnknownAlloc, allocdir.ErrGone), http.StatusGone},
@@ -464,8 +482,8 @@ func TestStatusCode(t *testing.T) {
 		{errors.New("disk on fire"), http.StatusInternalServerError},
 	}
 	for _, c := range cases {
-		if got := statusCode(c.err); got != c.want {
-			t.Errorf("statusCode(%v): got %d, want %d", c.err, got, c.want)
+		if got := api.StatusCode(classify(c.err)); got != c.want {
+			t.Errorf("api.StatusCode(%v): got %d, want %d", c.err, got, c.want)
 		}
 	}
 }
@@ -474,7 +492,7 @@ func TestStatusCode(t *testing.T) {
 // and changes nothing.
 func TestMethodNotAllowed(t *testing.T) {
 	backend, srv := newTestServer(t)
-	rec := request(t, srv, http.MethodPut, AllocsPath, createBody("a1", "web"))
+	rec := request(t, srv, http.MethodPut, api.AllocsPath, createBody("a1", "web"))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("status: got %d, want 405", rec.Code)
 	}

@@ -1,4 +1,4 @@
-package api
+package node
 
 import (
 	"encoding/json"
@@ -6,12 +6,11 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/api"
 )
 
 func migrateBody(id, prev, policy, mode string) string {
-	b, _ := json.Marshal(CreateAllocRequest{ID: id, Tasks: []allocdir.Task{{Name: "web"}}, Previous: prev, Migrate: policy, Mode: mode})
+	b, _ := json.Marshal(api.CreateAllocRequest{ID: id, Tasks: []api.Task{{Name: "web"}}, Previous: prev, Migrate: policy, Mode: mode})
 	return string(b)
 }
 
@@ -25,18 +24,18 @@ func TestCreateMigrated(t *testing.T) {
 			backend, s := newTestServer(t)
 			mustCreate(t, s, "a", "web")
 			before := snapshotStore(t, backend)
-			wantError(t, request(t, s, http.MethodPost, AllocsPath, migrateBody("b", "a", "migrate", mode)), http.StatusConflict)
+			wantError(t, request(t, s, http.MethodPost, api.AllocsPath, migrateBody("b", "a", "migrate", mode)), http.StatusConflict)
 			if after := snapshotStore(t, backend); !reflect.DeepEqual(after, before) {
 				t.Errorf("a refused migration changed the backend:\nbefore %v\nafter  %v", before, after)
 			}
-			if rec := request(t, s, http.MethodPost, AllocsPath+"/a/stop", ""); rec.Code != http.StatusOK {
+			if rec := request(t, s, http.MethodPost, api.AllocsPath+"/a/stop", ""); rec.Code != http.StatusOK {
 				t.Fatalf("stop a: %d %s", rec.Code, rec.Body)
 			}
-			rec := request(t, s, http.MethodPost, AllocsPath, migrateBody("b", "a", "sticky", mode))
+			rec := request(t, s, http.MethodPost, api.AllocsPath, migrateBody("b", "a", "sticky", mode))
 			if rec.Code != http.StatusCreated {
 				t.Fatalf("create b from a: %d %s", rec.Code, rec.Body)
 			}
-			var st store.State
+			var st api.Alloc
 			decode(t, rec, &st)
 			if st.Previous != "a" {
 				t.Errorf("b's previous: got %q, want a", st.Previous)
@@ -45,7 +44,7 @@ func TestCreateMigrated(t *testing.T) {
 			if err != nil || a.MigratedTo != "b" || !a.Volumes["alloc/data"].ReadOnly {
 				t.Errorf("a after the handover: %+v, %v; want migrated to b, data read-only", a, err)
 			}
-			wantError(t, request(t, s, http.MethodPost, AllocsPath, migrateBody("c", "a", "migrate", mode)), http.StatusConflict)
+			wantError(t, request(t, s, http.MethodPost, api.AllocsPath, migrateBody("c", "a", "migrate", mode)), http.StatusConflict)
 		})
 	}
 	_, s := newTestServer(t)
@@ -56,10 +55,10 @@ func TestCreateMigrated(t *testing.T) {
 		"policy, no previous": migrateBody("b", "", "migrate", ""),
 	} {
 		t.Run(name, func(t *testing.T) {
-			wantError(t, request(t, s, http.MethodPost, AllocsPath, body), http.StatusBadRequest)
+			wantError(t, request(t, s, http.MethodPost, api.AllocsPath, body), http.StatusBadRequest)
 		})
 	}
-	wantError(t, request(t, s, http.MethodPost, AllocsPath, migrateBody("b", "nope", "migrate", "")), http.StatusNotFound)
+	wantError(t, request(t, s, http.MethodPost, api.AllocsPath, migrateBody("b", "nope", "migrate", "")), http.StatusNotFound)
 }
 
 // TestGC checks collection: a running allocation is refused, a stopped
@@ -70,21 +69,21 @@ func TestGC(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		mustCreate(t, s, id, "web")
 	}
-	wantError(t, request(t, s, http.MethodPost, AllocsPath+"/a/gc", ""), http.StatusConflict)
-	wantError(t, request(t, s, http.MethodPost, AllocsPath+"/nope/gc", ""), http.StatusNotFound)
+	wantError(t, request(t, s, http.MethodPost, api.AllocsPath+"/a/gc", ""), http.StatusConflict)
+	wantError(t, request(t, s, http.MethodPost, api.AllocsPath+"/nope/gc", ""), http.StatusNotFound)
 	for _, id := range []string{"a", "b"} {
-		if rec := request(t, s, http.MethodPost, AllocsPath+"/"+id+"/stop", ""); rec.Code != http.StatusOK {
+		if rec := request(t, s, http.MethodPost, api.AllocsPath+"/"+id+"/stop", ""); rec.Code != http.StatusOK {
 			t.Fatalf("stop %s: %d", id, rec.Code)
 		}
 	}
-	rec := request(t, s, http.MethodPost, AllocsPath+"/a/gc", "")
-	var out GCResponse
+	rec := request(t, s, http.MethodPost, api.AllocsPath+"/a/gc", "")
+	var out api.GCResponse
 	decode(t, rec, &out)
 	if rec.Code != http.StatusOK || !reflect.DeepEqual(out.Collected, []string{"a"}) {
 		t.Errorf("gc a: %d %v, want 200 [a]", rec.Code, out.Collected)
 	}
-	wantError(t, request(t, s, http.MethodGet, AllocsPath+"/a", ""), http.StatusGone)
-	rec = request(t, s, http.MethodPost, GCPath, "")
+	wantError(t, request(t, s, http.MethodGet, api.AllocsPath+"/a", ""), http.StatusGone)
+	rec = request(t, s, http.MethodPost, api.GCPath, "")
 	decode(t, rec, &out)
 	if rec.Code != http.StatusOK || !reflect.DeepEqual(out.Collected, []string{"b"}) {
 		t.Errorf("node gc: %d %v, want 200 [b]", rec.Code, out.Collected)

@@ -1,4 +1,4 @@
-package api
+package node
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/allocfs/allocfs/api"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
@@ -39,25 +41,25 @@ func serveUnix(t *testing.T, h http.Handler) string {
 // socket, and its errors match the store's sentinels.
 func TestClientRoundTrip(t *testing.T) {
 	s, srv := newTestServer(t)
-	c := NewClient(serveUnix(t, srv))
+	c := api.NewClient(serveUnix(t, srv))
 	defer c.Close()
 	ctx := context.Background()
 
-	st, err := c.CreateAlloc(ctx, "a1", []allocdir.Task{{Name: "web", SecretsMB: 2, User: "nobody"}})
+	st, err := c.CreateAlloc(ctx, "a1", []api.Task{{Name: "web", SecretsMB: 2, User: "nobody"}})
 	if err != nil {
 		t.Fatalf("CreateAlloc: %v", err)
 	}
-	if st.ID != "a1" || len(st.Tasks) != 1 || st.Tasks[0] != (allocdir.Task{Name: "web", SecretsMB: 2, User: "nobody"}) {
+	if st.ID != "a1" || len(st.Tasks) != 1 || st.Tasks[0] != (api.Task{Name: "web", SecretsMB: 2, User: "nobody"}) {
 		t.Errorf("CreateAlloc: got %+v", st)
 	}
-	if _, err := c.CreateAlloc(ctx, "a1", []allocdir.Task{{Name: "web"}}); !errors.Is(err, store.ErrExists) {
-		t.Errorf("duplicate CreateAlloc: got %v, want store.ErrExists", err)
+	if _, err := c.CreateAlloc(ctx, "a1", []api.Task{{Name: "web"}}); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("duplicate CreateAlloc: got %v, want api.ErrConflict", err)
 	}
-	if _, err := c.CreateAlloc(ctx, "a/b", []allocdir.Task{{Name: "web"}}); !errors.Is(err, ErrBadRequest) {
-		t.Errorf("CreateAlloc a/b: got %v, want ErrBadRequest", err)
+	if _, err := c.CreateAlloc(ctx, "a/b", []api.Task{{Name: "web"}}); !errors.Is(err, api.ErrBadRequest) {
+		t.Errorf("CreateAlloc a/b: got %v, want api.ErrBadRequest", err)
 	}
-	if _, err := c.CreateAlloc(ctx, "a2", nil); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), store.ErrNoTasks.Error()) {
-		t.Errorf("CreateAlloc without tasks: got %v, want ErrBadRequest carrying the server's message", err)
+	if _, err := c.CreateAlloc(ctx, "a2", nil); !errors.Is(err, api.ErrBadRequest) || !strings.Contains(err.Error(), store.ErrNoTasks.Error()) {
+		t.Errorf("CreateAlloc without tasks: got %v, want api.ErrBadRequest carrying the server's message", err)
 	}
 
 	list, err := c.ListAllocs(ctx)
@@ -67,19 +69,19 @@ func TestClientRoundTrip(t *testing.T) {
 
 	status, err := c.AllocStatus(ctx, "a1")
 	if err != nil {
-		t.Fatalf("AllocStatus: %v", err)
+		t.Fatalf("api.AllocStatus: %v", err)
 	}
 	if status.Mount != filepath.Join(testMount, "a1") || status.Layers["alloc/data"].Upper != st.Volumes["alloc/data"].Upper {
-		t.Errorf("AllocStatus: got mount %q, layers %+v", status.Mount, status.Layers)
+		t.Errorf("api.AllocStatus: got mount %q, layers %+v", status.Mount, status.Layers)
 	}
 	raw, err := c.AllocStatusJSON(ctx, "a1")
 	if err != nil || !strings.Contains(string(raw), `"passthrough": false`) {
-		t.Errorf("AllocStatusJSON: got %s, %v", raw, err)
+		t.Errorf("api.AllocStatusJSON: got %s, %v", raw, err)
 	}
 
 	node, err := c.NodeStatus(ctx)
 	if err != nil || node.Allocs != 1 || node.DataDir != s.DataDir() {
-		t.Errorf("NodeStatus: got %+v, %v", node, err)
+		t.Errorf("api.NodeStatus: got %+v, %v", node, err)
 	}
 
 	if err := c.DestroyAlloc(ctx, "a1"); err != nil {
@@ -87,13 +89,13 @@ func TestClientRoundTrip(t *testing.T) {
 	}
 	_, err = c.AllocStatus(ctx, "a1")
 	if !errors.Is(err, allocdir.ErrGone) || !errors.Is(err, allocdir.ErrUnknownAlloc) {
-		t.Errorf("AllocStatus after destroy: got %v, want ErrGone", err)
+		t.Errorf("api.AllocStatus after destroy: got %v, want ErrGone", err)
 	}
 	err = c.DestroyAlloc(ctx, "never")
 	if !errors.Is(err, allocdir.ErrUnknownAlloc) || errors.Is(err, allocdir.ErrGone) {
 		t.Errorf("DestroyAlloc of an unknown ID: got %v, want ErrUnknownAlloc only", err)
 	}
-	var apiErr *Error
+	var apiErr *api.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Errorf("DestroyAlloc of an unknown ID: got %#v, want *Error with 404", err)
 	}
@@ -103,11 +105,11 @@ func TestClientRoundTrip(t *testing.T) {
 // error that names the socket and says what to check.
 func TestClientUnreachable(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "missing.sock")
-	c := NewClient(sock)
+	c := api.NewClient(sock)
 	_, err := c.ListAllocs(context.Background())
-	var ue *UnreachableError
+	var ue *api.UnreachableError
 	if !errors.As(err, &ue) {
-		t.Fatalf("got %v, want *UnreachableError", err)
+		t.Fatalf("got %v, want *api.UnreachableError", err)
 	}
 	want := "cannot reach allocfs at " + sock + ": is `allocfs serve` running?"
 	if !strings.HasPrefix(err.Error(), want) {

@@ -1,23 +1,25 @@
-package migrate_test
+package main
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/allocfs/allocfs/migrate"
+	"github.com/allocfs/allocfs/api"
 )
+
+// srcID is a UUID whose first group names it in progress lines.
+const srcID = "5f0c7a2e-8d1b-4c3a-9e2f-7b6a5d4c3b2a"
 
 // TestProgressETA: known only with a total and a rate.
 func TestProgressETA(t *testing.T) {
 	t.Parallel()
-	p := migrate.Progress{Bytes: 25 << 20, Total: 100 << 20, Rate: 25 << 20}
-	if eta, ok := p.ETA(); !ok || eta != 3*time.Second {
-		t.Errorf("got ETA %s %v, want 3s true", eta, ok)
+	p := api.ProgressEvent{Bytes: 25 << 20, Total: 100 << 20, Rate: 25 << 20}
+	if d, ok := eta(p); !ok || d != 3*time.Second {
+		t.Errorf("got ETA %s %v, want 3s true", d, ok)
 	}
 	p.Total = -1
-	if _, ok := p.ETA(); ok {
+	if _, ok := eta(p); ok {
 		t.Error("unknown total: got an ETA, want none")
 	}
 }
@@ -27,17 +29,17 @@ func TestProgressETA(t *testing.T) {
 func TestProgressPrinterTerminal(t *testing.T) {
 	t.Parallel()
 	var b strings.Builder
-	print := migrate.NewProgressPrinter(&b, true)
-	base := migrate.Progress{AllocID: srcID, Attempt: 1, Total: 100 << 20}
+	print := newProgressPrinter(&b, true, srcID)
+	base := api.ProgressEvent{Attempt: 1, Total: 100 << 20}
 	for i := 1; i <= 3; i++ {
 		p := base
 		p.Bytes = int64(i) * 10 << 20
-		p.Elapsed = time.Duration(i) * time.Second
+		p.ElapsedMS = int64(i) * 1000
 		p.Rate = 10 << 20
 		print(p)
 	}
 	done := base
-	done.Bytes, done.Elapsed, done.Rate, done.Done = 100<<20, 10*time.Second, 10<<20, true
+	done.Bytes, done.ElapsedMS, done.Rate, done.Done = 100<<20, 10000, 10<<20, true
 	print(done)
 	out := b.String()
 	if n := strings.Count(out, "\r"); n != 4 {
@@ -58,10 +60,10 @@ func TestProgressPrinterTerminal(t *testing.T) {
 func TestProgressPrinterRetry(t *testing.T) {
 	t.Parallel()
 	var b strings.Builder
-	print := migrate.NewProgressPrinter(&b, true)
-	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
-	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 2 << 20, Total: -1, Done: true, Err: errors.New("cut")})
-	print(migrate.Progress{AllocID: srcID, Attempt: 2, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
+	print := newProgressPrinter(&b, true, srcID)
+	print(api.ProgressEvent{Attempt: 1, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
+	print(api.ProgressEvent{Attempt: 1, Bytes: 2 << 20, Total: -1, Done: true, Err: "cut"})
+	print(api.ProgressEvent{Attempt: 2, Bytes: 1 << 20, Total: -1, Rate: 1 << 20})
 	lines := strings.Split(b.String(), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], "interrupted after 2.0 MiB") || !strings.Contains(lines[1], "(attempt 2)") {
 		t.Errorf("got lines %q, want the interrupted attempt 1, then attempt 2", lines)
@@ -73,11 +75,11 @@ func TestProgressPrinterRetry(t *testing.T) {
 func TestProgressPrinterPlain(t *testing.T) {
 	t.Parallel()
 	var b strings.Builder
-	print := migrate.NewProgressPrinter(&b, false)
+	print := newProgressPrinter(&b, false, srcID)
 	for s := 1; s <= 12; s++ {
-		print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: int64(s) << 20, Total: -1, Rate: 1 << 20, Elapsed: time.Duration(s) * time.Second})
+		print(api.ProgressEvent{Attempt: 1, Bytes: int64(s) << 20, Total: -1, Rate: 1 << 20, ElapsedMS: int64(s) * 1000})
 	}
-	print(migrate.Progress{AllocID: srcID, Attempt: 1, Bytes: 13 << 20, Total: -1, Rate: 1 << 20, Elapsed: 13 * time.Second, Done: true})
+	print(api.ProgressEvent{Attempt: 1, Bytes: 13 << 20, Total: -1, Rate: 1 << 20, ElapsedMS: 13000, Done: true})
 	out := b.String()
 	if strings.Contains(out, "\r") {
 		t.Errorf("got %q, want no carriage return", out)
