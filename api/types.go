@@ -166,6 +166,9 @@ type ProgressEvent struct {
 	ElapsedMS int64   `json:"elapsed_ms"`
 	Done      bool    `json:"done,omitempty"`
 	Err       string  `json:"error,omitempty"`
+	// RetryInMS is set when the attempt failed and another follows in
+	// that many milliseconds.
+	RetryInMS int64 `json:"retry_in_ms,omitempty"`
 }
 
 // createLine is one line of a streamed create: a progress event, or the

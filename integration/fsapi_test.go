@@ -56,6 +56,15 @@ func startFSNode(t *testing.T) *fsNode {
 	}
 	addr := freeAddr(t)
 	n := startNodeWith(t, nil, "--http-addr", addr, "--token-file", tokenFile)
+	// The warning comes with the TCP listener, which may open just after
+	// the socket the harness waits for.
+	for deadline := time.Now().Add(harness.Timeout); !strings.Contains(n.Out.String(), "tokens are accepted over plain HTTP"); {
+		if time.Now().After(deadline) {
+			t.Errorf("a node taking a token over plain HTTP did not warn of it:\n%s", n.Out)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	sock := n.socket
 	socketClient := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

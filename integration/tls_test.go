@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,6 +161,9 @@ func TestClientAPIMutualTLS(t *testing.T) {
 	}
 	if code, _, err := get(client(cliCert, cliKey), ""); err != nil || code != 403 {
 		t.Errorf("trusted client without the token: %d %v; want 403", code, err)
+	}
+	if strings.Contains(n.Out.String(), "plain HTTP") {
+		t.Errorf("a node serving TLS warned of plain HTTP:\n%s", n.Out)
 	}
 	if _, _, err := get(client(nil, nil), apiToken); err == nil {
 		t.Error("a client with no certificate was answered; want the handshake refused")

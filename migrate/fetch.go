@@ -353,6 +353,9 @@ func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
 		}
 		f.logger.Warn("snapshot fetch attempt failed; retrying", "attempt", attempt, "max_attempts", f.opts.Retries,
 			"retry_in", wait, "error", err)
+		if f.opts.Progress != nil {
+			f.opts.Progress(Progress{AllocID: f.opts.AllocID, Attempt: attempt, Total: -1, Done: true, Err: err, RetryIn: wait})
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -575,6 +575,43 @@ func TestFetchProgress(t *testing.T) {
 	}
 }
 
+// TestFetchRetryReports: every retried attempt is reported, with the wait
+// before the next, even one that never reached the source (nothing
+// listens), so that a client waiting on the fetch hears of each retry.
+func TestFetchRetryReports(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close()
+	var (
+		mu      sync.Mutex
+		reports []migrate.Progress
+	)
+	opts := fetchOptions(t, url)
+	opts.Retries = 3
+	opts.Progress = func(p migrate.Progress) {
+		mu.Lock()
+		reports = append(reports, p)
+		mu.Unlock()
+	}
+	if _, err := migrate.Fetch(t.Context(), opts); err == nil {
+		t.Fatal("a fetch from nothing succeeded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reports) != 2 {
+		t.Fatalf("got %d reports, want one per retried attempt (2): %+v", len(reports), reports)
+	}
+	for i, p := range reports {
+		if p.Attempt != i+1 || !p.Done || p.Err == nil || p.RetryIn <= 0 {
+			t.Errorf("report %d: got %+v, want attempt %d done with its error and the wait before the next", i, p, i+1)
+		}
+	}
+}
+
 // slowWriter passes the stream on in chunks, pausing between them.
 type slowWriter struct {
 	http.ResponseWriter

@@ -21,4 +21,9 @@ type Progress struct {
 	// when the snapshot was received.
 	Done bool
 	Err  error
+	// RetryIn is set on the report of a failed attempt that will be
+	// retried: how long until the next one. Every retried attempt gets
+	// one, whether or not it got as far as a response, so that whoever
+	// waits hears of each retry.
+	RetryIn time.Duration
 }

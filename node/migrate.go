@@ -105,7 +105,8 @@ func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, 
 	var report func(migrate.Progress)
 	if progress != nil {
 		report = func(p migrate.Progress) {
-			ev := api.ProgressEvent{Attempt: p.Attempt, Bytes: p.Bytes, Total: p.Total, Rate: p.Rate, ElapsedMS: p.Elapsed.Milliseconds(), Done: p.Done}
+			ev := api.ProgressEvent{Attempt: p.Attempt, Bytes: p.Bytes, Total: p.Total, Rate: p.Rate, ElapsedMS: p.Elapsed.Milliseconds(), Done: p.Done,
+				RetryInMS: p.RetryIn.Milliseconds()}
 			if p.Err != nil {
 				ev.Err = p.Err.Error()
 			}

@@ -45,6 +45,15 @@ func (p *printer) print(pr api.ProgressEvent) {
 	newAttempt := pr.Attempt != p.attempt
 	p.attempt = pr.Attempt
 	line := formatProgress(p.allocID, pr)
+	if pr.RetryInMS > 0 {
+		// Its own line, terminal or not: the attempt is over.
+		if p.tty && p.width > 0 {
+			fmt.Fprintln(p.w)
+			p.width = 0
+		}
+		fmt.Fprintln(p.w, line)
+		return
+	}
 	if p.tty {
 		if newAttempt && p.width > 0 {
 			fmt.Fprintln(p.w)
@@ -78,6 +87,9 @@ func formatProgress(allocID string, p api.ProgressEvent) string {
 	}
 	b.WriteString(": ")
 	switch {
+	case p.RetryInMS > 0:
+		fmt.Fprintf(&b, "failed (%s); attempt %d in %s", p.Err, p.Attempt+1, time.Duration(p.RetryInMS)*time.Millisecond)
+		return b.String()
 	case p.Done && p.Err != "":
 		fmt.Fprintf(&b, "interrupted after %s", formatBytes(p.Bytes))
 		return b.String()

@@ -94,3 +94,21 @@ func TestProgressPrinterPlain(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressPrinterRetryLine: a failed attempt that will be retried
+// gets one line of its own, with the error and the wait, on a terminal or
+// not.
+func TestProgressPrinterRetryLine(t *testing.T) {
+	t.Parallel()
+	for _, tty := range []bool{true, false} {
+		var b strings.Builder
+		print := newProgressPrinter(&b, tty, srcID)
+		print(api.ProgressEvent{Attempt: 1, Total: -1, Done: true, Err: "connection refused", RetryInMS: 2000})
+		print(api.ProgressEvent{Attempt: 2, Total: -1, Done: true, Err: "connection refused", RetryInMS: 4000})
+		want := "snapshot of 5f0c7a2e: failed (connection refused); attempt 2 in 2s\n" +
+			"snapshot of 5f0c7a2e (attempt 2): failed (connection refused); attempt 3 in 4s\n"
+		if got := b.String(); got != want {
+			t.Errorf("tty %v: got %q, want %q", tty, got, want)
+		}
+	}
+}

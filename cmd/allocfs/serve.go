@@ -418,6 +418,11 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		logger.Info("serving other machines", "addr", tcp.Addr().String(), "tls", tlsCfg != nil,
 			"mutual_tls", cfg.secrets.serverTLS != nil && cfg.secrets.serverTLS.ClientCAs != nil,
 			"snapshots", cfg.node.servesSnapshots(), "client_api", cfg.node.servesClientAPI())
+		if tlsCfg == nil {
+			// Anyone on the path reads the token, and with it the
+			// client API or the snapshots, as they go by.
+			logger.Warn("tokens are accepted over plain HTTP: they and the files they admit to travel in clear text; serve with --tls-cert and --tls-key", "addr", tcp.Addr().String())
+		}
 	}
 	gcCtx, stopGC := context.WithCancel(context.Background())
 	gcDone := make(chan struct{})
