@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -498,5 +499,46 @@ func TestMethodNotAllowed(t *testing.T) {
 	}
 	if n := len(backend.List()); n != 0 {
 		t.Errorf("store holds %d allocations, want 0", n)
+	}
+}
+
+// TestWireNaming: every field of the control API's answers is named in
+// snake_case, and a running allocation shows no stop time (no zero time
+// anywhere); once stopped, it does.
+func TestWireNaming(t *testing.T) {
+	_, srv := newTestServer(t)
+	mustCreate(t, srv, "a1", "web")
+	snake := regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	var keys func(v any, where string)
+	keys = func(v any, where string) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				// Volumes and layers are keyed by path, not named.
+				if !snake.MatchString(k) && !strings.Contains(k, "/") {
+					t.Errorf("%s: field %q is not snake_case", where, k)
+				}
+				keys(x, where+"."+k)
+			}
+		case []any:
+			for _, x := range v {
+				keys(x, where+"[]")
+			}
+		}
+	}
+	for _, path := range []string{api.AllocsPath, api.AllocsPath + "/a1", api.StatusPath} {
+		rec := request(t, srv, http.MethodGet, path, "")
+		var v any
+		decode(t, rec, &v)
+		keys(v, path)
+		if strings.Contains(rec.Body.String(), "0001-01-01") || strings.Contains(rec.Body.String(), `"stopped"`) {
+			t.Errorf("GET %s of a running allocation shows a stop time: %s", path, rec.Body)
+		}
+	}
+	rec := request(t, srv, http.MethodPost, api.AllocsPath+"/a1/stop", "")
+	var a api.Alloc
+	decode(t, rec, &a)
+	if a.Stopped == nil || a.Stopped.IsZero() {
+		t.Errorf("a stopped allocation has no stop time: %s", rec.Body)
 	}
 }
