@@ -9,12 +9,15 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
+
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // Disk is the plain on-disk implementation of [Interface]: real
@@ -247,6 +250,22 @@ func (d *Disk) Destroy() error {
 		errs = append(errs, fmt.Errorf("failed to remove alloc dir %q: %w", d.allocDir, err))
 	}
 	return errors.Join(errs...)
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := mountinfo.Read("")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			out = append(out, m.MountPoint)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
 }
 
 // RemoveAll removes a tree that a task (or an extraction) may have left
