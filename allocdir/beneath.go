@@ -81,8 +81,8 @@ func openat2Beneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 	}
 }
 
-// lstatBeneath stats p without following a final symbolic link.
-func lstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
+// LstatBeneath stats p without following a final symbolic link.
+func LstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
 	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,6 @@
 // Package allocdir defines the allocation-directory contract that task
-// drivers program against, and ships the plain on-disk implementation that
-// every other implementation is measured against.
+// drivers program against. The plain on-disk implementation, that every
+// other implementation is measured against, is package allocdir/disk.
 //
 // # The layout
 //

@@ -1,5 +1,5 @@
 // Package allocdirtest is the conformance suite of allocdir.Interface.
-// Every implementation (the on-disk allocdir.Disk, the FUSE-backed
+// Every implementation (the on-disk disk.AllocDir, the FUSE-backed
 // allocation directory of package fs, and any later one) runs it, and the
 // suite, not the prose of the interface, is where the exact semantics are
 // pinned down.
@@ -14,7 +14,7 @@
 //		allocdirtest.Run(t, func(t *testing.T) func(string) allocdir.Interface {
 //			root := t.TempDir()
 //			return func(id string) allocdir.Interface {
-//				d, err := allocdir.NewDisk(allocdirtest.Logger(t), root, id)
+//				d, err := disk.New(allocdirtest.Logger(t), root, id)
 //				if err != nil {
 //					t.Fatal(err)
 //				}
