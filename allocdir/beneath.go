@@ -95,8 +95,8 @@ func LstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
 	return &st, nil
 }
 
-// readlinkBeneath returns the target of p if it is a symbolic link.
-func readlinkBeneath(dirfd int, p string) (string, bool, error) {
+// ReadlinkBeneath returns the target of p if it is a symbolic link.
+func ReadlinkBeneath(dirfd int, p string) (string, bool, error) {
 	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", false, err
@@ -179,9 +179,10 @@ func UnixMode(m uint32) fs.FileMode {
 	return mode
 }
 
-// openFd opens name for reading as Open does, as a raw fd (see
-// fdOpener); a FIFO does not block the open.
-func (b beneathFS) openFd(name string) (int, error) {
+// OpenFd opens name for reading as Open does, as a raw fd, which the
+// snapshot writer (allocdir/snapshot) reads without the cost of an
+// *os.File; a FIFO does not block the open.
+func (b beneathFS) OpenFd(name string) (int, error) {
 	if err := b.check("open", name); err != nil {
 		return -1, err
 	}

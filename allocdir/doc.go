@@ -43,11 +43,11 @@
 //
 // # Snapshots
 //
-// [WriteSnapshot] produces Nomad's migration tar (alloc/data, then each
-// task's local/), and [ExtractSnapshot] is the only way a snapshot is ever
+// Package allocdir/snapshot writes Nomad's migration tar (alloc/data, then
+// each task's local/), and its Extract is the only way a snapshot is ever
 // unpacked: into a fresh directory, refusing anything that could escape or
 // plant a device, and renaming into place only once the archive was read to
-// its trailer.
+// its trailer. A refused archive fails with [ErrArchive].
 //
 // # Errors
 //

@@ -95,7 +95,7 @@ func (b beneathFS) check(op, name string) error {
 
 // Open opens a file for reading; a FIFO does not block the open.
 func (b beneathFS) Open(name string) (fs.File, error) {
-	fd, err := b.openFd(name)
+	fd, err := b.OpenFd(name)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func (b beneathFS) ReadLink(name string) (string, error) {
 	if err := b.check("readlink", name); err != nil {
 		return "", err
 	}
-	target, isLink, err := readlinkBeneath(b.fd, name)
+	target, isLink, err := ReadlinkBeneath(b.fd, name)
 	if err != nil {
 		return "", err
 	}

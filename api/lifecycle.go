@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 )
@@ -148,7 +149,7 @@ func (s *Server) createRemote(ctx context.Context, req CreateAllocRequest, progr
 		Token:      req.Token,
 		StagingDir: s.store.StagingDir(),
 		TLS:        s.fetchTLS.Load(),
-		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
+		Limits:     snapshot.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
 		Progress:   progress,
 	})

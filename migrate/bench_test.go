@@ -40,6 +40,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/disk"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -183,7 +184,7 @@ func benchFetch(b *testing.B, ds benchDataSet) {
 		Token:      benchToken,
 		StagingDir: staging,
 		Retries:    1,
-		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
+		Limits:     snapshot.ExtractOptions{Chown: os.Geteuid() == 0},
 	}
 	benchTransfer(b, src, ds, func(int) (string, error) {
 		res, err := Fetch(context.Background(), opts)

@@ -57,7 +57,7 @@
 //   - Move and Destroy: what moves and what stays (nomad#18034), what a
 //     refused Move leaves, teardown that does not follow links out.
 //   - Snapshot: Nomad's tar layout and a round trip through
-//     allocdir.ExtractSnapshot.
+//     snapshot.Extract.
 //   - MaliciousArchives: crafted archives (CVE-2024-1329, CVE-2022-24683,
 //     the write-through-link of nomad PR #23738, hard links, FIFOs,
 //     devices, sparse files in the GNU and PAX forms, limits, truncation,

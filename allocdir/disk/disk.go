@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
@@ -375,7 +376,7 @@ func (d *AllocDir) moveFromSnapshot(other allocdir.Interface, dirs []string) err
 	}
 	defer os.RemoveAll(staging)
 	dest := path.Join(staging, "tree")
-	_, err = allocdir.ExtractSnapshot(pr, dest, allocdir.ExtractOptions{Chown: os.Geteuid() == 0})
+	_, err = snapshot.Extract(pr, dest, snapshot.ExtractOptions{Chown: os.Geteuid() == 0})
 	pr.CloseWithError(io.ErrClosedPipe)
 	if err != nil {
 		return fmt.Errorf("failed to copy snapshot into %s: %w", d.allocID, err)
@@ -414,7 +415,7 @@ func (d *AllocDir) Snapshot(w io.Writer) error {
 		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)
 	}
 	defer unix.Close(rootFd)
-	return allocdir.WriteSnapshot(w, d.allocID, allocdir.NewBeneathFS(rootFd), roots)
+	return snapshot.Write(w, d.allocID, allocdir.NewBeneathFS(rootFd), roots)
 }
 
 // readSide is the shared read side over the allocation directory.
