@@ -54,4 +54,17 @@
 // Domain failures are sentinel errors ([ErrEscapes], [ErrSecret],
 // [ErrPrivate], [ErrNotBuilt], [ErrUnknownAlloc], [ErrGone], [ErrArchive])
 // wrapped with context; test them with errors.Is.
+//
+// # Platforms
+//
+// The contract (FS and Interface, FileInfo, Task and TaskDir, the layout,
+// the resolver, the errors and the change events) builds on every
+// platform, so that a client of the API can use its types on a machine
+// that cannot host an allocation. What only implementations need is
+// Linux's and sits in the files named *_linux.go: opening beneath a
+// directory with openat2 ([OpenBeneath], [NewBeneathFS]) and the shared
+// read side ([ReadSide]), which waits on inotify. The implementations and
+// the Linux machinery they share have packages of their own:
+// allocdir/disk, allocdir/snapshot, internal/inotify and
+// internal/mountinfo.
 package allocdir

@@ -66,6 +66,9 @@
 //
 // # Requirements and timing
 //
+// The suite is built only on Linux: the implementations it checks, and
+// the snapshot extractor it checks them with, exist nowhere else.
+//
 // Ownership assertions need root and are skipped otherwise, with the
 // reason; everything else runs unprivileged. The escape cases expect
 // /etc/passwd to exist. Watchers are given two seconds to report an
