@@ -1,6 +1,6 @@
 // Package allocdir defines the allocation-directory contract that task
-// drivers program against, and ships the plain on-disk implementation that
-// every other implementation is measured against.
+// drivers program against. The plain on-disk implementation, that every
+// other implementation is measured against, is package allocdir/disk.
 //
 // # The layout
 //
@@ -43,15 +43,28 @@
 //
 // # Snapshots
 //
-// [WriteSnapshot] produces Nomad's migration tar (alloc/data, then each
-// task's local/), and [ExtractSnapshot] is the only way a snapshot is ever
+// Package allocdir/snapshot writes Nomad's migration tar (alloc/data, then
+// each task's local/), and its Extract is the only way a snapshot is ever
 // unpacked: into a fresh directory, refusing anything that could escape or
 // plant a device, and renaming into place only once the archive was read to
-// its trailer.
+// its trailer. A refused archive fails with [ErrArchive].
 //
 // # Errors
 //
 // Domain failures are sentinel errors ([ErrEscapes], [ErrSecret],
 // [ErrPrivate], [ErrNotBuilt], [ErrUnknownAlloc], [ErrGone], [ErrArchive])
 // wrapped with context; test them with errors.Is.
+//
+// # Platforms
+//
+// The contract (FS and Interface, FileInfo, Task and TaskDir, the layout,
+// the resolver, the errors and the change events) builds on every
+// platform, so that a client of the API can use its types on a machine
+// that cannot host an allocation. What only implementations need is
+// Linux's and sits in the files named *_linux.go: opening beneath a
+// directory with openat2 ([OpenBeneath], [NewBeneathFS]) and the shared
+// read side ([ReadSide]), which waits on inotify. The implementations and
+// the Linux machinery they share have packages of their own:
+// allocdir/disk, allocdir/snapshot, internal/inotify and
+// internal/mountinfo.
 package allocdir

@@ -26,7 +26,8 @@ type FS interface {
 	ReadAt(path string, offset int64) (io.ReadCloser, error)
 
 	// Snapshot writes Nomad's migration tar of alloc/data and every
-	// registered task's local/ to w (see [WriteSnapshot]).
+	// registered task's local/ to w, as package allocdir/snapshot's
+	// Write does.
 	Snapshot(w io.Writer) error
 
 	// BlockUntilExists checks path for escape synchronously, then returns

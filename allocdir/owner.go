@@ -1,18 +1,11 @@
 package allocdir
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/user"
-	"path"
-	"sort"
 	"strconv"
 	"sync"
-	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // Owner is a numeric uid/gid pair.
@@ -77,122 +70,3 @@ func LookupUser(name string) (*Owner, error) {
 	}
 	return o, nil
 }
-
-// unixPerm converts the permission, setuid, setgid and sticky bits of an
-// fs.FileMode to st_mode bits.
-func unixPerm(m fs.FileMode) uint32 {
-	bits := uint32(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		bits |= syscall.S_ISUID
-	}
-	if m&fs.ModeSetgid != 0 {
-		bits |= syscall.S_ISGID
-	}
-	if m&fs.ModeSticky != 0 {
-		bits |= syscall.S_ISVTX
-	}
-	return bits
-}
-
-// ensureDir creates the directory name under parentFd if it is missing,
-// forces its mode (so the umask never matters) and owner, and returns an
-// open fd of it. An existing symbolic link in its place is refused, never
-// followed: a task that replaced one of the layout's directories with a
-// link must not get the agent to chmod or chown the link's target.
-func ensureDir(parentFd int, name string, mode fs.FileMode, o *Owner) (int, error) {
-	if err := unix.Mkdirat(parentFd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return -1, &fs.PathError{Op: "mkdir", Path: name, Err: err}
-	}
-	fd, err := OpenBeneath(parentFd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.Fchmod(fd, unixPerm(mode)); err != nil {
-		unix.Close(fd)
-		return -1, &fs.PathError{Op: "chmod", Path: name, Err: err}
-	}
-	if o != nil {
-		if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
-			unix.Close(fd)
-			return -1, &fs.PathError{Op: "chown", Path: name, Err: err}
-		}
-	}
-	return fd, nil
-}
-
-// beneathFS is an fs.FS over a directory fd in which every open refuses
-// symbolic links, so a snapshot walk cannot be redirected by a link
-// planted while it runs. It implements fs.ReadDirFS and fs.ReadLinkFS.
-type beneathFS struct {
-	fd int
-}
-
-var (
-	_ fs.ReadDirFS  = beneathFS{}
-	_ fs.ReadLinkFS = beneathFS{}
-)
-
-func (b beneathFS) check(op, name string) error {
-	if !fs.ValidPath(name) {
-		return &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
-	}
-	return nil
-}
-
-// Open opens a file for reading; a FIFO does not block the open.
-func (b beneathFS) Open(name string) (fs.File, error) {
-	fd, err := b.openFd(name)
-	if err != nil {
-		return nil, err
-	}
-	return fdFile(fd, name), nil
-}
-
-// ReadDir lists a directory with lstat information, sorted by name.
-func (b beneathFS) ReadDir(name string) ([]fs.DirEntry, error) {
-	if err := b.check("readdir", name); err != nil {
-		return nil, err
-	}
-	infos, err := readDirBeneath(b.fd, name)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]fs.DirEntry, len(infos))
-	for i, fi := range infos {
-		out[i] = fs.FileInfoToDirEntry(fi)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
-	return out, nil
-}
-
-// Lstat stats name without following a final link.
-func (b beneathFS) Lstat(name string) (fs.FileInfo, error) {
-	if err := b.check("lstat", name); err != nil {
-		return nil, err
-	}
-	st, err := lstatBeneath(b.fd, name)
-	if err != nil {
-		return nil, err
-	}
-	return NewStatInfo(path.Base(name), st), nil
-}
-
-// ReadLink returns a link's raw target.
-func (b beneathFS) ReadLink(name string) (string, error) {
-	if err := b.check("readlink", name); err != nil {
-		return "", err
-	}
-	target, isLink, err := readlinkBeneath(b.fd, name)
-	if err != nil {
-		return "", err
-	}
-	if !isLink {
-		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrInvalid}
-	}
-	return target, nil
-}
-
-// NewBeneathFS returns a ReadFS over the directory fd: every open refuses
-// symbolic links and stays beneath fd. The caller keeps fd open while the
-// ReadFS is in use and closes it afterwards.
-func NewBeneathFS(fd int) ReadFS { return beneathFS{fd: fd} }

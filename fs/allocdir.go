@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -190,7 +191,7 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 	}
 	f := &storeFS{a: a, st: st}
 	defer f.close()
-	return allocdir.WriteSnapshot(w, a.id, f, roots)
+	return snapshot.Write(w, a.id, f, roots)
 }
 
 // storeFS presents one allocation of the store as an allocdir.ReadFS:

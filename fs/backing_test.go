@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -170,7 +171,7 @@ func TestReadSideBeyondPathMax(t *testing.T) {
 
 	// The receiving node of a remote migration takes it whole.
 	dest := filepath.Join(t.TempDir(), "received")
-	if _, err := allocdir.ExtractSnapshot(bytes.NewReader(snap), dest, allocdir.ExtractOptions{}); err != nil {
+	if _, err := snapshot.Extract(bytes.NewReader(snap), dest, snapshot.ExtractOptions{}); err != nil {
 		t.Fatalf("extracting a snapshot with a %d-byte entry: %v", len(deep), err)
 	}
 	root, err := unix.Open(dest, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

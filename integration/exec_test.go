@@ -18,6 +18,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // TestExec: `allocfs exec` runs a command as a task of an allocation on
@@ -400,7 +401,7 @@ func canMakeCgroup(t *testing.T) bool {
 			own = p
 		}
 	}
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if own == "" || err != nil {
 		return false
 	}

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // health asks the node's unix socket for /v1/agent/health.
@@ -52,7 +52,7 @@ func TestAgentHealth(t *testing.T) {
 		}
 	}
 
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		t.Fatal(err)
 	}

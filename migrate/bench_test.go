@@ -3,7 +3,7 @@ package migrate
 // Remote migration benchmarks (issue 4): Fetch of a snapshot served by
 // SnapshotHandler over loopback TCP, against `tar -c | tar -x` of the
 // same tree through a pipe, on the same machine and filesystem. The
-// source is an on-disk allocation (allocdir.Disk) with one task, "web",
+// source is an on-disk allocation (disk.AllocDir) with one task, "web",
 // whose alloc/data holds either one 1 GiB file or 10,000 4 KiB files.
 //
 // One op is one whole transfer into a fresh destination:
@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/disk"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -85,7 +87,7 @@ func BenchmarkTarPipe(b *testing.B) {
 // benchSrc is a built source allocation and where the benchmark may put
 // its destinations (on the same filesystem).
 type benchSrc struct {
-	disk  *allocdir.Disk
+	disk  *disk.AllocDir
 	work  string
 	probe string
 	size  int64
@@ -98,7 +100,7 @@ func newBenchSrc(b *testing.B, ds benchDataSet) *benchSrc {
 	b.Helper()
 	base := b.TempDir()
 	logger := hclog.NewNullLogger()
-	d, err := allocdir.NewDisk(logger, filepath.Join(base, "allocs"), benchAllocID)
+	d, err := disk.New(logger, filepath.Join(base, "allocs"), benchAllocID)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -182,7 +184,7 @@ func benchFetch(b *testing.B, ds benchDataSet) {
 		Token:      benchToken,
 		StagingDir: staging,
 		Retries:    1,
-		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
+		Limits:     snapshot.ExtractOptions{Chown: os.Geteuid() == 0},
 	}
 	benchTransfer(b, src, ds, func(int) (string, error) {
 		res, err := Fetch(context.Background(), opts)

@@ -15,10 +15,10 @@
 //     the X-Nomad-Token header;
 //  3. on the source, [SnapshotHandler] checks the token before it looks at
 //     anything, then streams Nomad's migration tar (alloc/data, then each
-//     task's local/; see allocdir.WriteSnapshot) straight from the store,
+//     task's local/; see snapshot.Write) straight from the store,
 //     hashing it on the way;
 //  4. Fetch pipes the response body through a CRC-32C hasher and a 1 MiB
-//     read-ahead into allocdir.ExtractSnapshot, which checks every entry
+//     read-ahead into snapshot.Extract, which checks every entry
 //     (no escape by name, symbolic or hard link, no device, size and
 //     count limits) and writes into a private directory inside the
 //     staging directory;

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -163,8 +164,8 @@ type FetchOptions struct {
 	// rule.
 	MinProgressBytes  int64
 	MinProgressWindow time.Duration
-	// Limits are passed to allocdir.ExtractSnapshot.
-	Limits allocdir.ExtractOptions
+	// Limits are passed to snapshot.Extract.
+	Limits snapshot.ExtractOptions
 	// Progress, when set, is called from the goroutine that runs Fetch
 	// (so it must not block) at most every 200 ms while bytes arrive, and
 	// once more with Done set when an attempt that got a response ends.
@@ -195,7 +196,7 @@ type Fetched struct {
 }
 
 // Fetch streams the snapshot of opts.AllocID from the node at opts.URL
-// and extracts it, with allocdir.ExtractSnapshot, into a new directory
+// and extracts it, with snapshot.Extract, into a new directory
 // inside opts.StagingDir, which it returns once the archive was read to
 // its end, every entry was accepted and, when the source sent one, the
 // CRC-32C trailer matched, all within opts.Deadline.
@@ -427,7 +428,7 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 	m.last = m.start
 	br := bufio.NewReaderSize(m, recvBufSize)
 	dest := filepath.Join(f.opts.StagingDir, "snapshot-"+randomSuffix())
-	stats, err := allocdir.ExtractSnapshot(br, dest, f.opts.Limits)
+	stats, err := snapshot.Extract(br, dest, f.opts.Limits)
 	if err != nil {
 		err = f.classify(actx, err, m, br)
 		m.done(err)

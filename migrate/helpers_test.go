@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/disk"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
@@ -42,9 +43,9 @@ func testLogger(t *testing.T) hclog.Logger {
 // transfer can be cut in the middle of a body), nested and sticky
 // directories and symbolic links. web/local is created by hand rather than
 // by TaskDir.Build, which would mount a tmpfs for secrets/ as root.
-func newSource(t *testing.T) *allocdir.Disk {
+func newSource(t *testing.T) *disk.AllocDir {
 	t.Helper()
-	d, err := allocdir.NewDisk(testLogger(t), t.TempDir(), srcID)
+	d, err := disk.New(testLogger(t), t.TempDir(), srcID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func snapshotBytes(t *testing.T, d allocdir.FS) []byte {
 // source is a test node: the real handler over one on-disk allocation,
 // behind an optional wrapper that can misbehave, with counters.
 type source struct {
-	alloc    *allocdir.Disk
+	alloc    *disk.AllocDir
 	srv      *httptest.Server
 	requests atomic.Int32
 	lookups  atomic.Int32
@@ -132,7 +133,7 @@ type source struct {
 // newSourceServer serves alloc through SnapshotHandler. wrap, when not
 // nil, receives the real handler and the request number (from 1) and may
 // answer instead of it.
-func newSourceServer(t *testing.T, alloc *allocdir.Disk, wrap func(real http.Handler, n int, w http.ResponseWriter, r *http.Request)) *source {
+func newSourceServer(t *testing.T, alloc *disk.AllocDir, wrap func(real http.Handler, n int, w http.ResponseWriter, r *http.Request)) *source {
 	t.Helper()
 	s := &source{alloc: alloc}
 	lookup := func(id string) (allocdir.FS, error) {

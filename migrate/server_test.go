@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/disk"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -150,7 +151,7 @@ func TestSnapshotHandlerNodeSecretToken(t *testing.T) {
 // own status, and internal details stay in the log.
 func TestSnapshotHandlerErrors(t *testing.T) {
 	t.Parallel()
-	unbuilt, err := allocdir.NewDisk(testLogger(t), t.TempDir(), srcID)
+	unbuilt, err := disk.New(testLogger(t), t.TempDir(), srcID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
@@ -119,7 +120,7 @@ func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, 
 		Token:      req.Token,
 		StagingDir: s.store.StagingDir(),
 		TLS:        s.fetchTLS.Load(),
-		Limits:     allocdir.ExtractOptions{Chown: os.Geteuid() == 0},
+		Limits:     snapshot.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
 		Progress:   report,
 	})

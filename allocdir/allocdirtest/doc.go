@@ -1,5 +1,5 @@
 // Package allocdirtest is the conformance suite of allocdir.Interface.
-// Every implementation (the on-disk allocdir.Disk, the FUSE-backed
+// Every implementation (the on-disk disk.AllocDir, the FUSE-backed
 // allocation directory of package fs, and any later one) runs it, and the
 // suite, not the prose of the interface, is where the exact semantics are
 // pinned down.
@@ -14,7 +14,7 @@
 //		allocdirtest.Run(t, func(t *testing.T) func(string) allocdir.Interface {
 //			root := t.TempDir()
 //			return func(id string) allocdir.Interface {
-//				d, err := allocdir.NewDisk(allocdirtest.Logger(t), root, id)
+//				d, err := disk.New(allocdirtest.Logger(t), root, id)
 //				if err != nil {
 //					t.Fatal(err)
 //				}
@@ -57,7 +57,7 @@
 //   - Move and Destroy: what moves and what stays (nomad#18034), what a
 //     refused Move leaves, teardown that does not follow links out.
 //   - Snapshot: Nomad's tar layout and a round trip through
-//     allocdir.ExtractSnapshot.
+//     snapshot.Extract.
 //   - MaliciousArchives: crafted archives (CVE-2024-1329, CVE-2022-24683,
 //     the write-through-link of nomad PR #23738, hard links, FIFOs,
 //     devices, sparse files in the GNU and PAX forms, limits, truncation,
@@ -65,6 +65,9 @@
 //     behind, in the destination or outside it.
 //
 // # Requirements and timing
+//
+// The suite is built only on Linux: the implementations it checks, and
+// the snapshot extractor it checks them with, exist nowhere else.
 //
 // Ownership assertions need root and are skipped otherwise, with the
 // reason; everything else runs unprivileged. The escape cases expect

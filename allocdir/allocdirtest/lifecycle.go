@@ -1,3 +1,5 @@
+//go:build linux
+
 package allocdirtest
 
 import (
@@ -8,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // movePrev builds a previous allocation with tasks web and old, data,
@@ -216,7 +219,7 @@ func testDestroy(t *testing.T, h *harness) {
 // mountsUnder lists the mount points at or below dir.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		t.Logf("cannot read the mount table, not checking mounts: %v", err)
 		return nil

@@ -1,3 +1,5 @@
+//go:build linux
+
 package allocdirtest
 
 import (
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 )
 
 // tarEntry is one entry of a hand-made archive.
@@ -109,7 +112,7 @@ func newArchiveScene(t *testing.T) *archiveScene {
 func (s *archiveScene) check(t *testing.T, err error) {
 	t.Helper()
 	if !errors.Is(err, allocdir.ErrArchive) {
-		t.Errorf("ExtractSnapshot: got %v, want an error wrapping ErrArchive", err)
+		t.Errorf("snapshot.Extract: got %v, want an error wrapping ErrArchive", err)
 	}
 	if _, err := os.Lstat(s.dest); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("dest after a refused archive: got %v, want it missing", err)
@@ -138,7 +141,7 @@ func (s *archiveScene) check(t *testing.T, err error) {
 	}
 }
 
-// testMaliciousArchives feeds ExtractSnapshot crafted archives, each a
+// testMaliciousArchives feeds snapshot.Extract crafted archives, each a
 // known attack or corruption, and checks that each is refused with
 // ErrArchive and leaves nothing behind, inside or outside dest.
 func testMaliciousArchives(t *testing.T, _ *harness) {
@@ -149,8 +152,8 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		name string
 		// archive builds the stream; it may use the scene's paths.
 		archive func(t *testing.T, s *archiveScene) []byte
-		opts    allocdir.ExtractOptions
-		// wantType: refused for its entry type (allocdir.ErrEntryType).
+		opts    snapshot.ExtractOptions
+		// wantType: refused for its entry type (snapshot.ErrEntryType).
 		wantType bool
 	}{
 		// CVE-2024-1329: a link to /etc is refused outright.
@@ -255,11 +258,11 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/disk", typ: tar.TypeBlock, mode: 0o660})
 		}},
 		// More file bytes than MaxBytes allows.
-		{name: "Oversize", opts: allocdir.ExtractOptions{MaxBytes: 100}, archive: func(t *testing.T, s *archiveScene) []byte {
+		{name: "Oversize", opts: snapshot.ExtractOptions{MaxBytes: 100}, archive: func(t *testing.T, s *archiveScene) []byte {
 			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/big", big))
 		}},
 		// More entries than MaxEntries allows.
-		{name: "TooManyEntries", opts: allocdir.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, s *archiveScene) []byte {
+		{name: "TooManyEntries", opts: snapshot.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, s *archiveScene) []byte {
 			entries := []tarEntry{tDir("alloc/data")}
 			for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
 				entries = append(entries, tFile("alloc/data/"+n, n))
@@ -312,10 +315,10 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := newArchiveScene(t)
-			_, err := allocdir.ExtractSnapshot(bytes.NewReader(c.archive(t, s)), s.dest, c.opts)
+			_, err := snapshot.Extract(bytes.NewReader(c.archive(t, s)), s.dest, c.opts)
 			s.check(t, err)
-			if c.wantType && !errors.Is(err, allocdir.ErrEntryType) {
-				t.Errorf("ExtractSnapshot: got %v, want an error wrapping ErrEntryType", err)
+			if c.wantType && !errors.Is(err, snapshot.ErrEntryType) {
+				t.Errorf("snapshot.Extract: got %v, want an error wrapping ErrEntryType", err)
 			}
 			if passwdErr == nil {
 				if b, err := os.ReadFile("/etc/passwd"); err != nil || !bytes.Equal(b, passwd) {
@@ -331,8 +334,8 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		s := newArchiveScene(t)
 		b := makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"), tSymlink("alloc/data/l", "f"),
 			tDir("web/local"), tFile("web/local/g", "y"))
-		if _, err := allocdir.ExtractSnapshot(bytes.NewReader(b), s.dest, allocdir.ExtractOptions{}); err != nil {
-			t.Fatalf("ExtractSnapshot of a benign archive: %v", err)
+		if _, err := snapshot.Extract(bytes.NewReader(b), s.dest, snapshot.ExtractOptions{}); err != nil {
+			t.Fatalf("snapshot.Extract of a benign archive: %v", err)
 		}
 		if got, err := os.ReadFile(filepath.Join(s.dest, "alloc/data/l")); err != nil || string(got) != "x" {
 			t.Errorf("alloc/data/l: got (%q, %v), want %q", got, err, "x")

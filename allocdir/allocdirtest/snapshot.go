@@ -1,3 +1,5 @@
+//go:build linux
+
 package allocdirtest
 
 import (
@@ -12,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 )
 
 // snapshotItem is one fixture of the round trip and what must come back.
@@ -79,7 +81,7 @@ func tarEntries(t *testing.T, b []byte) []*tar.Header {
 
 // testSnapshot checks Snapshot: the tar's names and roots, what is left
 // out, that links are not followed, FIFOs, and a round trip through
-// ExtractSnapshot.
+// snapshot.Extract.
 func testSnapshot(t *testing.T, h *harness) {
 	a := h.built(t, allocA, "web")
 	applySnapshotTree(t, a.AllocDirPath())
@@ -136,13 +138,13 @@ func testSnapshot(t *testing.T, h *harness) {
 		}
 	})
 
-	// The archive unpacks with ExtractSnapshot to the same content, modes,
+	// The archive unpacks with snapshot.Extract to the same content, modes,
 	// link targets and empty directories.
 	t.Run("RoundTrip", func(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "out")
-		stats, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), out, allocdir.ExtractOptions{})
+		stats, err := snapshot.Extract(bytes.NewReader(archive), out, snapshot.ExtractOptions{})
 		if err != nil {
-			t.Fatalf("ExtractSnapshot: %v", err)
+			t.Fatalf("snapshot.Extract: %v", err)
 		}
 		var files, dirs, links int
 		var size int64
@@ -187,7 +189,7 @@ func testSnapshot(t *testing.T, h *harness) {
 			}
 		}
 		dirs += 2 // alloc/data and web/local
-		want := allocdir.ExtractStats{Entries: files + dirs + links, Dirs: dirs, Files: files, Symlinks: links, Bytes: size}
+		want := snapshot.ExtractStats{Entries: files + dirs + links, Dirs: dirs, Files: files, Symlinks: links, Bytes: size}
 		if stats != want {
 			t.Errorf("ExtractStats: got %+v, want %+v", stats, want)
 		}
@@ -197,8 +199,8 @@ func testSnapshot(t *testing.T, h *harness) {
 	t.Run("DestExists", func(t *testing.T) {
 		out := t.TempDir()
 		apply(t, out, file("mine", "mine", 0o644))
-		if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), out, allocdir.ExtractOptions{}); err == nil {
-			t.Errorf("ExtractSnapshot into an existing dir: got nil, want an error")
+		if _, err := snapshot.Extract(bytes.NewReader(archive), out, snapshot.ExtractOptions{}); err == nil {
+			t.Errorf("snapshot.Extract into an existing dir: got nil, want an error")
 		}
 		if got := tree(t, out); len(got) != 2 {
 			t.Errorf("existing dir after a refused extraction: got %v, want only mine", got)

@@ -10,9 +10,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -193,7 +193,7 @@ func resolveMountPath(p string) (string, error) {
 		return "", err
 	}
 	candidate := filepath.Join(parent, filepath.Base(abs))
-	if mounts, err := allocdir.ReadMountinfo(mountinfoPath); err == nil {
+	if mounts, err := mountinfo.Read(mountinfoPath); err == nil {
 		for _, m := range mounts {
 			if m.MountPoint == candidate && m.FSType == allocfsFSType {
 				return candidate, nil

@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // fuseConnections is where the kernel lists FUSE connections by the
@@ -30,14 +30,14 @@ func nodeHealth(m *fs.Mount, s *store.Store) func() []api.HealthCheck {
 // mountHealth finds the mount in the mount table and its connection in
 // fusectl's directory, and asks the connection whether the kernel ended
 // it.
-func mountHealth(m *fs.Mount, mountinfo string) api.HealthCheck {
+func mountHealth(m *fs.Mount, table string) api.HealthCheck {
 	c := api.HealthCheck{Name: "mount"}
-	mounts, err := allocdir.ReadMountinfo(mountinfo)
+	mounts, err := mountinfo.Read(table)
 	if err != nil {
 		c.Detail = err.Error()
 		return c
 	}
-	var top *allocdir.MountEntry
+	var top *mountinfo.Entry
 	for i := range mounts {
 		if mounts[i].MountPoint == m.Dir() {
 			top = &mounts[i] // the last one is on top

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,7 +72,7 @@ func startServe(t *testing.T, dataDir, mnt string) *harness.Daemon {
 // mountedAt returns the filesystem type mounted at dir, or "".
 func mountedAt(t *testing.T, dir string) string {
 	t.Helper()
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -86,7 +86,7 @@ func checkFUSE() error {
 // mount left by a crashed daemon, creates dir if it is missing, checks it is
 // a directory, and refuses if a live allocfs is mounted there, or if the
 // directory holds anything the mount would hide, unless allowNonEmpty.
-func prepareMountPoint(logger hclog.Logger, dir, mountinfo string, allowNonEmpty bool) error {
+func prepareMountPoint(logger hclog.Logger, dir, table string, allowNonEmpty bool) error {
 	fi, err := probe(dir, statTimeout)
 	if staleMount(err) {
 		// The daemon that served this mount died: the kernel still holds
@@ -112,7 +112,7 @@ func prepareMountPoint(logger hclog.Logger, dir, mountinfo string, allowNonEmpty
 		return notADirectory(dir, fi)
 	}
 
-	mounts, err := allocdir.ReadMountinfo(mountinfo)
+	mounts, err := mountinfo.Read(table)
 	if err != nil {
 		return err
 	}

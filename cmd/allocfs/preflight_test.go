@@ -6,60 +6,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
 )
 
 func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
-}
-
-// TestParseMountinfo: roots and mount points are unescaped and the
-// filesystem type is read after the separator, whatever the number of
-// optional fields.
-func TestParseMountinfo(t *testing.T) {
-	in := `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-36 22 0:45 / /var/lib/allocfs/mnt rw,nosuid,nodev,relatime shared:2 master:3 - fuse.allocfs allocfs:/var/lib/allocfs rw,user_id=0
-37 22 0:46 / /tmp/with\040space\134x rw - tmpfs tmpfs rw
-38 22 0:47 /kubepods/pod\0401 /sys/fs/cgroup ro - cgroup2 cgroup rw
-`
-	got, err := allocdir.ParseMountinfo(strings.NewReader(in))
-	if err != nil {
-		t.Fatalf("parseMountinfo: %v", err)
-	}
-	want := []allocdir.MountEntry{
-		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Device: "8:1"},
-		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs", Device: "0:45"},
-		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs", Device: "0:46"},
-		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup", Device: "0:47"},
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-	if _, err := allocdir.ParseMountinfo(strings.NewReader("1 2 3 4 5 6 no separator here\n")); err == nil {
-		t.Errorf("a line without the separator: got no error")
-	}
-}
-
-// TestParseOwnMountinfo: this machine's mount table parses and has a
-// root mount.
-func TestParseOwnMountinfo(t *testing.T) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Skipf("no mountinfo: %v", err)
-	}
-	defer f.Close()
-	mounts, err := allocdir.ParseMountinfo(f)
-	if err != nil {
-		t.Fatalf("parseMountinfo: %v", err)
-	}
-	if !slices.ContainsFunc(mounts, func(m allocdir.MountEntry) bool { return m.MountPoint == "/" }) {
-		t.Errorf("no mount at / among %d mounts", len(mounts))
-	}
 }
 
 // TestCheckLayout: a mount point that would hide the store, or a socket

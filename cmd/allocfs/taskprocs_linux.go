@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -365,7 +365,7 @@ func newTaskCgroup(name string) (_ *taskCgroup, err error) {
 	if err != nil {
 		return nil, err
 	}
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		return nil, err
 	}
@@ -438,7 +438,7 @@ func readOwnCgroup(file string) (string, error) {
 // cgroup2 mount whose root holds it. On a unified host that is
 // /sys/fs/cgroup, on a hybrid one /sys/fs/cgroup/unified; a container may
 // mount only its own subtree.
-func cgroupDir(mounts []allocdir.MountEntry, own string) (string, error) {
+func cgroupDir(mounts []mountinfo.Entry, own string) (string, error) {
 	var found []string
 	for _, m := range mounts {
 		if m.FSType != "cgroup2" {

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
 // TestReadOwnCgroup: the cgroup v2 path is the "0::" line, on a unified
@@ -63,18 +63,18 @@ func TestCgroupDir(t *testing.T) {
 		}
 	}
 	mkcg("unified", "unified/user.slice", "v1mem/user.slice", "container", "container/job")
-	mount := func(fsType, root_, at string) allocdir.MountEntry {
-		return allocdir.MountEntry{Root: root_, MountPoint: filepath.Join(root, at), FSType: fsType}
+	mount := func(fsType, root_, at string) mountinfo.Entry {
+		return mountinfo.Entry{Root: root_, MountPoint: filepath.Join(root, at), FSType: fsType}
 	}
-	hybrid := []allocdir.MountEntry{
+	hybrid := []mountinfo.Entry{
 		mount("tmpfs", "/", ""),
 		mount("cgroup", "/", "v1mem"),
 		mount("cgroup2", "/", "unified"),
 	}
-	container := []allocdir.MountEntry{mount("cgroup2", "/kubepods/pod1", "container")}
+	container := []mountinfo.Entry{mount("cgroup2", "/kubepods/pod1", "container")}
 	cases := []struct {
 		name   string
-		mounts []allocdir.MountEntry
+		mounts []mountinfo.Entry
 		own    string
 		want   string // below root; "" for an error
 	}{

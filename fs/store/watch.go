@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/internal/inotify"
 )
 
 // storeEvents is the store's one inotify notifier, started by the first
@@ -17,16 +17,16 @@ import (
 // an allocation's followers itself.
 type storeEvents struct {
 	once     sync.Once
-	notifier *allocdir.Notifier
+	notifier *inotify.Notifier
 	err      error
 	unhook   func()
 }
 
 // Notifier returns the store's notifier, or nil (followers then poll) when
 // inotify is unavailable; the reason is logged once.
-func (s *Store) Notifier() *allocdir.Notifier {
+func (s *Store) Notifier() *inotify.Notifier {
 	s.events.once.Do(func() {
-		n, err := allocdir.NewNotifier()
+		n, err := inotify.New()
 		if err != nil {
 			s.events.err = err
 			s.logger.Warn("file followers will poll: inotify is unavailable", "error", err)

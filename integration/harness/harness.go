@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -321,7 +321,7 @@ func (d *Daemon) Restart(t testing.TB) {
 // MountsAt counts the allocfs mounts at dir.
 func MountsAt(t testing.TB, dir string) int {
 	t.Helper()
-	mounts, err := allocdir.ReadMountinfo("")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,3 +1,5 @@
+//go:build linux
+
 package allocdir
 
 import (
@@ -81,8 +83,8 @@ func openat2Beneath(dirfd int, p string, flags int, mode uint32) (int, error) {
 	}
 }
 
-// lstatBeneath stats p without following a final symbolic link.
-func lstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
+// LstatBeneath stats p without following a final symbolic link.
+func LstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
 	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
@@ -95,8 +97,8 @@ func lstatBeneath(dirfd int, p string) (*syscall.Stat_t, error) {
 	return &st, nil
 }
 
-// readlinkBeneath returns the target of p if it is a symbolic link.
-func readlinkBeneath(dirfd int, p string) (string, bool, error) {
+// ReadlinkBeneath returns the target of p if it is a symbolic link.
+func ReadlinkBeneath(dirfd int, p string) (string, bool, error) {
 	fd, err := OpenBeneath(dirfd, p, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", false, err
@@ -179,9 +181,87 @@ func UnixMode(m uint32) fs.FileMode {
 	return mode
 }
 
-// openFd opens name for reading as Open does, as a raw fd (see
-// fdOpener); a FIFO does not block the open.
-func (b beneathFS) openFd(name string) (int, error) {
+// beneathFS is an fs.FS over a directory fd in which every open refuses
+// symbolic links, so a snapshot walk cannot be redirected by a link
+// planted while it runs. It implements fs.ReadDirFS and fs.ReadLinkFS.
+type beneathFS struct {
+	fd int
+}
+
+var (
+	_ fs.ReadDirFS  = beneathFS{}
+	_ fs.ReadLinkFS = beneathFS{}
+)
+
+func (b beneathFS) check(op, name string) error {
+	if !fs.ValidPath(name) {
+		return &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
+	}
+	return nil
+}
+
+// Open opens a file for reading; a FIFO does not block the open.
+func (b beneathFS) Open(name string) (fs.File, error) {
+	fd, err := b.OpenFd(name)
+	if err != nil {
+		return nil, err
+	}
+	return fdFile(fd, name), nil
+}
+
+// ReadDir lists a directory with lstat information, sorted by name.
+func (b beneathFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	if err := b.check("readdir", name); err != nil {
+		return nil, err
+	}
+	infos, err := readDirBeneath(b.fd, name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fs.DirEntry, len(infos))
+	for i, fi := range infos {
+		out[i] = fs.FileInfoToDirEntry(fi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
+	return out, nil
+}
+
+// Lstat stats name without following a final link.
+func (b beneathFS) Lstat(name string) (fs.FileInfo, error) {
+	if err := b.check("lstat", name); err != nil {
+		return nil, err
+	}
+	st, err := LstatBeneath(b.fd, name)
+	if err != nil {
+		return nil, err
+	}
+	return NewStatInfo(path.Base(name), st), nil
+}
+
+// ReadLink returns a link's raw target.
+func (b beneathFS) ReadLink(name string) (string, error) {
+	if err := b.check("readlink", name); err != nil {
+		return "", err
+	}
+	target, isLink, err := ReadlinkBeneath(b.fd, name)
+	if err != nil {
+		return "", err
+	}
+	if !isLink {
+		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrInvalid}
+	}
+	return target, nil
+}
+
+// NewBeneathFS returns a ReadFS over the directory fd: every open refuses
+// symbolic links and stays beneath fd. The caller keeps fd open while the
+// ReadFS is in use and closes it afterwards.
+func NewBeneathFS(fd int) ReadFS { return beneathFS{fd: fd} }
+
+// OpenFd opens name for reading as Open does, as a raw fd, which the
+// snapshot writer (allocdir/snapshot) reads without the cost of an
+// *os.File; a FIFO does not block the open.
+func (b beneathFS) OpenFd(name string) (int, error) {
 	if err := b.check("open", name); err != nil {
 		return -1, err
 	}

@@ -1,3 +1,5 @@
+//go:build linux
+
 package allocdir
 
 import (
@@ -10,6 +12,8 @@ import (
 	"path"
 	"syscall"
 	"time"
+
+	"github.com/allocfs/allocfs/internal/inotify"
 )
 
 // ReadFS is what the shared read side needs of an implementation: an
@@ -40,7 +44,7 @@ type ReadSide struct {
 	// kernel events about the host directories that back the paths they
 	// follow (the ReadFS must be a BackedFS) instead of polling. Their
 	// subscriptions are tagged with AllocID.
-	Notifier *Notifier
+	Notifier *inotify.Notifier
 }
 
 // BackedFS is a ReadFS that can say which host directory holds a name, so
@@ -311,7 +315,7 @@ func (r ReadSide) ChangeEvents(ctx context.Context, p string, curOffset int64) (
 // subscription is woken, then re-arms it (what p resolves to may have
 // changed). While the subscription cannot be armed (the inotify watch
 // limit, say) the follower polls as well, so it never waits forever.
-func (r ReadSide) waiter(ctx context.Context, sub *Subscription, p string, armed bool) func() bool {
+func (r ReadSide) waiter(ctx context.Context, sub *inotify.Subscription, p string, armed bool) func() bool {
 	return func() bool {
 		var tick <-chan time.Time
 		if !armed {
@@ -335,7 +339,7 @@ func (r ReadSide) waiter(ctx context.Context, sub *Subscription, p string, armed
 // reports false when p has no host directory and the caller must poll;
 // names that are memory-only or synthesised count as armed, since only
 // the store's own changes (Wake) can change them.
-func (r ReadSide) arm(sub *Subscription, p string) bool {
+func (r ReadSide) arm(sub *inotify.Subscription, p string) bool {
 	fsys, release, err := r.Open()
 	if err != nil {
 		// The allocation is gone or not built: the store wakes its

@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package snapshot
 
 import (
 	"archive/tar"
@@ -12,18 +14,37 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/allocfs/allocfs/allocdir"
 )
 
+// rawFS is the on-disk snapshot filesystem as the walk sees it, raw fds
+// included.
+type rawFS interface {
+	allocdir.ReadFS
+	fdOpener
+}
+
+// beneathFS returns the on-disk snapshot filesystem over fd.
+func beneathFS(t *testing.T, fd int) rawFS {
+	t.Helper()
+	fsys, ok := allocdir.NewBeneathFS(fd).(rawFS)
+	if !ok {
+		t.Fatal("allocdir.NewBeneathFS does not implement fdOpener: this test would not test it")
+	}
+	return fsys
+}
+
 // swapAfterListing is the on-disk snapshot filesystem (raw fds
-// included: the embedded beneathFS brings openFd) with a change made
-// right after the listing of alloc/data.
+// included: the embedded rawFS brings OpenFd) with a change made right
+// after the listing of alloc/data.
 type swapAfterListing struct {
-	beneathFS
+	rawFS
 	after func()
 }
 
 func (s swapAfterListing) ReadDir(name string) ([]fs.DirEntry, error) {
-	entries, err := s.beneathFS.ReadDir(name)
+	entries, err := s.rawFS.ReadDir(name)
 	if name == "alloc/data" && s.after != nil {
 		s.after()
 	}
@@ -63,12 +84,9 @@ func rawSnapshotTree(t *testing.T) (string, int, map[string][]byte) {
 func TestSnapshotRawFdRoundTrip(t *testing.T) {
 	t.Parallel()
 	_, fd, files := rawSnapshotTree(t)
-	if _, ok := any(beneathFS{fd: fd}).(fdOpener); !ok {
-		t.Fatal("beneathFS does not implement fdOpener: this test would not test it")
-	}
 	var buf bytes.Buffer
-	if err := WriteSnapshot(&buf, "a1", beneathFS{fd: fd}, []string{"alloc/data"}); err != nil {
-		t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+	if err := Write(&buf, "a1", beneathFS(t, fd), []string{"alloc/data"}); err != nil {
+		t.Fatalf("Write: got error %v, want nil", err)
 	}
 	tr := tar.NewReader(&buf)
 	got := map[string][]byte{}
@@ -115,8 +133,8 @@ func TestSnapshotRawFdSkipsFIFOSwappedIn(t *testing.T) {
 		}
 	}
 	var buf bytes.Buffer
-	if err := WriteSnapshot(&buf, "a1", swapAfterListing{beneathFS{fd: fd}, swap}, []string{"alloc/data"}); err != nil {
-		t.Fatalf("WriteSnapshot: %v", err)
+	if err := Write(&buf, "a1", swapAfterListing{beneathFS(t, fd), swap}, []string{"alloc/data"}); err != nil {
+		t.Fatalf("Write: %v", err)
 	}
 	tr := tar.NewReader(&buf)
 	for {

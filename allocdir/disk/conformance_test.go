@@ -1,4 +1,6 @@
-package allocdir_test
+//go:build linux
+
+package disk_test
 
 import (
 	"os"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/allocdirtest"
+	"github.com/allocfs/allocfs/allocdir/disk"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -19,7 +22,7 @@ func TestDiskConformance(t *testing.T) {
 	allocdirtest.Run(t, func(t *testing.T) func(string) allocdir.Interface {
 		root := t.TempDir()
 		return func(id string) allocdir.Interface {
-			d, err := allocdir.NewDisk(hclog.NewNullLogger(), root, id)
+			d, err := disk.New(hclog.NewNullLogger(), root, id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +57,7 @@ func TestDiskConformanceAsNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "allocdir.test")
+	bin := filepath.Join(dir, "disk.test")
 	data, err := os.ReadFile(self)
 	if err != nil {
 		t.Fatal(err)

@@ -1,17 +1,16 @@
-package allocdir
+package mountinfo
 
 import (
 	"bufio"
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 )
 
-// MountEntry is one line of /proc/self/mountinfo, the fields allocfs uses.
-type MountEntry struct {
+// Entry is one line of /proc/self/mountinfo, the fields allocfs uses.
+type Entry struct {
 	// Root is the directory of the filesystem mounted there: "/" unless
 	// a subtree was bind-mounted (a container's cgroup2, for one).
 	Root       string
@@ -23,15 +22,15 @@ type MountEntry struct {
 	Device string
 }
 
-// ParseMountinfo reads the format of proc(5)'s mountinfo:
+// Parse reads the format of proc(5)'s mountinfo:
 //
 //	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
 //
 // The root is the fourth field, the mount point the fifth; after the "-" separator come the
 // filesystem type and the source. Spaces, tabs, newlines and backslashes
 // in paths are escaped as octal (\040).
-func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
-	var out []MountEntry
+func Parse(r io.Reader) ([]Entry, error) {
+	var out []Entry
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -46,18 +45,18 @@ func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
 		}
-		e := MountEntry{Root: unescapeMountinfo(fields[3]), MountPoint: unescapeMountinfo(fields[4]), FSType: fields[sep+1], Device: fields[2]}
+		e := Entry{Root: unescape(fields[3]), MountPoint: unescape(fields[4]), FSType: fields[sep+1], Device: fields[2]}
 		if sep+2 < len(fields) {
-			e.Source = unescapeMountinfo(fields[sep+2])
+			e.Source = unescape(fields[sep+2])
 		}
 		out = append(out, e)
 	}
 	return out, sc.Err()
 }
 
-// ReadMountinfo parses the mount table of the calling process, or of the
+// Read parses the mount table of the calling process, or of the
 // file at path when it is not empty (tests point it at a fixture).
-func ReadMountinfo(path string) ([]MountEntry, error) {
+func Read(path string) ([]Entry, error) {
 	if path == "" {
 		path = "/proc/self/mountinfo"
 	}
@@ -66,15 +65,15 @@ func ReadMountinfo(path string) ([]MountEntry, error) {
 		return nil, fmt.Errorf("failed to read the mount table: %w", err)
 	}
 	defer f.Close()
-	mounts, err := ParseMountinfo(f)
+	mounts, err := Parse(f)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read the mount table %s: %w", path, err)
 	}
 	return mounts, nil
 }
 
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
+// unescape undoes the kernel's octal escapes (\040 for a space).
+func unescape(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}
@@ -90,20 +89,4 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-// mountsUnder lists mount points at or below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	mounts, err := ReadMountinfo("")
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, m := range mounts {
-		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
-			out = append(out, m.MountPoint)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
 }

@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package disk
 
 import (
 	"context"
@@ -8,37 +10,41 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
-// Disk is the plain on-disk implementation of [Interface]: real
-// directories under <rootDir>/<allocID>, with Nomad's semantics. It is the
-// reference that other implementations are compared against. All methods
-// are safe for concurrent use.
-type Disk struct {
+// AllocDir is the plain on-disk implementation of [allocdir.Interface]:
+// real directories under <rootDir>/<allocID>, with Nomad's semantics. It
+// is the reference that other implementations are compared against. All
+// methods are safe for concurrent use.
+type AllocDir struct {
 	logger   hclog.Logger
 	rootDir  string
 	allocID  string
 	allocDir string
 
-	TaskDirs
+	allocdir.TaskDirs
 
 	mu    sync.RWMutex
 	built bool
 }
 
-var _ Interface = (*Disk)(nil)
+var _ allocdir.Interface = (*AllocDir)(nil)
 
-// NewDisk returns the allocation allocID under rootDir (Nomad's
+// New returns the allocation allocID under rootDir (Nomad's
 // client.alloc_dir). Nothing is created until Build.
-func NewDisk(logger hclog.Logger, rootDir, allocID string) (*Disk, error) {
-	if err := ValidName(allocID); err != nil {
+func New(logger hclog.Logger, rootDir, allocID string) (*AllocDir, error) {
+	if err := allocdir.ValidName(allocID); err != nil {
 		return nil, fmt.Errorf("allocation ID: %w", err)
 	}
 	if !path.IsAbs(rootDir) {
@@ -48,7 +54,7 @@ func NewDisk(logger hclog.Logger, rootDir, allocID string) (*Disk, error) {
 		}
 		rootDir = abs
 	}
-	return &Disk{
+	return &AllocDir{
 		logger:   logger.Named("alloc_dir").With("alloc_id", allocID),
 		rootDir:  rootDir,
 		allocID:  allocID,
@@ -64,19 +70,19 @@ func absPath(p string) (string, error) {
 	return path.Join(wd, p), nil
 }
 
-// AllocDirPath implements Interface.
-func (d *Disk) AllocDirPath() string { return d.allocDir }
+// AllocDirPath implements allocdir.Interface.
+func (d *AllocDir) AllocDirPath() string { return d.allocDir }
 
-// ShareDirPath implements Interface.
-func (d *Disk) ShareDirPath() string { return path.Join(d.allocDir, SharedAllocName) }
+// ShareDirPath implements allocdir.Interface.
+func (d *AllocDir) ShareDirPath() string { return path.Join(d.allocDir, allocdir.SharedAllocName) }
 
-// NewTaskDir implements Interface.
-func (d *Disk) NewTaskDir(task Task) *TaskDir {
-	return d.Register(NewTaskDirPaths(d.allocDir, task, d.buildTask))
+// NewTaskDir implements allocdir.Interface.
+func (d *AllocDir) NewTaskDir(task allocdir.Task) *allocdir.TaskDir {
+	return d.Register(allocdir.NewTaskDirPaths(d.allocDir, task, d.buildTask))
 }
 
-// Build implements Interface.
-func (d *Disk) Build() error {
+// Build implements allocdir.Interface.
+func (d *AllocDir) Build() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := os.MkdirAll(d.rootDir, 0o755); err != nil {
@@ -87,13 +93,13 @@ func (d *Disk) Build() error {
 		return err
 	}
 	defer unix.Close(allocFd)
-	sharedFd, err := ensureDir(allocFd, SharedAllocName, SharedDirMode, Nobody())
+	sharedFd, err := ensureDir(allocFd, allocdir.SharedAllocName, allocdir.SharedDirMode, allocdir.Nobody())
 	if err != nil {
 		return fmt.Errorf("failed to build shared alloc dir of %s: %w", d.allocID, err)
 	}
 	defer unix.Close(sharedFd)
-	for _, name := range SharedAllocDirs {
-		fd, err := ensureDir(sharedFd, name, SharedDirMode, Nobody())
+	for _, name := range allocdir.SharedAllocDirs {
+		fd, err := ensureDir(sharedFd, name, allocdir.SharedDirMode, allocdir.Nobody())
 		if err != nil {
 			return fmt.Errorf("failed to build alloc/%s of %s: %w", name, d.allocID, err)
 		}
@@ -105,13 +111,13 @@ func (d *Disk) Build() error {
 
 // ensureAllocDir creates <root>/<allocID> (0755, owned by the agent) and
 // returns an fd of it.
-func (d *Disk) ensureAllocDir() (int, error) {
+func (d *AllocDir) ensureAllocDir() (int, error) {
 	rootFd, err := unix.Open(d.rootDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("failed to open alloc root %q: %w", d.rootDir, err)
 	}
 	defer unix.Close(rootFd)
-	fd, err := ensureDir(rootFd, d.allocID, AllocDirMode, nil)
+	fd, err := ensureDir(rootFd, d.allocID, allocdir.AllocDirMode, nil)
 	if err != nil {
 		return -1, fmt.Errorf("failed to create alloc dir %q: %w", d.allocDir, err)
 	}
@@ -119,7 +125,7 @@ func (d *Disk) ensureAllocDir() (int, error) {
 }
 
 // openAlloc opens the allocation directory for fd-relative access.
-func (d *Disk) openAlloc() (int, error) {
+func (d *AllocDir) openAlloc() (int, error) {
 	fd, err := unix.Open(d.allocDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, &fs.PathError{Op: "open", Path: d.allocDir, Err: err}
@@ -127,13 +133,13 @@ func (d *Disk) openAlloc() (int, error) {
 	return fd, nil
 }
 
-func (d *Disk) buildTask(td *TaskDir) error {
+func (d *AllocDir) buildTask(td *allocdir.TaskDir) error {
 	name := td.Task.Name
-	if err := ValidName(name); err != nil {
+	if err := allocdir.ValidName(name); err != nil {
 		return fmt.Errorf("failed to build task dir: %w", err)
 	}
-	if name == SharedAllocName {
-		return fmt.Errorf("failed to build task dir: %w: %q is the shared alloc dir", ErrInvalidName, name)
+	if name == allocdir.SharedAllocName {
+		return fmt.Errorf("failed to build task dir: %w: %q is the shared alloc dir", allocdir.ErrInvalidName, name)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -142,7 +148,7 @@ func (d *Disk) buildTask(td *TaskDir) error {
 		return err
 	}
 	defer unix.Close(allocFd)
-	taskFd, err := ensureDir(allocFd, name, TaskDirMode, Nobody())
+	taskFd, err := ensureDir(allocFd, name, allocdir.TaskDirMode, allocdir.Nobody())
 	if err != nil {
 		return fmt.Errorf("failed to build task dir %q: %w", td.Dir, err)
 	}
@@ -150,26 +156,26 @@ func (d *Disk) buildTask(td *TaskDir) error {
 	for _, sub := range []struct {
 		name string
 		mode os.FileMode
-	}{{TaskLocal, TaskDirMode}, {TmpDirName, TaskTmpMode}} {
-		fd, err := ensureDir(taskFd, sub.name, sub.mode, Nobody())
+	}{{allocdir.TaskLocal, allocdir.TaskDirMode}, {allocdir.TmpDirName, allocdir.TaskTmpMode}} {
+		fd, err := ensureDir(taskFd, sub.name, sub.mode, allocdir.Nobody())
 		if err != nil {
 			return fmt.Errorf("failed to build %s/%s: %w", name, sub.name, err)
 		}
 		unix.Close(fd)
 	}
-	owner, mode, err := SecretsOwner(td.Task)
+	owner, mode, err := allocdir.SecretsOwner(td.Task)
 	if err != nil {
 		return err
 	}
-	if err := d.buildSecretDir(taskFd, name, TaskSecrets, td.Task.SecretsBytes(), owner, mode); err != nil {
+	if err := d.buildSecretDir(taskFd, name, allocdir.TaskSecrets, td.Task.SecretsBytes(), owner, mode); err != nil {
 		return err
 	}
-	return d.buildSecretDir(taskFd, name, TaskPrivate, td.Task.PrivateBytes(), owner, mode)
+	return d.buildSecretDir(taskFd, name, allocdir.TaskPrivate, td.Task.PrivateBytes(), owner, mode)
 }
 
 // buildSecretDir creates a memory-only directory: a size-capped, noexec
 // tmpfs when running as root, a plain directory otherwise.
-func (d *Disk) buildSecretDir(taskFd int, task, name string, size int64, o *Owner, mode os.FileMode) error {
+func (d *AllocDir) buildSecretDir(taskFd int, task, name string, size int64, o *allocdir.Owner, mode os.FileMode) error {
 	fd, err := ensureDir(taskFd, name, mode, o)
 	if err != nil {
 		return fmt.Errorf("failed to build %s/%s: %w", task, name, err)
@@ -220,8 +226,8 @@ func isMountPoint(parentFd, dirFd int) (bool, error) {
 	return parent.Dev != dir.Dev, nil
 }
 
-// Destroy implements Interface.
-func (d *Disk) Destroy() error {
+// Destroy implements allocdir.Interface.
+func (d *AllocDir) Destroy() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.built = false
@@ -243,29 +249,26 @@ func (d *Disk) Destroy() error {
 		errs = append(errs, fmt.Errorf("not removing %q: mounts below it could not be released", d.allocDir))
 		return errors.Join(errs...)
 	}
-	if err := RemoveAll(d.allocDir); err != nil {
+	if err := allocdir.RemoveAll(d.allocDir); err != nil {
 		errs = append(errs, fmt.Errorf("failed to remove alloc dir %q: %w", d.allocDir, err))
 	}
 	return errors.Join(errs...)
 }
 
-// RemoveAll removes a tree that a task (or an extraction) may have left
-// read-only (a Go module cache in local/ is 0555 throughout): without
-// root, entries of a read-only directory cannot be unlinked until the
-// directory is made writable again. The walk is lstat-based and never
-// follows a link.
-func RemoveAll(dir string) error {
-	err := os.RemoveAll(dir)
-	if err == nil || os.Geteuid() == 0 {
-		return err
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := mountinfo.Read("")
+	if err != nil {
+		return nil, err
 	}
-	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, werr error) error {
-		if werr == nil && e.IsDir() {
-			_ = os.Chmod(p, 0o700)
+	var out []string
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			out = append(out, m.MountPoint)
 		}
-		return nil
-	})
-	return os.RemoveAll(dir)
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
 }
 
 // unmount releases a mount point, falling back to a lazy detach when it is
@@ -282,22 +285,22 @@ func unmount(mp string) error {
 	return nil
 }
 
-// Move implements Interface. Between two Disk allocations it renames
-// alloc/data and each task's local/ (the same filesystem is required, as
-// in Nomad). From any other implementation it copies through that
-// implementation's snapshot, and the source keeps its data.
-func (d *Disk) Move(other Interface, tasks []string) error {
+// Move implements allocdir.Interface. Between two on-disk allocations it
+// renames alloc/data and each task's local/ (the same filesystem is
+// required, as in Nomad). From any other implementation it copies through
+// that implementation's snapshot, and the source keeps its data.
+func (d *AllocDir) Move(other allocdir.Interface, tasks []string) error {
 	d.mu.RLock()
 	built := d.built
 	d.mu.RUnlock()
 	if !built {
-		return fmt.Errorf("unable to move to %q: %w", d.allocDir, ErrNotBuilt)
+		return fmt.Errorf("unable to move to %q: %w", d.allocDir, allocdir.ErrNotBuilt)
 	}
-	dirs, err := MigratedDirs(tasks)
+	dirs, err := allocdir.MigratedDirs(tasks)
 	if err != nil {
 		return fmt.Errorf("unable to move: %w", err)
 	}
-	prev, ok := other.(*Disk)
+	prev, ok := other.(*AllocDir)
 	if !ok {
 		return d.moveFromSnapshot(other, dirs)
 	}
@@ -329,7 +332,7 @@ func (d *Disk) Move(other Interface, tasks []string) error {
 // an empty destination placeholder is replaced; the destination's parent
 // is created (0777, nobody) when missing.
 func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
-	st, err := lstatBeneath(srcFd, rel)
+	st, err := allocdir.LstatBeneath(srcFd, rel)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -341,12 +344,12 @@ func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
 	}
 	parent, base := path.Split(rel)
 	parent = strings.TrimSuffix(parent, "/")
-	srcParent, err := OpenBeneath(srcFd, parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	srcParent, err := allocdir.OpenBeneath(srcFd, parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return false, err
 	}
 	defer unix.Close(srcParent)
-	dstParent, err := ensureDir(dstFd, parent, TaskDirMode, Nobody())
+	dstParent, err := ensureDir(dstFd, parent, allocdir.TaskDirMode, allocdir.Nobody())
 	if err != nil {
 		return false, err
 	}
@@ -363,7 +366,7 @@ func renameDirBeneath(srcFd, dstFd int, rel string) (bool, error) {
 // moveFromSnapshot copies another implementation's data in through its
 // snapshot, unpacked by the safe reader next to the allocation and then
 // renamed into place.
-func (d *Disk) moveFromSnapshot(other Interface, dirs []string) error {
+func (d *AllocDir) moveFromSnapshot(other allocdir.Interface, dirs []string) error {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(other.Snapshot(pw)) }()
 	staging, err := os.MkdirTemp(d.rootDir, "."+d.allocID+".move-*")
@@ -373,7 +376,7 @@ func (d *Disk) moveFromSnapshot(other Interface, dirs []string) error {
 	}
 	defer os.RemoveAll(staging)
 	dest := path.Join(staging, "tree")
-	_, err = ExtractSnapshot(pr, dest, ExtractOptions{Chown: os.Geteuid() == 0})
+	_, err = snapshot.Extract(pr, dest, snapshot.ExtractOptions{Chown: os.Geteuid() == 0})
 	pr.CloseWithError(io.ErrClosedPipe)
 	if err != nil {
 		return fmt.Errorf("failed to copy snapshot into %s: %w", d.allocID, err)
@@ -396,14 +399,14 @@ func (d *Disk) moveFromSnapshot(other Interface, dirs []string) error {
 	return nil
 }
 
-// Snapshot implements FS.
-func (d *Disk) Snapshot(w io.Writer) error {
+// Snapshot implements allocdir.FS.
+func (d *AllocDir) Snapshot(w io.Writer) error {
 	var names []string
-	_ = d.WalkTaskDirs(func(td *TaskDir) error {
+	_ = d.WalkTaskDirs(func(td *allocdir.TaskDir) error {
 		names = append(names, td.Task.Name)
 		return nil
 	})
-	roots, err := MigratedDirs(names)
+	roots, err := allocdir.MigratedDirs(names)
 	if err != nil {
 		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)
 	}
@@ -412,41 +415,41 @@ func (d *Disk) Snapshot(w io.Writer) error {
 		return fmt.Errorf("failed to snapshot %s: %w", d.allocID, err)
 	}
 	defer unix.Close(rootFd)
-	return WriteSnapshot(w, d.allocID, beneathFS{fd: rootFd}, roots)
+	return snapshot.Write(w, d.allocID, allocdir.NewBeneathFS(rootFd), roots)
 }
 
 // readSide is the shared read side over the allocation directory.
-func (d *Disk) readSide() ReadSide {
-	return ReadSide{
+func (d *AllocDir) readSide() allocdir.ReadSide {
+	return allocdir.ReadSide{
 		AllocID:    d.allocID,
 		HostPrefix: d.allocDir,
-		Open: func() (ReadFS, func(), error) {
+		Open: func() (allocdir.ReadFS, func(), error) {
 			fd, err := d.openAlloc()
 			if err != nil {
 				return nil, nil, err
 			}
-			return beneathFS{fd: fd}, func() { unix.Close(fd) }, nil
+			return allocdir.NewBeneathFS(fd), func() { unix.Close(fd) }, nil
 		},
 	}
 }
 
-// List implements FS.
-func (d *Disk) List(p string) ([]*FileInfo, error) { return d.readSide().List(p) }
+// List implements allocdir.FS.
+func (d *AllocDir) List(p string) ([]*allocdir.FileInfo, error) { return d.readSide().List(p) }
 
-// Stat implements FS.
-func (d *Disk) Stat(p string) (*FileInfo, error) { return d.readSide().Stat(p) }
+// Stat implements allocdir.FS.
+func (d *AllocDir) Stat(p string) (*allocdir.FileInfo, error) { return d.readSide().Stat(p) }
 
-// ReadAt implements FS.
-func (d *Disk) ReadAt(p string, offset int64) (io.ReadCloser, error) {
+// ReadAt implements allocdir.FS.
+func (d *AllocDir) ReadAt(p string, offset int64) (io.ReadCloser, error) {
 	return d.readSide().ReadAt(p, offset)
 }
 
-// BlockUntilExists implements FS.
-func (d *Disk) BlockUntilExists(ctx context.Context, p string) (chan error, error) {
+// BlockUntilExists implements allocdir.FS.
+func (d *AllocDir) BlockUntilExists(ctx context.Context, p string) (chan error, error) {
 	return d.readSide().BlockUntilExists(ctx, p)
 }
 
-// ChangeEvents implements FS.
-func (d *Disk) ChangeEvents(ctx context.Context, p string, curOffset int64) (*FileChanges, error) {
+// ChangeEvents implements allocdir.FS.
+func (d *AllocDir) ChangeEvents(ctx context.Context, p string, curOffset int64) (*allocdir.FileChanges, error) {
 	return d.readSide().ChangeEvents(ctx, p, curOffset)
 }

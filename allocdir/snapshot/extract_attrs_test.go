@@ -1,4 +1,6 @@
-package allocdir_test
+//go:build linux
+
+package snapshot_test
 
 import (
 	"archive/tar"
@@ -11,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,10 +92,10 @@ func TestExtractModesWhateverTheUmask(t *testing.T) {
 		old := syscall.Umask(mask)
 		dest := filepath.Join(t.TempDir(), "dest")
 		snapMakeRemovable(t, dest)
-		_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{})
+		_, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{})
 		syscall.Umask(old)
 		if err != nil {
-			t.Fatalf("umask %#o: ExtractSnapshot: got error %v, want nil", mask, err)
+			t.Fatalf("umask %#o: Extract: got error %v, want nil", mask, err)
 		}
 		t.Run(fmt.Sprintf("umask%04o", mask), func(t *testing.T) { extractAttrsCheck(t, dest, want) })
 	}
@@ -121,8 +123,8 @@ func TestExtractOwnersUnderSetgidParent(t *testing.T) {
 	}
 	for _, chown := range []bool{true, false} {
 		dest := filepath.Join(parent, fmt.Sprintf("dest-%v", chown))
-		if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{Chown: chown}); err != nil {
-			t.Fatalf("Chown=%v: ExtractSnapshot: got error %v, want nil", chown, err)
+		if _, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{Chown: chown}); err != nil {
+			t.Fatalf("Chown=%v: Extract: got error %v, want nil", chown, err)
 		}
 		extractAttrsCheck(t, dest, want)
 		for name := range want {
@@ -186,8 +188,8 @@ func TestExtractModesUnderADefaultACL(t *testing.T) {
 		t.Fatal(err)
 	}
 	dest := filepath.Join(parent, "dest")
-	if _, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{}); err != nil {
-		t.Fatalf("ExtractSnapshot: %v", err)
+	if _, err := snapshot.Extract(&buf, dest, snapshot.ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: %v", err)
 	}
 	for name, mode := range want {
 		fi, err := os.Lstat(filepath.Join(dest, name))

@@ -1,4 +1,6 @@
-package allocdir_test
+//go:build linux
+
+package snapshot_test
 
 import (
 	"archive/tar"
@@ -20,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 )
 
 // snapTestAllocID is the allocation ID used by the snapshot tests.
@@ -235,8 +238,8 @@ func snapCompareTrees(t *testing.T, got, want map[string]snapNode) {
 func snapWrite(t *testing.T, dir string, roots []string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := allocdir.WriteSnapshot(&buf, snapTestAllocID, os.DirFS(dir), roots); err != nil {
-		t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+	if err := snapshot.Write(&buf, snapTestAllocID, os.DirFS(dir), roots); err != nil {
+		t.Fatalf("Write: got error %v, want nil", err)
 	}
 	return buf.Bytes()
 }
@@ -374,16 +377,16 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if err := allocdir.WriteSnapshot(&buf, snapTestAllocID, tc.fsys, snapRoots); err != nil {
-				t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+			if err := snapshot.Write(&buf, snapTestAllocID, tc.fsys, snapRoots); err != nil {
+				t.Fatalf("Write: got error %v, want nil", err)
 			}
 			dest := filepath.Join(t.TempDir(), "dest")
 			snapMakeRemovable(t, dest)
-			stats, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{})
+			stats, err := snapshot.Extract(&buf, dest, snapshot.ExtractOptions{})
 			if err != nil {
-				t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+				t.Fatalf("Extract: got error %v, want nil", err)
 			}
-			wantStats := allocdir.ExtractStats{Entries: 20, Dirs: 9, Files: 9, Symlinks: 2, Bytes: 3<<20 + 17 + 6 + 3 + 18 + 1 + 4 + 12 + 9}
+			wantStats := snapshot.ExtractStats{Entries: 20, Dirs: 9, Files: 9, Symlinks: 2, Bytes: 3<<20 + 17 + 6 + 3 + 18 + 1 + 4 + 12 + 9}
 			if stats != wantStats {
 				t.Errorf("got stats %+v, want %+v", stats, wantStats)
 			}
@@ -437,8 +440,8 @@ func TestSnapshotRoundTripOwners(t *testing.T) {
 	}{{true, 1234, 5678}, {false, 0, 0}} {
 		dest := filepath.Join(t.TempDir(), "dest")
 		snapMakeRemovable(t, dest)
-		if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{Chown: tc.chown}); err != nil {
-			t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+		if _, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{Chown: tc.chown}); err != nil {
+			t.Fatalf("Extract: got error %v, want nil", err)
 		}
 		tree := snapReadTree(t, filepath.Join(dest, "alloc/data"))
 		for _, p := range []string{"a.txt", "bin", "link"} {
@@ -467,8 +470,8 @@ func TestSnapshotDropsSetID(t *testing.T) {
 	}
 	dest := filepath.Join(t.TempDir(), "dest")
 	snapMakeRemovable(t, dest)
-	if _, err := allocdir.ExtractSnapshot(bytes.NewReader(snapWrite(t, dir, snapRoots)), dest, allocdir.ExtractOptions{}); err != nil {
-		t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+	if _, err := snapshot.Extract(bytes.NewReader(snapWrite(t, dir, snapRoots)), dest, snapshot.ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: got error %v, want nil", err)
 	}
 	for p, want := range map[string]os.FileMode{
 		"alloc/data/bin/run.sh": 0o755,
@@ -490,9 +493,9 @@ func TestSnapshotMissingRootWritesErrorEntry(t *testing.T) {
 	t.Parallel()
 	dir := snapBuildAlloc(t)
 	var buf bytes.Buffer
-	err := allocdir.WriteSnapshot(&buf, snapTestAllocID, os.DirFS(dir), []string{"alloc/data", "api/local"})
+	err := snapshot.Write(&buf, snapTestAllocID, os.DirFS(dir), []string{"alloc/data", "api/local"})
 	if !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("WriteSnapshot: got error %v, want one wrapping fs.ErrNotExist", err)
+		t.Fatalf("Write: got error %v, want one wrapping fs.ErrNotExist", err)
 	}
 	archive := buf.Bytes()
 	if tail := archive[len(archive)-1024:]; !bytes.Equal(tail, make([]byte, 1024)) {
@@ -531,7 +534,7 @@ func TestSnapshotMissingRootWritesErrorEntry(t *testing.T) {
 	}
 
 	env := newSnapEnv(t)
-	_, err = allocdir.ExtractSnapshot(bytes.NewReader(archive), env.dest, allocdir.ExtractOptions{})
+	_, err = snapshot.Extract(bytes.NewReader(archive), env.dest, snapshot.ExtractOptions{})
 	env.assertRefused(t, err)
 	if !strings.Contains(err.Error(), "api/local") {
 		t.Errorf("got error %q, want the sender's text in it", err)
@@ -544,7 +547,7 @@ func TestSnapshotRequiresReadLinkFS(t *testing.T) {
 	t.Parallel()
 	dir := snapBuildAlloc(t)
 	var buf bytes.Buffer
-	err := allocdir.WriteSnapshot(&buf, snapTestAllocID, struct{ fs.FS }{os.DirFS(dir)}, snapRoots)
+	err := snapshot.Write(&buf, snapTestAllocID, struct{ fs.FS }{os.DirFS(dir)}, snapRoots)
 	if err == nil {
 		t.Fatalf("got nil error, want one")
 	}
@@ -571,7 +574,7 @@ func TestSnapshotWriterError(t *testing.T) {
 	t.Parallel()
 	dir := snapBuildAlloc(t)
 	for _, limit := range []int{0, 4096, 2 << 20} {
-		err := allocdir.WriteSnapshot(&snapFailingWriter{limit: limit}, snapTestAllocID, os.DirFS(dir), snapRoots)
+		err := snapshot.Write(&snapFailingWriter{limit: limit}, snapTestAllocID, os.DirFS(dir), snapRoots)
 		if !errors.Is(err, errSnapBoom) {
 			t.Errorf("limit %d: got error %v, want %v", limit, err, errSnapBoom)
 		}
@@ -656,7 +659,7 @@ func TestSnapshotFileShrank(t *testing.T) {
 	dir := snapBuildAlloc(t)
 	fsys := snapSizeFS{dir: dir, name: "alloc/data/big.bin", size: 3<<20 + 17, body: 1<<20 + 5}
 	var buf bytes.Buffer
-	err := allocdir.WriteSnapshot(&buf, snapTestAllocID, fsys, snapRoots)
+	err := snapshot.Write(&buf, snapTestAllocID, fsys, snapRoots)
 	if err == nil {
 		t.Fatalf("got nil error, want one")
 	}
@@ -665,7 +668,7 @@ func TestSnapshotFileShrank(t *testing.T) {
 		t.Fatalf("got last entry %q, want %q", got, want)
 	}
 	env := newSnapEnv(t)
-	_, err = allocdir.ExtractSnapshot(bytes.NewReader(buf.Bytes()), env.dest, allocdir.ExtractOptions{})
+	_, err = snapshot.Extract(bytes.NewReader(buf.Bytes()), env.dest, snapshot.ExtractOptions{})
 	env.assertRefused(t, err)
 }
 
@@ -676,13 +679,13 @@ func TestSnapshotFileGrew(t *testing.T) {
 	dir := snapBuildAlloc(t)
 	fsys := snapSizeFS{dir: dir, name: "alloc/data/a.txt", size: 3, body: 1 << 30}
 	var buf bytes.Buffer
-	if err := allocdir.WriteSnapshot(&buf, snapTestAllocID, fsys, snapRoots); err != nil {
-		t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+	if err := snapshot.Write(&buf, snapTestAllocID, fsys, snapRoots); err != nil {
+		t.Fatalf("Write: got error %v, want nil", err)
 	}
 	dest := filepath.Join(t.TempDir(), "dest")
 	snapMakeRemovable(t, dest)
-	if _, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{}); err != nil {
-		t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+	if _, err := snapshot.Extract(&buf, dest, snapshot.ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: got error %v, want nil", err)
 	}
 	got, err := os.ReadFile(filepath.Join(dest, "alloc/data/a.txt"))
 	if err != nil {
@@ -719,7 +722,7 @@ func snapStaleRun(t *testing.T, dir string, change func()) ([]byte, error) {
 	}
 	defer unix.Close(fd)
 	var buf bytes.Buffer
-	err = allocdir.WriteSnapshot(&buf, snapTestAllocID, snapStaleFS{allocdir.NewBeneathFS(fd), change}, snapRoots)
+	err = snapshot.Write(&buf, snapTestAllocID, snapStaleFS{allocdir.NewBeneathFS(fd), change}, snapRoots)
 	return buf.Bytes(), err
 }
 
@@ -753,12 +756,12 @@ func TestSnapshotFileChangedSinceListing(t *testing.T) {
 			p := filepath.Join(dir, "alloc/data/a.txt")
 			archive, err := snapStaleRun(t, dir, func() { tc.change(t, p) })
 			if err != nil {
-				t.Fatalf("WriteSnapshot: got error %v, want nil", err)
+				t.Fatalf("Write: got error %v, want nil", err)
 			}
 			dest := filepath.Join(t.TempDir(), "dest")
 			snapMakeRemovable(t, dest)
-			if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{}); err != nil {
-				t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+			if _, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{}); err != nil {
+				t.Fatalf("Extract: got error %v, want nil", err)
 			}
 			got, err := os.ReadFile(filepath.Join(dest, "alloc/data/a.txt"))
 			if err != nil {
@@ -797,7 +800,7 @@ func TestSnapshotHeaderDescribesTheFileRead(t *testing.T) {
 		}
 	})
 	if err != nil {
-		t.Fatalf("WriteSnapshot: %v", err)
+		t.Fatalf("Write: %v", err)
 	}
 	tr := tar.NewReader(bytes.NewReader(archive))
 	for {
@@ -856,7 +859,7 @@ func TestSnapshotEntryChangedKindSinceListing(t *testing.T) {
 				}
 			})
 			if err != nil {
-				t.Fatalf("WriteSnapshot: %v", err)
+				t.Fatalf("Write: %v", err)
 			}
 			var found *tar.Header
 			for _, h := range snapHeaders(t, archive) {
@@ -869,7 +872,7 @@ func TestSnapshotEntryChangedKindSinceListing(t *testing.T) {
 			}
 			tc.check(t, found)
 			env := newSnapEnv(t)
-			if _, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), env.dest, allocdir.ExtractOptions{}); err != nil {
+			if _, err := snapshot.Extract(bytes.NewReader(archive), env.dest, snapshot.ExtractOptions{}); err != nil {
 				t.Errorf("extracting: %v", err)
 			}
 		})

@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package snapshot
 
 import (
 	"archive/tar"
@@ -18,10 +20,11 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
 
-// Limits applied by ExtractSnapshot when ExtractOptions leaves them zero.
+// Limits applied by Extract when ExtractOptions leaves them zero.
 const (
 	// DefaultMaxBytes caps the total size of the regular files of one
 	// snapshot (64 GiB).
@@ -49,7 +52,7 @@ const (
 	trailerSize = 2 * 512
 )
 
-// ExtractOptions tunes ExtractSnapshot.
+// ExtractOptions tunes Extract.
 type ExtractOptions struct {
 	// MaxBytes caps the sum of the sizes of regular files; 0 (or less)
 	// means DefaultMaxBytes.
@@ -62,7 +65,7 @@ type ExtractOptions struct {
 	Chown bool
 }
 
-// ExtractStats counts what ExtractSnapshot read and created.
+// ExtractStats counts what Extract read and created.
 type ExtractStats struct {
 	// Entries is the number of headers read, skipped ones included.
 	Entries int
@@ -76,23 +79,23 @@ type ExtractStats struct {
 	Bytes int64
 }
 
-// ErrEntryType is wrapped, with ErrArchive, by the refusal of an entry of
-// a type that no snapshot writer produces.
+// ErrEntryType is wrapped, with allocdir.ErrArchive, by the refusal of an
+// entry of a type that no snapshot writer produces.
 var ErrEntryType = errors.New("entry type never found in a snapshot")
 
-// ExtractSnapshot unpacks a snapshot written by WriteSnapshot (or by
-// Nomad) from r into dest, which must not exist and whose parent must.
-// It is the only way a snapshot from another node should ever be
-// unpacked: the sender may be compromised, so every entry is checked and
-// nothing is written outside dest, through a symbolic link, or at all
-// unless the whole archive was accepted.
+// Extract unpacks a snapshot written by [Write] (or by Nomad) from r into
+// dest, which must not exist and whose parent must. It is the only way a
+// snapshot from another node should ever be unpacked: the sender may be
+// compromised, so every entry is checked and nothing is written outside
+// dest, through a symbolic link, or at all unless the whole archive was
+// accepted.
 //
 // The archive is unpacked into a fresh directory next to dest (mode 0700
 // while it is being filled) that is renamed to dest, with mode 0755, only
 // once the end-of-archive trailer was read. On any error that directory
 // is removed and dest is not created.
 //
-// An archive is refused with an error wrapping [ErrArchive] when:
+// An archive is refused with an error wrapping [allocdir.ErrArchive] when:
 //   - it carries a sender's error entry (a top-level regular file named
 //     NOMAD-<id>-ERROR.log); its text is part of the error;
 //   - a name is empty, absolute, contains NUL or a ".." component, names
@@ -107,8 +110,8 @@ var ErrEntryType = errors.New("entry type never found in a snapshot")
 //     [ErrEntryType]): a hard link, a FIFO, a character or block device,
 //     a sparse file in the old GNU form or in the PAX form (GNU.sparse.*
 //     records, which archive/tar reports as a regular file), or a type
-//     unknown here. Nomad's writer and WriteSnapshot archive every name
-//     as a full file, so a hard link or a sparse map can only be crafted,
+//     unknown here. Nomad's writer and Write archive every name as a
+//     full file, so a hard link or a sparse map can only be crafted,
 //     and a sparse map would turn a few bytes on the wire into any amount
 //     of zeros on disk;
 //   - it exceeds MaxBytes or MaxEntries;
@@ -129,8 +132,8 @@ var ErrEntryType = errors.New("entry type never found in a snapshot")
 // checks the links that climb.
 //
 // Errors that are not the archive's fault (reading r, a full disk) are
-// returned wrapped but do not wrap ErrArchive.
-func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats ExtractStats, err error) {
+// returned wrapped but do not wrap allocdir.ErrArchive.
+func Extract(r io.Reader, dest string, opts ExtractOptions) (stats ExtractStats, err error) {
 	dest = filepath.Clean(dest)
 	parent, base := filepath.Dir(dest), filepath.Base(dest)
 	if base == "/" || base == "." || base == ".." {
@@ -153,7 +156,7 @@ func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats Extra
 	}
 	defer func() {
 		if err != nil {
-			_ = RemoveAll(tmp)
+			_ = allocdir.RemoveAll(tmp)
 		}
 	}()
 
@@ -164,7 +167,7 @@ func ExtractSnapshot(r io.Reader, dest string, opts ExtractOptions) (stats Extra
 	err = x.run(r)
 	if err == nil {
 		// The root stays private until the archive was accepted.
-		if cerr := unix.Fchmod(x.rootfd, uint32(AllocDirMode.Perm())); cerr != nil {
+		if cerr := unix.Fchmod(x.rootfd, uint32(allocdir.AllocDirMode.Perm())); cerr != nil {
 			err = fmt.Errorf("failed to chmod %q: %w", tmp, cerr)
 		}
 	}
@@ -347,7 +350,7 @@ func (x *extractor) run(r io.Reader) error {
 				if cr.err != nil && cr.err != io.EOF {
 					return fmt.Errorf("failed to read snapshot: %w", cr.err)
 				}
-				return fmt.Errorf("%w: archive truncated: no end-of-archive trailer", ErrArchive)
+				return fmt.Errorf("%w: archive truncated: no end-of-archive trailer", allocdir.ErrArchive)
 			}
 			break
 		}
@@ -381,9 +384,9 @@ func readError(cr *countingReader, name string, err error) error {
 		what = "archive truncated"
 	}
 	if name == "" {
-		return fmt.Errorf("%w: %s: %w", ErrArchive, what, err)
+		return fmt.Errorf("%w: %s: %w", allocdir.ErrArchive, what, err)
 	}
-	return fmt.Errorf("%w: entry %q: %s: %w", ErrArchive, shortName(name), what, err)
+	return fmt.Errorf("%w: entry %q: %s: %w", allocdir.ErrArchive, shortName(name), what, err)
 }
 
 // shortName is an entry's name as error messages show it: whole up to
@@ -397,15 +400,15 @@ func shortName(name string) string {
 }
 
 func refuse(name, format string, args ...any) error {
-	return fmt.Errorf("%w: entry %q: %s", ErrArchive, shortName(name), fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: entry %q: %s", allocdir.ErrArchive, shortName(name), fmt.Sprintf(format, args...))
 }
 
 func refuseType(name, what string) error {
-	return fmt.Errorf("%w: entry %q: %w: %s", ErrArchive, shortName(name), ErrEntryType, what)
+	return fmt.Errorf("%w: entry %q: %w: %s", allocdir.ErrArchive, shortName(name), ErrEntryType, what)
 }
 
 func refuseDuplicate(name string, err error) error {
-	return fmt.Errorf("%w: entry %q: duplicate entry (the name was already extracted): %w", ErrArchive, shortName(name), err)
+	return fmt.Errorf("%w: entry %q: duplicate entry (the name was already extracted): %w", allocdir.ErrArchive, shortName(name), err)
 }
 
 // paxSparsePrefix starts the PAX records of every GNU sparse format
@@ -413,7 +416,7 @@ func refuseDuplicate(name string, err error) error {
 const paxSparsePrefix = "GNU.sparse."
 
 // checkType refuses what no snapshot writer produces. Nomad's writer and
-// WriteSnapshot only ever write directories, regular files and symbolic
+// Write only ever write directories, regular files and symbolic
 // links, each name as itself.
 func checkType(name string, hdr *tar.Header) error {
 	for k := range hdr.PAXRecords {
@@ -484,7 +487,7 @@ func isErrorEntryName(name string) bool {
 func senderError(tr *tar.Reader, name string) error {
 	body, err := io.ReadAll(io.LimitReader(tr, maxErrorBody))
 	if err != nil {
-		return fmt.Errorf("%w: entry %q: sender reported an error that could not be read: %w", ErrArchive, shortName(name), err)
+		return fmt.Errorf("%w: entry %q: sender reported an error that could not be read: %w", allocdir.ErrArchive, shortName(name), err)
 	}
 	msg := strings.TrimSpace(strings.ToValidUTF8(string(body), string(utf8.RuneError)))
 	return refuse(name, "sender reported: %s", msg)
@@ -520,19 +523,19 @@ func cleanEntryName(raw string) (string, error) {
 // task's local/, plus the directories above them.
 func checkLayout(comps []string) error {
 	top := comps[0]
-	if top == SharedAllocName {
-		if len(comps) == 1 || comps[1] == SharedDataName {
+	if top == allocdir.SharedAllocName {
+		if len(comps) == 1 || comps[1] == allocdir.SharedDataName {
 			return nil
 		}
-		return fmt.Errorf("outside %s/%s", SharedAllocName, SharedDataName)
+		return fmt.Errorf("outside %s/%s", allocdir.SharedAllocName, allocdir.SharedDataName)
 	}
-	if err := ValidName(top); err != nil {
+	if err := allocdir.ValidName(top); err != nil {
 		return err
 	}
-	if len(comps) == 1 || comps[1] == TaskLocal {
+	if len(comps) == 1 || comps[1] == allocdir.TaskLocal {
 		return nil
 	}
-	return fmt.Errorf("outside %s/%s", top, TaskLocal)
+	return fmt.Errorf("outside %s/%s", top, allocdir.TaskLocal)
 }
 
 // fsError classifies a failed filesystem call: a link or a non-directory
@@ -541,9 +544,9 @@ func checkLayout(comps []string) error {
 func fsError(entry string, err error) error {
 	switch {
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
-		return fmt.Errorf("%w: entry %q: path runs through a symbolic link: %w", ErrArchive, shortName(entry), err)
+		return fmt.Errorf("%w: entry %q: path runs through a symbolic link: %w", allocdir.ErrArchive, shortName(entry), err)
 	case errors.Is(err, unix.ENOTDIR):
-		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", ErrArchive, shortName(entry), err)
+		return fmt.Errorf("%w: entry %q: parent is not a directory: %w", allocdir.ErrArchive, shortName(entry), err)
 	case errors.Is(err, unix.EEXIST):
 		return refuseDuplicate(entry, err)
 	}
@@ -567,7 +570,7 @@ func (x *extractor) parent(entry string, comps []string) (int, error) {
 	if x.cachedFd >= 0 && x.cachedDir == dir {
 		return x.cachedFd, nil
 	}
-	fd, err := OpenBeneath(x.rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := allocdir.OpenBeneath(x.rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if errors.Is(err, unix.ENOENT) && len(dirs) > 0 {
 		fd, err = x.makeParents(dirs)
 	}
@@ -590,7 +593,7 @@ func (x *extractor) makeParents(dirs []string) (int, error) {
 			}
 			return -1, &fs.PathError{Op: "mkdirat", Path: strings.Join(dirs[:i+1], "/"), Err: err}
 		}
-		next, err := OpenBeneath(cur, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		next, err := allocdir.OpenBeneath(cur, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if cur != x.rootfd {
 			unix.Close(cur)
 		}
@@ -603,7 +606,7 @@ func (x *extractor) makeParents(dirs []string) (int, error) {
 }
 
 // fileMode keeps the permission and sticky bits of a header mode and
-// drops setuid and setgid (see ExtractSnapshot).
+// drops setuid and setgid (see Extract).
 func fileMode(m int64) uint32 { return uint32(m) & (0o777 | unix.S_ISVTX) }
 
 func (x *extractor) dir(name string, comps []string, hdr *tar.Header) error {
@@ -618,7 +621,7 @@ func (x *extractor) dir(name string, comps []string, hdr *tar.Header) error {
 	} else if err != nil {
 		return fsError(name, &fs.PathError{Op: "mkdirat", Path: name, Err: err})
 	}
-	fd, err := OpenBeneath(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	fd, err := allocdir.OpenBeneath(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		if existed {
 			// A file or a link of that name came first.
@@ -660,7 +663,7 @@ func (x *extractor) file(tr *tar.Reader, name string, comps []string, hdr *tar.H
 	// mode does not stop this fd from writing.
 	perm := fileMode(hdr.Mode)
 	createMode, exact := x.newFiles.createMode(perm)
-	fd, err := OpenBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, createMode)
+	fd, err := allocdir.OpenBeneath(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, createMode)
 	if err != nil {
 		return fsError(name, err)
 	}
@@ -720,7 +723,7 @@ func (x *extractor) copyBody(fd int, tr *tar.Reader, name string) (int64, error)
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.ErrUnexpectedEOF) {
-				return written, fmt.Errorf("%w: entry %q: archive truncated: body shorter than %d bytes: %w", ErrArchive, name, written, rerr)
+				return written, fmt.Errorf("%w: entry %q: archive truncated: body shorter than %d bytes: %w", allocdir.ErrArchive, name, written, rerr)
 			}
 			return written, fmt.Errorf("failed to read body of entry %q: %w", name, rerr)
 		}
@@ -798,19 +801,19 @@ const walkBatch = 16
 // and a read-only mode would stop a non-root caller from filling it):
 // children first, so that no parent is locked before they are done.
 func (x *extractor) finish() error {
-	fd, err := OpenBeneath(x.rootfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	fd, err := allocdir.OpenBeneath(x.rootfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return fmt.Errorf("failed to open the extracted tree: %w", err)
 	}
-	res := Resolver{Readlink: func(p string) (string, bool, error) {
-		return readlinkBeneath(x.rootfd, p)
+	res := allocdir.Resolver{Readlink: func(p string) (string, bool, error) {
+		return allocdir.ReadlinkBeneath(x.rootfd, p)
 	}}
 	return x.walk(fd, "", res)
 }
 
 // walk visits the directory fd (named rel, "" for the root), which it
 // closes.
-func (x *extractor) walk(fd int, rel string, res Resolver) error {
+func (x *extractor) walk(fd int, rel string, res allocdir.Resolver) error {
 	// Named by its host path: where the filesystem does not report entry
 	// types, ReadDir lstats each entry by that name. Every component of
 	// it was opened without following links.
@@ -825,7 +828,7 @@ func (x *extractor) walk(fd int, rel string, res Resolver) error {
 			}
 			switch typ := e.Type(); {
 			case typ.IsDir():
-				cfd, err := OpenBeneath(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+				cfd, err := allocdir.OpenBeneath(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 				if err != nil {
 					return fsError(child, err)
 				}
@@ -846,7 +849,7 @@ func (x *extractor) walk(fd int, rel string, res Resolver) error {
 		}
 	}
 	if rel == "" {
-		// The root's mode is ExtractSnapshot's to set, once accepted.
+		// The root's mode is Extract's to set, once accepted.
 		return nil
 	}
 	return x.applyDirMeta(fd, rel)
@@ -854,7 +857,7 @@ func (x *extractor) walk(fd int, rel string, res Resolver) error {
 
 // checkClimb refuses the link name (in dirfd, named child from the root)
 // if its target climbs out of the root through the archive's links.
-func (x *extractor) checkClimb(dirfd int, name, child string, res Resolver) error {
+func (x *extractor) checkClimb(dirfd int, name, child string, res allocdir.Resolver) error {
 	n, err := unix.Readlinkat(dirfd, name, x.linkBuf)
 	if err != nil {
 		return fmt.Errorf("failed to read link %q: %w", child, err)
@@ -863,7 +866,7 @@ func (x *extractor) checkClimb(dirfd int, name, child string, res Resolver) erro
 	if !slices.Contains(strings.Split(target, "/"), "..") {
 		return nil
 	}
-	if _, err := res.Resolve(child, true); errors.Is(err, ErrEscapes) {
+	if _, err := res.Resolve(child, true); errors.Is(err, allocdir.ErrEscapes) {
 		return refuse(child, "symbolic link target %q leads outside the archive root through other links", target)
 	}
 	return nil
@@ -878,7 +881,7 @@ func (x *extractor) applyDirMeta(fd int, name string) error {
 	}
 	m, explicit := x.explicit[st.Ino]
 	if !explicit {
-		if err := unix.Fchmod(fd, uint32(AllocDirMode.Perm())); err != nil {
+		if err := unix.Fchmod(fd, uint32(allocdir.AllocDirMode.Perm())); err != nil {
 			return fmt.Errorf("failed to chmod %q: %w", name, err)
 		}
 		return nil

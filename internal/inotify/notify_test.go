@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package inotify
 
 import (
 	"os"
@@ -30,9 +32,9 @@ func quiet(s *Subscription) bool {
 
 func newNotifier(t *testing.T) *Notifier {
 	t.Helper()
-	n, err := NewNotifier()
+	n, err := New()
 	if err != nil {
-		t.Fatalf("NewNotifier: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := n.Close(); err != nil {

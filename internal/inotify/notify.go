@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package inotify
 
 import (
 	"errors"
@@ -13,14 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The kernel reports every change to a directory's entries, and every
-// write to a file in it, to inotify watches on that directory, whichever
-// path the change came through: a write that FUSE passthrough hands
-// straight to a backing file never reaches the daemon, yet its backing
-// directory's watch sees it. Followers therefore wait on inotify instead of
-// polling, and one Notifier serves them all with a single inotify instance
-// and at most one watch per directory.
-
 // watchMask is every event that can change what a follower of a name in
 // the watched directory would see. IN_ONLYDIR and IN_DONT_FOLLOW make a
 // watch refuse a path that is (or was swapped for) anything but a real
@@ -29,8 +23,8 @@ const watchMask = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_CLOSE_WRITE |
 	unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
 	unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
 
-// ErrNotifierClosed is returned by Arm once the notifier is closed.
-var ErrNotifierClosed = errors.New("notifier closed")
+// ErrClosed is returned by Arm once the notifier is closed.
+var ErrClosed = errors.New("notifier closed")
 
 // Notifier turns inotify events into wake-ups for subscriptions. Each
 // subscription watches one name in one directory and is woken when an
@@ -67,9 +61,9 @@ type Subscription struct {
 	name string
 }
 
-// NewNotifier starts a notifier. Close releases its inotify instance and
+// New starts a notifier. Close releases its inotify instance and
 // stops its goroutine.
-func NewNotifier() (*Notifier, error) {
+func New() (*Notifier, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("inotify_init1: %w", err)
@@ -147,7 +141,7 @@ func (s *Subscription) Arm(root, rel string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
-		return ErrNotifierClosed
+		return ErrClosed
 	}
 	if s.wd >= 0 {
 		if w := n.watches[s.wd]; w != nil && w.dir == dir {

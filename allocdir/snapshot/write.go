@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package snapshot
 
 import (
 	"archive/tar"
@@ -12,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,16 +34,15 @@ func errorEntryName(allocID string) string {
 	return "NOMAD-" + allocID + "-ERROR.log"
 }
 
-// snapshotFS is what WriteSnapshot needs of a filesystem: lstat and
-// readlink so that symbolic links are archived as themselves, and
-// directory listing.
+// snapshotFS is what Write needs of a filesystem: lstat and readlink so
+// that symbolic links are archived as themselves, and directory listing.
 type snapshotFS interface {
 	fs.ReadLinkFS
 	fs.ReadDirFS
 }
 
-// WriteSnapshot writes Nomad's migration tar (uncompressed) of roots to
-// w. Every root is a slash-separated path relative to the allocation
+// Write writes Nomad's migration tar (uncompressed) of roots to w.
+// Every root is a slash-separated path relative to the allocation
 // directory (alloc/data, web/local) and is archived in the order given;
 // each archived node, the root itself included, is named by its path
 // relative to the allocation directory, without a leading "./" or "/" and
@@ -50,7 +52,7 @@ type snapshotFS interface {
 // fs.ReadDirFS. It decides containment: the walk never follows a symbolic
 // link itself, but a path that fsys resolves through a link swapped in
 // mid-walk reads wherever fsys lets it. Use an fs that stays beneath the
-// allocation directory (the on-disk implementation's, or os.Root.FS);
+// allocation directory (allocdir.NewBeneathFS, or os.Root.FS);
 // os.DirFS is only fit for trees nobody else is writing. For the same
 // reason fsys.Open should not block on a FIFO swapped in for a file.
 //
@@ -73,12 +75,12 @@ type snapshotFS interface {
 // appended, the archive is closed and the error is returned: the receiver
 // then refuses the archive even though the transfer itself completed. If
 // writing to w fails, the error is returned and nothing more is written.
-func WriteSnapshot(w io.Writer, allocID string, fsys fs.FS, roots []string) error {
+func Write(w io.Writer, allocID string, fsys fs.FS, roots []string) error {
 	sfs, ok := fsys.(snapshotFS)
 	if !ok {
 		return fmt.Errorf("failed to snapshot alloc %q: filesystem %T does not implement fs.ReadLinkFS and fs.ReadDirFS", allocID, fsys)
 	}
-	if err := ValidName(allocID); err != nil {
+	if err := allocdir.ValidName(allocID); err != nil {
 		return fmt.Errorf("failed to snapshot alloc: %w", err)
 	}
 	for _, root := range roots {
@@ -245,13 +247,14 @@ func (s *snapshotter) writeHeader(name string, info fs.FileInfo, link string) er
 }
 
 // fdOpener is implemented by a snapshot filesystem that hands out raw
-// fds: the walk then reads a file without making an *os.File of it, which
-// costs two syscalls per file (an fcntl, and an epoll registration that
-// fails for a regular file), a good part of what a small file costs.
+// fds (the on-disk one, allocdir.NewBeneathFS): the walk then reads a file
+// without making an *os.File of it, which costs two syscalls per file (an
+// fcntl, and an epoll registration that fails for a regular file), a good
+// part of what a small file costs.
 type fdOpener interface {
-	// openFd opens name for reading as Open does; the caller closes the
+	// OpenFd opens name for reading as Open does; the caller closes the
 	// fd.
-	openFd(name string) (int, error)
+	OpenFd(name string) (int, error)
 }
 
 // open opens a file to archive.
@@ -260,7 +263,7 @@ func (s *snapshotter) open(name string) (fs.File, error) {
 	if !ok {
 		return s.fsys.Open(name)
 	}
-	fd, err := o.openFd(name)
+	fd, err := o.OpenFd(name)
 	if err != nil {
 		return nil, err
 	}
@@ -289,11 +292,11 @@ func (r *fdReader) Read(p []byte) (int, error) {
 }
 
 func (r *fdReader) Stat() (fs.FileInfo, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(r.fd, &st); err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(r.fd, &st); err != nil {
 		return nil, &fs.PathError{Op: "fstat", Path: r.name, Err: err}
 	}
-	return NewStatInfo(path.Base(r.name), sysStat(&st)), nil
+	return allocdir.NewStatInfo(path.Base(r.name), &st), nil
 }
 
 func (r *fdReader) Close() error {

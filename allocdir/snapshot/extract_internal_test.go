@@ -1,4 +1,6 @@
-package allocdir
+//go:build linux
+
+package snapshot
 
 import (
 	"archive/tar"
@@ -8,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
 )
 
 // TestExtractBeneathBackstop: if a directory the extractor created is
@@ -45,7 +49,7 @@ func TestExtractBeneathBackstop(t *testing.T) {
 	}
 	err = x.run(&buf)
 	t.Logf("refused: %v", err)
-	if !errors.Is(err, ErrArchive) {
+	if !errors.Is(err, allocdir.ErrArchive) {
 		t.Errorf("got error %v, want one wrapping ErrArchive", err)
 	}
 	if _, err := os.Lstat(filepath.Join(outside, "data", "f")); !errors.Is(err, fs.ErrNotExist) {

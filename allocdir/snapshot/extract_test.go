@@ -1,4 +1,6 @@
-package allocdir_test
+//go:build linux
+
+package snapshot_test
 
 import (
 	"archive/tar"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/allocdirtest"
+	"github.com/allocfs/allocfs/allocdir/snapshot"
 )
 
 // snapEnv is a sandbox for one extraction: dest sits deep below base so
@@ -185,7 +188,7 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 	cases := []struct {
 		name    string
 		archive func(t *testing.T, e *snapEnv) []byte
-		opts    allocdir.ExtractOptions
+		opts    snapshot.ExtractOptions
 		check   func(t *testing.T, e *snapEnv)
 	}{
 		{name: "absolute_name", archive: func(t *testing.T, e *snapEnv) []byte {
@@ -301,21 +304,21 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 		{name: "block_device", archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/sda", typ: tar.TypeBlock, mode: 0o666, major: 8})
 		}},
-		{name: "owner_out_of_range", opts: allocdir.ExtractOptions{Chown: true}, archive: func(t *testing.T, e *snapEnv) []byte {
+		{name: "owner_out_of_range", opts: snapshot.ExtractOptions{Chown: true}, archive: func(t *testing.T, e *snapEnv) []byte {
 			// -1 as a uid_t would mean "leave the owner alone".
 			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/f", typ: tar.TypeReg, body: "x", mode: 0o644, uid: 1<<32 - 1})
 		}},
-		{name: "oversize_file", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
+		{name: "oversize_file", opts: snapshot.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 51)))
 		}},
-		{name: "oversize_total", opts: allocdir.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
+		{name: "oversize_total", opts: snapshot.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 30)), fileEntry("alloc/data/g", strings.Repeat("x", 30)))
 		}},
 		{name: "name_longer_than_64KiB", archive: func(t *testing.T, e *snapEnv) []byte {
 			deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256)
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep+"/f", "x"))
 		}},
-		{name: "too_many_entries", opts: allocdir.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, e *snapEnv) []byte {
+		{name: "too_many_entries", opts: snapshot.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, e *snapEnv) []byte {
 			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", ""), fileEntry("alloc/data/b", ""), fileEntry("alloc/data/c", ""))
 		}},
 		{name: "error_entry", archive: func(t *testing.T, e *snapEnv) []byte {
@@ -348,7 +351,7 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newSnapEnv(t)
-			_, err := allocdir.ExtractSnapshot(bytes.NewReader(tc.archive(t, e)), e.dest, tc.opts)
+			_, err := snapshot.Extract(bytes.NewReader(tc.archive(t, e)), e.dest, tc.opts)
 			e.assertRefused(t, err)
 			if tc.check != nil {
 				tc.check(t, e)
@@ -364,7 +367,7 @@ func TestExtractOverlongNameErrorIsShort(t *testing.T) {
 	e := newSnapEnv(t)
 	deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256) + "/f"
 	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep, "x"))
-	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+	_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 	e.assertRefused(t, err)
 	if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "longer than 65536 bytes") {
 		t.Errorf("got a %d-byte error %q, want a short one naming the cap", len(msg), msg)
@@ -376,7 +379,7 @@ func TestExtractErrorEntryText(t *testing.T) {
 	t.Parallel()
 	e := newSnapEnv(t)
 	archive := snapTar(t, false, fileEntry("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
-	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+	_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 	e.assertRefused(t, err)
 	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
 		t.Errorf("got error %v, want the sender's text in it", err)
@@ -418,11 +421,11 @@ func TestExtractAcceptsForeignArchives(t *testing.T) {
 		t.Fatal(err)
 	}
 	dest := filepath.Join(t.TempDir(), "dest")
-	stats, err := allocdir.ExtractSnapshot(&buf, dest, allocdir.ExtractOptions{})
+	stats, err := snapshot.Extract(&buf, dest, snapshot.ExtractOptions{})
 	if err != nil {
-		t.Fatalf("ExtractSnapshot: got error %v, want nil", err)
+		t.Fatalf("Extract: got error %v, want nil", err)
 	}
-	want := allocdir.ExtractStats{Entries: 5, Dirs: 1, Files: 1, Symlinks: 2, Skipped: 1, Bytes: 3}
+	want := snapshot.ExtractStats{Entries: 5, Dirs: 1, Files: 1, Symlinks: 2, Skipped: 1, Bytes: 3}
 	if stats != want {
 		t.Errorf("got stats %+v, want %+v", stats, want)
 	}
@@ -448,11 +451,11 @@ func TestExtractAcceptsForeignArchives(t *testing.T) {
 func TestExtractEmptyArchive(t *testing.T) {
 	t.Parallel()
 	dest := filepath.Join(t.TempDir(), "dest")
-	stats, err := allocdir.ExtractSnapshot(bytes.NewReader(snapTar(t, false)), dest, allocdir.ExtractOptions{})
+	stats, err := snapshot.Extract(bytes.NewReader(snapTar(t, false)), dest, snapshot.ExtractOptions{})
 	if err != nil {
 		t.Fatalf("got error %v, want nil", err)
 	}
-	if stats != (allocdir.ExtractStats{}) {
+	if stats != (snapshot.ExtractStats{}) {
 		t.Errorf("got stats %+v, want zero", stats)
 	}
 	entries, err := os.ReadDir(dest)
@@ -479,7 +482,7 @@ func TestExtractDestExists(t *testing.T) {
 			} else if err := os.Symlink(e.outside, e.dest); err != nil {
 				t.Fatal(err)
 			}
-			_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+			_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 			if !errors.Is(err, fs.ErrExist) {
 				t.Errorf("got error %v, want one wrapping fs.ErrExist", err)
 			}
@@ -493,7 +496,7 @@ func TestExtractDestExists(t *testing.T) {
 func TestExtractParentMissing(t *testing.T) {
 	t.Parallel()
 	dest := filepath.Join(t.TempDir(), "missing", "dest")
-	_, err := allocdir.ExtractSnapshot(bytes.NewReader(snapTar(t, false)), dest, allocdir.ExtractOptions{})
+	_, err := snapshot.Extract(bytes.NewReader(snapTar(t, false)), dest, snapshot.ExtractOptions{})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("got error %v, want one wrapping fs.ErrNotExist", err)
 	}
@@ -522,7 +525,7 @@ func TestExtractReaderError(t *testing.T) {
 	for _, cut := range []int{0, 512, 512 + 512 + 1000, 512 + 512 + 5120} {
 		e := newSnapEnv(t)
 		r := &snapFailingReader{r: bytes.NewReader(full[:cut]), err: errSnapBoom}
-		_, err := allocdir.ExtractSnapshot(r, e.dest, allocdir.ExtractOptions{})
+		_, err := snapshot.Extract(r, e.dest, snapshot.ExtractOptions{})
 		if !errors.Is(err, errSnapBoom) {
 			t.Errorf("cut %d: got error %v, want one wrapping %v", cut, err, errSnapBoom)
 		}
@@ -551,7 +554,7 @@ func TestExtractDiskFull(t *testing.T) {
 	})
 	dest := filepath.Join(mnt, "dest")
 	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/big", strings.Repeat("x", 1<<20)))
-	_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), dest, allocdir.ExtractOptions{})
+	_, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{})
 	if !errors.Is(err, unix.ENOSPC) {
 		t.Errorf("got error %v, want one wrapping ENOSPC", err)
 	}
@@ -596,9 +599,9 @@ func TestExtractSparse16GiB(t *testing.T) {
 			}
 
 			e := newSnapEnv(t)
-			stats, err := allocdir.ExtractSnapshot(bytes.NewReader(tc.archive), e.dest, allocdir.ExtractOptions{})
+			stats, err := snapshot.Extract(bytes.NewReader(tc.archive), e.dest, snapshot.ExtractOptions{})
 			e.assertRefused(t, err)
-			if !errors.Is(err, allocdir.ErrEntryType) {
+			if !errors.Is(err, snapshot.ErrEntryType) {
 				t.Errorf("got error %v, want one wrapping ErrEntryType", err)
 			}
 			if stats.Bytes != 0 {
@@ -628,9 +631,9 @@ func TestExtractRefusesEntryTypes(t *testing.T) {
 			t.Parallel()
 			e := newSnapEnv(t)
 			archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"), tc.entry, fileEntry("alloc/data/z", "z"))
-			_, err := allocdir.ExtractSnapshot(bytes.NewReader(archive), e.dest, allocdir.ExtractOptions{})
+			_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 			e.assertRefused(t, err)
-			if !errors.Is(err, allocdir.ErrEntryType) {
+			if !errors.Is(err, snapshot.ErrEntryType) {
 				t.Errorf("got error %v, want one wrapping ErrEntryType", err)
 			}
 		})
@@ -640,7 +643,7 @@ func TestExtractRefusesEntryTypes(t *testing.T) {
 // TestExtractManyLongNamesBoundedMemory: what extraction keeps while it
 // runs does not grow with the names of the archive. 4,000 entries with
 // names of 3.8 KB (15 MB of names, half of them directories) go through
-// ExtractSnapshot while the heap is measured just before the trailer.
+// Extract while the heap is measured just before the trailer.
 // Not parallel: it measures the whole process's heap.
 func TestExtractManyLongNamesBoundedMemory(t *testing.T) {
 	const (
@@ -697,9 +700,9 @@ func TestExtractManyLongNamesBoundedMemory(t *testing.T) {
 
 	base := heap()
 	dest := filepath.Join(t.TempDir(), "dest")
-	stats, err := allocdir.ExtractSnapshot(pr, dest, allocdir.ExtractOptions{})
+	stats, err := snapshot.Extract(pr, dest, snapshot.ExtractOptions{})
 	if err != nil {
-		t.Fatalf("ExtractSnapshot: %v", err)
+		t.Fatalf("Extract: %v", err)
 	}
 	if stats.Entries != entries+1 || stats.Dirs != entries/2+1 || stats.Files != entries/2 {
 		t.Errorf("got stats %+v, want %d entries, %d dirs, %d files", stats, entries+1, entries/2+1, entries/2)
