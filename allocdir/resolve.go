@@ -1,7 +1,9 @@
 package allocdir
 
 import (
+	"errors"
 	"fmt"
+	iofs "io/fs"
 	"path"
 	"strings"
 	"syscall"
@@ -85,6 +87,12 @@ func (r Resolver) Resolve(p string, followFinal bool) (string, error) {
 		}
 		target, isLink, err := r.Readlink(strings.Join(candidate, "/"))
 		if err != nil {
+			// The reader's own PathError names the same path again;
+			// its cause is what the caller needs.
+			var pe *iofs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
 			return "", &PathError{Op: "resolve", Path: p, Resolved: strings.Join(candidate, "/"), Err: err}
 		}
 		if !isLink {

@@ -82,7 +82,7 @@ func TestRemoteCLI(t *testing.T) {
 		{"no token", envs[:1], []string{"alloc", "fs", "-ca-cert", remote[5], "-client-cert", remote[7], "-client-key", remote[9], "7c1d"}, "403"},
 		{"ambiguous prefix", envs, []string{"alloc", "fs", "7c"}, "matched 2 allocations"},
 		{"too short", envs, []string{"alloc", "fs", "7"}, "too short"},
-		{"no such allocation", envs, []string{"alloc", "logs", "ffff"}, `no allocation with ID or prefix "ffff"`},
+		{"no such allocation", envs, []string{"alloc", "logs", "ffff"}, `unknown allocation "ffff": no allocation has that ID`},
 		{"task needed", envs, []string{"alloc", "logs", "7c9a"}, `allocation "` + other + `" has 2 tasks (db, web): name one`},
 		{"unknown task", envs, []string{"alloc", "logs", "7c1d", "db"}, `allocation "` + id + `" has no task "db"; its tasks: web`},
 		{"control API only on the socket", envs, []string{"alloc", "logs", "-previous", "7c1d"}, "-previous needs the control socket"},

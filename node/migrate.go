@@ -93,7 +93,7 @@ func (s *Service) logMigration(st *store.State, prev string, mode migrate.Mode, 
 // store.
 func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, tasks []allocdir.Task, progress func(api.ProgressEvent)) (*store.State, error) {
 	if _, err := s.store.Get(req.ID); err == nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", req.ID, store.ErrExists)
+		return nil, fmt.Errorf("failed to create allocation %q: %w", req.ID, store.ErrExists)
 	}
 	names := make([]string, 0, len(tasks))
 	for _, t := range tasks {

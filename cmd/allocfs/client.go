@@ -102,7 +102,7 @@ func resolveAlloc(ctx context.Context, c *api.Client, prefix string) (*api.Alloc
 	}
 	switch {
 	case len(stubs) == 0:
-		return nil, fmt.Errorf("no allocation with ID or prefix %q: %w", prefix, allocdir.ErrUnknownAlloc)
+		return nil, fmt.Errorf("%w %q: no allocation has that ID or an ID that starts with it", allocdir.ErrUnknownAlloc, prefix)
 	case len(prefix) < minPrefix:
 		return nil, fmt.Errorf("allocation prefix %q is too short: give at least %d characters", prefix, minPrefix)
 	case len(stubs) == 1:

@@ -211,7 +211,7 @@ func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan
 			// The child reports a failed chdir as its exec failing.
 			startErr = fmt.Errorf("%w (can uid %d reach %s and the command?)", startErr, req.cred.Uid, taskDir)
 		}
-		return 0, errors.Join(fmt.Errorf("failed to start task %s of allocation %s: %w", req.task, req.id, startErr), mon.Stop(execDrainGrace))
+		return 0, errors.Join(fmt.Errorf("failed to start task %s of allocation %q: %w", req.task, req.id, startErr), mon.Stop(execDrainGrace))
 	}
 	procs.started(cmd.Process.Pid)
 

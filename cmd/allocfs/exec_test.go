@@ -121,7 +121,7 @@ func TestExecAgainstDaemon(t *testing.T) {
 		{"unknown allocation", []string{"exec", "a2", "web", sock, "--", "true"}, exitFailed, "unknown allocation"},
 		{"unknown task", []string{"exec", "a1", "db", sock, "--", "true"}, exitFailed, `allocation "a1" has no task "db"; its tasks: web`},
 		{"stopped allocation", []string{"exec", "old", "web", sock, "--", "true"}, exitFailed, `allocation "old" is terminal`},
-		{"missing command", []string{"exec", "a1", "web", sock, "--", "/no/such/command"}, exitFailed, "failed to start task web of allocation a1"},
+		{"missing command", []string{"exec", "a1", "web", sock, "--", "/no/such/command"}, exitFailed, `failed to start task web of allocation "a1"`},
 		{"exit code", []string{"exec", "a1", "web", sock, "--", "sh", "-c", "exit 7"}, 7, ""},
 		{"success", []string{"exec", "a1", "web", sock, "--", "true"}, exitOK, ""},
 		{"signal", []string{"exec", "a1", "web", sock, "--", "sh", "-c", "kill -KILL $$"}, 137, ""},

@@ -13,7 +13,7 @@ import (
 // state file, no entry.
 func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
 	if len(tasks) == 0 {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
 	return s.create(id, tasks)
 }
@@ -44,7 +44,7 @@ func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
 		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, errors.Join(err, s.removeFresh(fresh)))
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh)))
 	}
 	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks))
 	return s.Get(id)
@@ -56,7 +56,7 @@ func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
 // drivers register tasks again after a restart.
 func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 	if err := validTaskName(task.Name); err != nil {
-		return nil, fmt.Errorf("failed to add task to allocation %s: %w", id, err)
+		return nil, fmt.Errorf("failed to add task to allocation %q: %w", id, err)
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
@@ -86,7 +86,7 @@ func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 		return st, nil
 	}
 	if err := s.commitWithLayers("update", st, specs); err != nil {
-		return nil, fmt.Errorf("failed to add task %q to allocation %s: %w", task.Name, id, err)
+		return nil, fmt.Errorf("failed to add task %q to allocation %q: %w", task.Name, id, err)
 	}
 	s.logger.Debug("ensured task", "alloc_id", id, "task", task.Name)
 	return s.Get(id)
@@ -134,32 +134,32 @@ func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
 		return nil, err
 	}
 	if err := fn(edit); err != nil {
-		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
 	// fn may have kept a reference to edit: record a copy of its own.
 	st := edit.Clone()
 	if st.ID != id {
-		return nil, fmt.Errorf("failed to update allocation %s: the ID cannot change (got %q)", id, st.ID)
+		return nil, fmt.Errorf("failed to update allocation %q: the ID cannot change (got %q)", id, st.ID)
 	}
 	st.normalize()
 	if err := st.validate(); err != nil {
-		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
 	for _, l := range sortedKeys(st.layerIDs()) {
 		s.mu.RLock()
 		_, dying := s.dying[l]
 		s.mu.RUnlock()
 		if dying {
-			return nil, fmt.Errorf("failed to update allocation %s: layer %s is being removed", id, l)
+			return nil, fmt.Errorf("failed to update allocation %q: layer %s is being removed", id, l)
 		}
 		if err := s.checkLayer(l); err != nil {
-			return nil, fmt.Errorf("failed to update allocation %s: layer %s: %w", id, l, err)
+			return nil, fmt.Errorf("failed to update allocation %q: layer %s: %w", id, l, err)
 		}
 	}
 	// The record journaled is not handed out again: return a copy.
 	out := st.Clone()
 	if err := s.commit("update", st); err != nil {
-		return nil, fmt.Errorf("failed to update allocation %s: %w", id, err)
+		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
 	return out, nil
 }
@@ -182,11 +182,11 @@ func (s *Store) Destroy(id string) error {
 	}
 	if pins > 0 {
 		s.writeMu.Unlock()
-		return fmt.Errorf("failed to destroy allocation %s (%d readers): %w", id, pins, ErrPinned)
+		return fmt.Errorf("failed to destroy allocation %q (%d readers): %w", id, pins, ErrPinned)
 	}
 	if err := s.change(&intent{Op: "destroy", Records: map[string]*State{id: nil}}); err != nil {
 		s.writeMu.Unlock()
-		return fmt.Errorf("failed to destroy allocation %s: %w", id, err)
+		return fmt.Errorf("failed to destroy allocation %q: %w", id, err)
 	}
 	s.mu.Lock()
 	owned := s.claimLocked(sortedKeys(st.allLayerIDs()))
@@ -198,7 +198,7 @@ func (s *Store) Destroy(id string) error {
 	removed, err := s.removeClaimed(owned, "alloc_id", id)
 	s.logger.Info("destroyed allocation", "alloc_id", id, "layers_removed", removed)
 	if err != nil {
-		return fmt.Errorf("allocation %s destroyed; its layers are left for the collector: %w", id, err)
+		return fmt.Errorf("allocation %q destroyed; its layers are left for the collector: %w", id, err)
 	}
 	return nil
 }

@@ -135,7 +135,7 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 		return err
 	}
 	if st.Status != StatusTerminal {
-		return fmt.Errorf("allocation %s is %s: stop it before collecting it: %w", id, st.Status, ErrNotTerminal)
+		return &stateError{msg: fmt.Sprintf("allocation %q is %s: stop it before collecting it", id, st.Status), kind: ErrNotTerminal}
 	}
 	err = c.destroy(st, reason)
 	c.tidy()

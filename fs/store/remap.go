@@ -143,10 +143,10 @@ func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err erro
 // both), and terminal when the caller's policy asks.
 func migratable(prev *State, mustBeTerminal bool) error {
 	if prev.MigratedTo != "" {
-		return fmt.Errorf("previous allocation %s already handed its data to %s: %w", prev.ID, prev.MigratedTo, ErrExists)
+		return fmt.Errorf("previous allocation %q already handed its data to %q: %w", prev.ID, prev.MigratedTo, ErrExists)
 	}
 	if mustBeTerminal && prev.Status != StatusTerminal {
-		return fmt.Errorf("previous allocation %s is %s: stop it first (allocfs alloc stop %s): %w", prev.ID, prev.Status, prev.ID, ErrNotTerminal)
+		return &stateError{msg: fmt.Sprintf("previous allocation %q is %s: stop it first (allocfs alloc stop %s)", prev.ID, prev.Status, prev.ID), kind: ErrNotTerminal}
 	}
 	return nil
 }
@@ -177,7 +177,7 @@ func (s *Store) Stop(id string) (*State, error) {
 // new record and how many volumes were handed over.
 func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
 	if len(tasks) == 0 {
-		return nil, 0, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
 	next, err := s.newState(id, tasks)
 	if err != nil {
@@ -233,7 +233,7 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 // nothing is created and the received layers are removed.
 func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
 	if len(tasks) == 0 {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, ErrNoTasks)
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
 	st, err := s.newState(id, tasks)
 	if err != nil {
@@ -289,7 +289,7 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 		err = s.change(&intent{Op: "import", Records: map[string]*State{id: st}, Fresh: fresh})
 	}
 	if err != nil {
-		return fail(fmt.Errorf("failed to create allocation %s: %w", id, errors.Join(err, s.removeFresh(fresh))))
+		return fail(fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh))))
 	}
 	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", "import", "imported_layers", len(imported))
 	return s.Get(id)
@@ -302,7 +302,7 @@ func (s *Store) newState(id string, tasks []allocdir.Task) (*State, error) {
 		return nil, err
 	}
 	if err := validTasks(tasks); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %s: %w", id, err)
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
 	return &State{
 		ID:      id,
@@ -320,7 +320,7 @@ func (s *Store) absent(id string) error {
 	_, exists := s.allocs[id]
 	s.mu.RUnlock()
 	if exists {
-		return fmt.Errorf("failed to create allocation %s: %w", id, ErrExists)
+		return fmt.Errorf("failed to create allocation %q: %w", id, ErrExists)
 	}
 	return nil
 }

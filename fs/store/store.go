@@ -317,7 +317,7 @@ func (s *Store) checkLayers() error {
 		st := s.allocs[id]
 		for _, l := range sortedKeys(st.layerIDs()) {
 			if err := s.checkLayer(l); err != nil {
-				return fmt.Errorf("allocation %s references layer %s, which is unusable: %w; "+
+				return fmt.Errorf("allocation %q references layer %s, which is unusable: %w; "+
 					"restore the layer, or move %q out of the data dir to start without that allocation",
 					id, l, err, s.statePath(id))
 			}
@@ -387,7 +387,7 @@ func (s *Store) lookup(id string) (*State, error) {
 	if _, ok := s.destroyed[id]; ok {
 		return nil, &goneError{id: id}
 	}
-	return nil, fmt.Errorf("allocation %s: %w", id, allocdir.ErrUnknownAlloc)
+	return nil, fmt.Errorf("%w %q", allocdir.ErrUnknownAlloc, id)
 }
 
 // goneError is returned for an allocation destroyed since the store was
@@ -397,12 +397,22 @@ func (s *Store) lookup(id string) (*State, error) {
 type goneError struct{ id string }
 
 func (e *goneError) Error() string {
-	return fmt.Sprintf("allocation %s: %v", e.id, allocdir.ErrGone)
+	return fmt.Sprintf("allocation %q has been garbage collected", e.id)
 }
 
 func (e *goneError) Is(target error) bool {
 	return target == allocdir.ErrGone || target == allocdir.ErrUnknownAlloc
 }
+
+// stateError is a refusal for an allocation's state whose message says
+// it all: it is its kind (errors.Is) without repeating the kind's text.
+type stateError struct {
+	msg  string
+	kind error
+}
+
+func (e *stateError) Error() string        { return e.msg }
+func (e *stateError) Is(target error) bool { return target == e.kind }
 
 // Get returns a copy of the record of id.
 func (s *Store) Get(id string) (*State, error) {

@@ -436,7 +436,7 @@ func TestStoreOpenMissingLayer(t *testing.T) {
 	if !errors.Is(err, iofs.ErrNotExist) {
 		t.Fatalf("Open: got %v, want %v", err, iofs.ErrNotExist)
 	}
-	if !strings.Contains(err.Error(), "allocation x ") || !strings.Contains(err.Error(), layer) {
+	if !strings.Contains(err.Error(), `allocation "x" `) || !strings.Contains(err.Error(), layer) {
 		t.Errorf("Open: got %q, want it to name allocation x and layer %s", err, layer)
 	}
 }
