@@ -89,13 +89,15 @@ func NewServer(logger hclog.Logger, node Node) *Server {
 	s.client.HandleFunc("GET "+clientAllocPath+"{id}/gc", s.clientGCAlloc)
 	s.client.HandleFunc("GET "+ClientGCPath, s.clientGCAll)
 	s.client.HandleFunc("GET "+AllocationsPath, s.allocStubs)
+	s.client.HandleFunc("GET "+HealthPath, s.agentHealth)
 	s.mux.Handle("/v1/client/", s.client)
 	s.mux.Handle("GET "+AllocationsPath, s.client)
 	return s
 }
 
 // ClientAPI is the part of the API that other machines may reach: Nomad's
-// client endpoints and the allocation stubs, without the control API.
+// client endpoints, the allocation stubs and the health check, without
+// the control API.
 func (s *Server) ClientAPI() http.Handler { return s.client }
 
 // StopStreams ends the client API's streams (followers): register it with
