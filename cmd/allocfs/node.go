@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/api/netlimit"
+	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -183,17 +184,20 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 }
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the
-// migration token, the client API behind the API token, nothing else (the
-// control API stays on the unix socket). The tokens are those secrets
-// holds at each request. Refusals are logged through refusals, at a
-// bounded rate: anyone who can connect can cause them.
-func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client http.Handler) http.Handler {
+// migration token, the client API and the metrics behind the API token,
+// nothing else (the control API stays on the unix socket). The tokens are
+// those secrets holds at each request. Refusals are logged through
+// refusals, at a bounded rate: anyone who can connect can cause them.
+func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client, metricsHandler http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if cfg.servesSnapshots() {
 		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, secrets, snapshots))
 	}
 	if cfg.servesClientAPI() {
 		mux.Handle("/v1/client/", requireToken(refusals, secrets, client))
+		// The series name the node's allocations: whoever may browse
+		// their files may read them, and nobody else.
+		mux.Handle(metrics.Path, requireToken(refusals, secrets, metricsHandler))
 	}
 	return mux
 }
