@@ -13,10 +13,12 @@ package fs
 // which needs root; so does mounting with passthrough.
 //
 // ALLOCFS_BENCH_DIR chooses the directory the store, the native directory
-// and the peers are created in (the default is the test's temp dir), and
+// and the peers are created in (the default is the test's temp dir),
 // ALLOCFS_BENCH_ORDER=rotate-N runs the sides rotated by N places
 // (mount-first is rotate-1), so that rounds can take turns at which side
-// goes first.
+// goes first, and ALLOCFS_BENCH_METRICS=1 mounts with the metrics of
+// allocfs serve (every request timed into its opcode's histogram, every
+// copy-up counted), to measure what they cost.
 
 import (
 	"bytes"
@@ -38,6 +40,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/metrics"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -113,6 +116,10 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 	}
 	mo := DefaultMountOptions()
 	mo.IOUring = benchIOUring()
+	if os.Getenv("ALLOCFS_BENCH_METRICS") == "1" {
+		nm := metrics.New(mountLog)
+		mo.Requests, mo.CopyUps = nm.FUSE(), nm.CopyUps()
+	}
 	env.mount, err = NewMount(mountLog, s, mnt, mo)
 	if err != nil {
 		b.Fatal(err)
@@ -131,7 +138,8 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 	env.peers = mountPeers(b, mountLog, base, cfg)
 	benchEnvOnce.Do(func() {
 		mountLog.Info("benchmark environment", "data_dir", s.DataDir(), "fs", fsTypeName(s.DataDir()),
-			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough(), "io_uring", env.mount.ioUring)
+			"gomaxprocs", runtime.GOMAXPROCS(0), "passthrough", env.mount.Passthrough(), "io_uring", env.mount.ioUring,
+			"metrics", mo.Requests != nil)
 	})
 	return env
 }

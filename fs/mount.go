@@ -47,6 +47,12 @@ type MountOptions struct {
 	// StableTimeout is how long the kernel may cache entries and
 	// attributes; allocfs invalidates what it changes itself.
 	StableTimeout time.Duration
+	// Requests, when set, is told of every request allocfs's own loop
+	// handles (fs/transport); go-fuse's server (GoFuseServer, Debug)
+	// tells it nothing.
+	Requests transport.Observer
+	// CopyUps, when set, is told of every entry a volume copies up.
+	CopyUps layer.CopyUpObserver
 	// NegativeTimeout is how long a failed lookup is cached.
 	NegativeTimeout time.Duration
 	// interpose, when set, wraps the request handler: tests use it to
@@ -105,9 +111,14 @@ type Mount struct {
 	// passthroughLost is set when file data reached the daemon although
 	// passthrough was negotiated.
 	passthroughLost atomic.Bool
-	stopHook        func()
-	unmountOnce     sync.Once
-	unmountErr      error
+	// passthroughOpens and daemonOpens count the handles of volume files
+	// given to the kernel to serve by passthrough, and those whose reads
+	// and writes the daemon serves (FileOpens).
+	passthroughOpens, daemonOpens atomic.Uint64
+
+	stopHook    func()
+	unmountOnce sync.Once
+	unmountErr  error
 }
 
 // rootCacheSize bounds the layer roots a mount keeps open: two or three
@@ -220,6 +231,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			Capabilities:       mountCapabilities,
 			IOUring:            opts.IOUring,
 			Logger:             m.logger.Named("fuse"),
+			Observer:           opts.Requests,
 		}
 		var conn *transport.Conn
 		var err error
@@ -287,6 +299,14 @@ func (m *Mount) Dir() string { return m.dir }
 // backing fds by the kernel: it was negotiated at mount time, and no read
 // or write has reached the daemon since.
 func (m *Mount) Passthrough() bool { return m.passthrough.Load() && !m.passthroughLost.Load() }
+
+// FileOpens returns how many handles of volume files the mount has given
+// the kernel to serve by passthrough, and how many it serves itself (a
+// lower file of a writable volume, a file with set-id bits, every file
+// when passthrough is off), since it was made.
+func (m *Mount) FileOpens() (passthrough, daemon uint64) {
+	return m.passthroughOpens.Load(), m.daemonOpens.Load()
+}
 
 // dataThroughDaemon records that file data went through the daemon
 // although passthrough was negotiated, and says so once.

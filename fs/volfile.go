@@ -101,8 +101,10 @@ func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
 func (n *volNode) asPassthroughFile(lf *gofs.LoopbackFile, on bool) gofs.FileHandle {
 	n.trackFile(lf)
 	if !on {
+		n.m.daemonOpens.Add(1)
 		return &trackedFile{LoopbackFile: lf, node: n}
 	}
+	n.m.passthroughOpens.Add(1)
 	return &volFile{LoopbackFile: lf, m: n.m, node: n, tracked: lf}
 }
 
@@ -368,6 +370,7 @@ func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
 // asDaemonFile wraps fh, a handle the caller has counted in
 // n.daemonServed, as a daemonFile.
 func (n *volNode) asDaemonFile(fh gofs.FileHandle) gofs.FileHandle {
+	n.m.daemonOpens.Add(1)
 	df := &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
 	switch h := fh.(type) {
 	case *gofs.LoopbackFile:

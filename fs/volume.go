@@ -86,7 +86,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		return nil, errno
 	}
 	dir := m.store.LayerPath(v.Upper)
-	stack := &layer.Stack{Roots: []string{dir}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes}
+	stack := &layer.Stack{Roots: []string{dir}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
 	for _, l := range v.Lowers {
 		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
 	}

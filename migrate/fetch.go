@@ -172,6 +172,9 @@ type FetchOptions struct {
 	Progress func(Progress)
 	// Logger receives one line per attempt; nil discards.
 	Logger hclog.Logger
+	// Observer is told of the fetch when it ends; nil means the process's
+	// default (SetDefaultFetchObserver), if any.
+	Observer FetchObserver
 }
 
 // Fetched describes a snapshot that was received, checked and extracted.
@@ -221,7 +224,12 @@ func Fetch(ctx context.Context, opts FetchOptions) (*Fetched, error) {
 	if f.ownClient {
 		defer f.client.CloseIdleConnections()
 	}
-	return f.run(ctx)
+	start := time.Now()
+	res, err := f.run(ctx)
+	if obs := f.observer(); obs != nil {
+		obs.Fetched(FetchReport{Attempts: f.attempts, Bytes: f.received, Duration: time.Since(start), Err: err})
+	}
+	return res, err
 }
 
 type fetcher struct {
@@ -231,6 +239,10 @@ type fetcher struct {
 	client    *http.Client
 	ownClient bool
 	logger    hclog.Logger
+	// attempts counts the attempts made, and received the bytes of
+	// their bodies, failed attempts' included.
+	attempts int
+	received int64
 }
 
 func newFetcher(opts FetchOptions) (*fetcher, error) {
@@ -323,6 +335,7 @@ func (f *fetcher) run(ctx context.Context) (*Fetched, error) {
 	backoff := f.opts.Backoff
 	maxBackoff := max(MaxBackoff, f.opts.Backoff)
 	for attempt := 1; ; attempt++ {
+		f.attempts = attempt
 		f.logger.Info("fetching snapshot", "attempt", attempt, "max_attempts", f.opts.Retries)
 		res, err := f.attempt(ctx, attempt)
 		if err == nil {
@@ -426,6 +439,7 @@ func (f *fetcher) attempt(ctx context.Context, attempt int) (*Fetched, error) {
 		start:    time.Now(),
 	}
 	m.last = m.start
+	defer func() { f.received += m.n }()
 	br := bufio.NewReaderSize(m, recvBufSize)
 	dest := filepath.Join(f.opts.StagingDir, "snapshot-"+randomSuffix())
 	stats, err := snapshot.Extract(br, dest, f.opts.Limits)

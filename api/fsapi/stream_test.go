@@ -272,3 +272,25 @@ func TestLogsFollowRotationsLeaveNothing(t *testing.T) {
 		t.Errorf("%d goroutines after 30 rotations, %d before: a follower per file is left behind", n, base)
 	}
 }
+
+// TestFollowingCounts: a client that follows a file counts in Following
+// while it waits at the end of the file, and no longer once it is gone.
+// Not parallel: the count is the process's.
+func TestFollowingCounts(t *testing.T) {
+	waitFollowing := func(what string, want int64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); Following() != want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d followers, want %d", what, Following(), want)
+			}
+		}
+	}
+	waitFollowing("before the test", 0)
+	s := newStoreServer(t, nil)
+	appendFile(t, filepath.Join(s.logs, "web.stdout.0"), "zero\n")
+	fl := s.open(t, "/v1/client/fs/logs/a1?task=web&type=stdout&follow=true")
+	fl.until(t, "file 0", func(d string, _ []string) bool { return d == "zero\n" })
+	waitFollowing("while following", 1)
+	fl.cancel()
+	waitFollowing("after the client went", 0)
+}

@@ -302,7 +302,7 @@ func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 			io.WriteString(w, "ok")
 		})
 	}
-	h := nodeHandler(g.refusals, cfg, &secrets, next("snapshot"), next("client"))
+	h := nodeHandler(g.refusals, cfg, &secrets, next("snapshot"), next("client"), next("metrics"))
 	do := func(path, token string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, path, nil)
 		if token != "" {
@@ -350,8 +350,34 @@ func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 	if w := do("/v1/client/allocation/a1/snapshot", secret.Derive("a1")); w.Code != http.StatusOK {
 		t.Errorf("snapshot with the allocation's token: %d, want 200", w.Code)
 	}
-	if want := []string{"client /v1/client/fs/ls/a1", "snapshot /v1/client/allocation/a1/snapshot"}; strings.Join(reached, ",") != strings.Join(want, ",") {
+	for _, token := range []string{"", "wrong", secret.Derive("a1")} {
+		if w := do("/v1/metrics", token); w.Code != http.StatusForbidden {
+			t.Errorf("metrics with token %q: %d, want 403", token, w.Code)
+		}
+	}
+	if w := do("/v1/metrics", "api-token"); w.Code != http.StatusOK {
+		t.Errorf("metrics with the API token: %d, want 200", w.Code)
+	}
+	if want := []string{"client /v1/client/fs/ls/a1", "snapshot /v1/client/allocation/a1/snapshot", "metrics /v1/metrics"}; strings.Join(reached, ",") != strings.Join(want, ",") {
 		t.Errorf("admitted requests reached %v, want %v", reached, want)
+	}
+}
+
+// TestNodeHandlerMetricsNeedTheAPIToken: without --token-file the TCP
+// listener serves no metrics at all, whatever the token; the snapshot
+// token, which other nodes hold, never admits them.
+func TestNodeHandlerMetricsNeedTheAPIToken(t *testing.T) {
+	g, _, _ := testGuard(t, fdBudget{Streams: 4}, defaultTimeouts)
+	var secrets atomic.Pointer[nodeSecrets]
+	secrets.Store(&nodeSecrets{migrateTokens: migrate.SharedToken("migrate-token")})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	h := nodeHandler(g.refusals, nodeConfig{migrateTokenFile: "token"}, &secrets, ok, ok, ok)
+	r := httptest.NewRequest(http.MethodGet, "/v1/metrics", nil)
+	r.Header.Set("X-Nomad-Token", "migrate-token")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusNotFound {
+		t.Errorf("metrics on a listener without --token-file: %d, want 404", w.Code)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/api/netlimit"
+	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -186,12 +187,13 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 }
 
 // nodeHandler is what other machines reach over TCP: snapshots behind the
-// migration token, the client API (with the allocation stubs a client
-// resolves ID prefixes with) behind the API token, nothing else (the
-// control API stays on the unix socket). The tokens are those secrets
-// holds at each request. Refusals are logged through refusals, at a
-// bounded rate: anyone who can connect can cause them.
-func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client http.Handler) http.Handler {
+// migration token; the client API (with the allocation stubs a client
+// resolves ID prefixes with, and the health check) and the metrics behind
+// the API token; nothing else (the control API stays on the unix socket).
+// The tokens are those secrets holds at each request. Refusals are logged
+// through refusals, at a bounded rate: anyone who can connect can cause
+// them.
+func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client, metricsHandler http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if cfg.servesSnapshots() {
 		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, secrets, snapshots))
@@ -199,6 +201,10 @@ func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.
 	if cfg.servesClientAPI() {
 		mux.Handle("/v1/client/", requireToken(refusals, secrets, client))
 		mux.Handle("GET "+api.AllocationsPath, requireToken(refusals, secrets, client))
+		mux.Handle("GET "+api.HealthPath, requireToken(refusals, secrets, client))
+		// The series name the node's allocations: whoever may browse
+		// their files may read them, and nobody else.
+		mux.Handle(metrics.Path, requireToken(refusals, secrets, metricsHandler))
 	}
 	return mux
 }

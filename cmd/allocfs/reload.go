@@ -97,6 +97,7 @@ func restartOnly(old, next *serveArgs) []string {
 		{"debug-fuse", old.debugFuse != next.debugFuse},
 		{"fuse-io-uring", old.fuseIOUring != next.fuseIOUring},
 		{"gc-*", old.gc != next.gc},
+		{"metrics-usage-interval", old.metricsUsageInterval != next.metricsUsageInterval},
 	} {
 		if f.changed {
 			names = append(names, f.name)

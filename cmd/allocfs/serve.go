@@ -22,6 +22,7 @@ import (
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/allocfs/allocfs/node"
 	"github.com/hashicorp/go-hclog"
@@ -48,6 +49,7 @@ type serveArgs struct {
 	liveRestart, allowNonEmpty      bool
 	node                            nodeConfig
 	gc                              store.GCConfig
+	metricsUsageInterval            time.Duration
 }
 
 // newServeFlags returns serve's flag set, parsing into a.
@@ -84,6 +86,7 @@ reload that changes them says so in the log.`)
 	fset.Float64Var(&a.gc.DiskUsagePercent, "gc-disk-usage-threshold", a.gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
 	fset.Float64Var(&a.gc.InodeUsagePercent, "gc-inode-usage-threshold", a.gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
 	fset.IntVar(&a.gc.MaxAllocs, "gc-max-allocs", a.gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
+	fset.DurationVar(&a.metricsUsageInterval, "metrics-usage-interval", metrics.DefaultUsageInterval, "how often the allocations' usage in /v1/metrics is measured again, by a walk of their layers (`duration`; the series are up to that old)")
 	return fset
 }
 
@@ -114,6 +117,9 @@ func parseServeArgs(e *env, args []string) (*serveArgs, error) {
 	}
 	if a.liveRestart && a.fuseIOUring {
 		return nil, usageErrorf(serveCmd, "--fuse-io-uring needs --live-restart=false: after a crash, the kernel would not resend the requests the dead daemon's rings held, and their callers would wait forever")
+	}
+	if a.metricsUsageInterval <= 0 {
+		return nil, usageErrorf(serveCmd, "--metrics-usage-interval must be more than 0")
 	}
 	if a.mountDir == "" {
 		a.mountDir = filepath.Join(a.dataDir, "mnt")
@@ -191,6 +197,7 @@ func runServe(e *env, args []string) error {
 		node:          a.node,
 		secrets:       secrets,
 		gc:            a.gc,
+		usageInterval: a.metricsUsageInterval,
 		args:          a,
 		reread:        func() (*serveArgs, error) { return parseServeArgs(e, args) },
 	})
@@ -215,6 +222,9 @@ type serveConfig struct {
 	node    nodeConfig
 	secrets *nodeSecrets
 	gc      store.GCConfig
+	// usageInterval is how often the metrics' allocation usage is
+	// measured.
+	usageInterval time.Duration
 	// args are the flags serve started with, and reread parses them
 	// again, for SIGHUP; nil reread: nothing to reload.
 	args   *serveArgs
@@ -290,6 +300,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := s.Announce(cfg.mountDir); err != nil {
 		return err
 	}
+	nodeMetrics := metrics.New(logger)
+	s.SetObserver(nodeMetrics.Store())
+	migrate.SetDefaultFetchObserver(nodeMetrics.Fetches())
 	// A connection systemd or a holder keeps (a restart, a crash) is
 	// taken over; only without one is the mount point prepared for a new
 	// mount.
@@ -326,6 +339,8 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
 	opts.IOUring = cfg.mount.IOUring
+	opts.Requests = nodeMetrics.FUSE()
+	opts.CopyUps = nodeMetrics.CopyUps()
 	var m *fs.Mount
 	if heldFd >= 0 {
 		m, err = fs.AdoptMount(logger, s, heldFd, opts)
@@ -362,6 +377,12 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		}
 	}
 
+	// Deferred after the store's close, so that it runs before it on
+	// an early return; the end of serve stops it before closing the store.
+	stopMetrics := watchNode(nodeMetrics, m, s, cfg.usageInterval)
+	defer stopMetrics()
+	metricsHandler := nodeMetrics.Handler()
+
 	// Every read of an allocation's files, for the client API and for
 	// snapshots, goes through the store, never through the mount; a
 	// follower of a collected allocation's file sees it deleted.
@@ -377,7 +398,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	svc.SetFetchTLS(cfg.secrets.fetchTLS)
 	apiServer := api.NewServer(logger, svc)
 	clientAPI := apiServer.ClientAPI()
-	srv := guard.httpServer(guard.limitStreams(apiServer, false), "unix")
+	srv := guard.httpServer(guard.limitStreams(withMetrics(apiServer, metricsHandler), false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
 	served := make(chan error, 2)
@@ -405,7 +426,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			})
 			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, svc.FS, tokens), true)
 		}
-		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, &secrets, snapshots, guard.limitStreams(clientAPI, false)), "tcp")
+		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, &secrets, snapshots, guard.limitStreams(clientAPI, false), metricsHandler), "tcp")
 		nodeSrv.TLSConfig = tlsCfg
 		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
 		go func() {
@@ -526,6 +547,7 @@ wait:
 		}
 	}
 	svc.Wait()
+	stopMetrics()
 	logger.Info("control API stopped")
 
 	if leave {

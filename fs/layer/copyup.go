@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,7 +87,15 @@ func (s *Stack) CopyUp(rel string, from int) error {
 // copyInto copies rel from the layer at from into the upper layer (see
 // copyEntry), leaving the times of the upper directory it lands in as
 // they were: a copy-up is not a change a task made to that directory.
-func (s *Stack) copyInto(from int, rel string, st *syscall.Stat_t) error {
+func (s *Stack) copyInto(from int, rel string, st *syscall.Stat_t) (err error) {
+	if s.CopyUps != nil {
+		start := time.Now()
+		defer func() {
+			if err == nil {
+				s.CopyUps.CopiedUp(st.Mode&syscall.S_IFMT, copiedBytes(st), time.Since(start))
+			}
+		}()
+	}
 	restore := s.quietly(filepath.Dir(rel), true)
 	dst, err := s.Loc(0, rel)
 	if err != nil {
@@ -287,6 +296,7 @@ func (s *Stack) copyFile(from int, rel string, dst Loc, st *syscall.Stat_t, orig
 // may change it through its fd, the lower file must stay as it is, and no
 // name may show the copy. The copy lives as long as a descriptor of it.
 func (s *Stack) CopyAnonymous(fd int) (int, error) {
+	start := time.Now()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return -1, &os.PathError{Op: "fstat", Path: "lower file", Err: err}
@@ -305,7 +315,19 @@ func (s *Stack) CopyAnonymous(fd int) (int, error) {
 		unix.Close(tfd)
 		return -1, &os.PathError{Op: "copy up", Path: "open unlinked lower file", Err: err}
 	}
+	if s.CopyUps != nil {
+		s.CopyUps.CopiedUp(st.Mode&syscall.S_IFMT, copiedBytes(&st), time.Since(start))
+	}
 	return tfd, nil
+}
+
+// copiedBytes is what a copy-up of the entry whose lstat is st copies:
+// a regular file's size, nothing for the rest.
+func copiedBytes(st *syscall.Stat_t) int64 {
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return 0
+	}
+	return st.Size
 }
 
 // fillCopy gives the empty file tfd the bytes (cloned where the

@@ -62,6 +62,10 @@
 //	ctimes     allocfs's own changes (the copy, a directory's times put
 //	           back after a copy into it) do not show in ctime (Ctimes)
 //
+// Copy-up is the cost a snapshot migration puts off until the first
+// write, so a stack tells its CopyUps observer of each entry it copies,
+// with its type, size and time (the node's metrics count them).
+//
 // A task's own character device 0/0 (mknod, or a rename with
 // RENAME_WHITEOUT) carries trusted.overlay.allocfs.device, so that it is
 // never taken for a whiteout, here or in a stack that takes the layer in

@@ -328,3 +328,48 @@ func TestCopyUpOutOfSpace(t *testing.T) {
 		t.Errorf("the lower file changed under a failed copy-up")
 	}
 }
+
+// copyUpRecord is a CopyUpObserver that keeps what it was told.
+type copyUpRecord struct {
+	modes []uint32
+	bytes int64
+	took  time.Duration
+}
+
+func (r *copyUpRecord) CopiedUp(mode uint32, bytes int64, d time.Duration) {
+	r.modes = append(r.modes, mode)
+	r.bytes += bytes
+	r.took += d
+}
+
+// TestCopyUpTellsTheObserver: a copy-up of a file in a lower directory
+// is two copies, the directory (no bytes) and the file (its size); a
+// second copy-up of the same file copies nothing and says nothing, and
+// the anonymous copy of an open file counts too.
+func TestCopyUpTellsTheObserver(t *testing.T) {
+	requireRoot(t)
+	s := newStack(t, func(root string) { write(t, filepath.Join(root, "d/f"), "twelve bytes") })
+	rec := &copyUpRecord{}
+	s.CopyUps = rec
+	must(t, s.EnsureUpperDir("d"))
+	must(t, s.CopyUp("d/f", 1))
+	must(t, s.CopyUp("d/f", 1))
+	if want := []uint32{syscall.S_IFDIR, syscall.S_IFREG}; !slices.Equal(rec.modes, want) {
+		t.Errorf("copied-up types %o, want %o", rec.modes, want)
+	}
+	if rec.bytes != 12 {
+		t.Errorf("copied-up bytes %d, want 12", rec.bytes)
+	}
+	if rec.took <= 0 {
+		t.Errorf("the copy-ups took no time at all: the observer is given no duration")
+	}
+	fd, err := unix.Open(filepath.Join(s.Roots[1], "d/f"), unix.O_RDONLY, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	copyFd, err := s.CopyAnonymous(fd)
+	must(t, err)
+	unix.Close(copyFd)
+	if len(rec.modes) != 3 || rec.bytes != 24 {
+		t.Errorf("after an anonymous copy: %d copies of %d bytes, want 3 of 24", len(rec.modes), rec.bytes)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +23,19 @@ type Stack struct {
 	// Ctimes, when set, hides allocfs's own changes from the change
 	// times of upper entries.
 	Ctimes *Ctimes
+	// CopyUps, when set, is told of every entry copied up.
+	CopyUps CopyUpObserver
+}
+
+// CopyUpObserver is told of each entry a stack copied up into its upper
+// layer: its type (the S_IFMT bits of st_mode), the bytes of a regular
+// file's data (its size: a clone or a sparse copy may move fewer), and
+// how long the copy took, metadata and naming included. A file's other
+// names, linked to the copy, are not copies of their own. It runs on the
+// goroutine that copied, inside the FUSE request that caused the copy,
+// so it must not block.
+type CopyUpObserver interface {
+	CopiedUp(mode uint32, bytes int64, d time.Duration)
 }
 
 // Entry is one name of a merged directory listing.

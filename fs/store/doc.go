@@ -65,7 +65,10 @@
 // owner; Pin keeps an allocation whose snapshot is streaming from being
 // destroyed; the Collector, the node's only one (the timer and explicit
 // requests alike), destroys terminal allocations, oldest first, under
-// Nomad's GC triggers, then sweeps and flattens.
+// Nomad's GC triggers, then sweeps and flattens. An Observer
+// (SetObserver; package metrics is one) is told of every migration and
+// of every decision of the collector, reasons reduced to a fixed set
+// (GCReason) fit for a metric's label.
 //
 // # Flattening
 //

@@ -101,8 +101,10 @@ func (c *Collector) Run(ctx context.Context) {
 func (c *Collector) Collect() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	collected := c.collect()
-	c.tidy()
+	pass := CollectorPass{}
+	start := time.Now()
+	collected := c.collect(&pass)
+	c.tidy(&pass, start)
 	return collected
 }
 
@@ -112,16 +114,20 @@ func (c *Collector) Collect() []string {
 func (c *Collector) CollectAll(reason string) ([]string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	pass := CollectorPass{Requested: true}
+	start := time.Now()
 	collected := []string{}
 	var errs []error
-	for _, st := range c.terminal() {
-		if err := c.destroy(st, reason); err != nil {
+	terminal, pinned := c.terminal()
+	pass.Pinned = len(pinned)
+	for _, st := range terminal {
+		if err := c.destroy(&pass, st, GCRequested, reason); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		collected = append(collected, st.ID)
 	}
-	c.tidy()
+	c.tidy(&pass, start)
 	return collected, errors.Join(errs...)
 }
 
@@ -137,14 +143,24 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 	if st.Status != StatusTerminal {
 		return &stateError{msg: fmt.Sprintf("allocation %q is %s: stop it before collecting it", id, st.Status), kind: ErrNotTerminal}
 	}
-	err = c.destroy(st, reason)
-	c.tidy()
+	pass := CollectorPass{Requested: true}
+	start := time.Now()
+	err = c.destroy(&pass, st, GCRequested, reason)
+	c.tidy(&pass, start)
 	return err
 }
 
-// destroy collects one allocation and says why in the log.
-func (c *Collector) destroy(st *State, reason string) error {
-	if err := c.store.Destroy(st.ID); err != nil {
+// destroy collects one allocation and says why in the log; class is the
+// reason's class, for the observer, and a pinned allocation counts in
+// pass's Pinned.
+func (c *Collector) destroy(pass *CollectorPass, st *State, class GCReason, reason string) error {
+	err := c.store.Destroy(st.ID)
+	if errors.Is(err, ErrPinned) {
+		pass.Pinned++
+	} else {
+		c.store.obs.Collected(class, err)
+	}
+	if err != nil {
 		if errors.Is(err, allocdir.ErrUnknownAlloc) || errors.Is(err, ErrPinned) {
 			c.logger.Info("allocation not collected", "alloc_id", st.ID, "reason", reason, "error", err)
 			return err
@@ -159,28 +175,40 @@ func (c *Collector) destroy(st *State, reason string) error {
 }
 
 // tidy sweeps orphan layers and flattens snapshot chains, logging what
-// fails.
-func (c *Collector) tidy() {
-	if _, err := c.store.Sweep(); err != nil {
+// fails, and tells the observer of the pass that started at start.
+func (c *Collector) tidy(pass *CollectorPass, start time.Time) {
+	var err error
+	if pass.Swept, err = c.store.Sweep(); err != nil {
 		c.logger.Error("failed to remove orphan layers", "error", err)
 	}
-	if _, err := c.store.Flatten(); err != nil {
+	if pass.Merges, err = c.store.Flatten(); err != nil {
 		c.logger.Error("failed to flatten snapshot chains", "error", err)
 	}
+	pass.Duration = time.Since(start)
+	c.store.obs.CollectorPass(*pass)
 }
 
 // collect destroys terminal allocations while the node is over a trigger.
 // One that cannot be collected is skipped for the rest of the pass.
-func (c *Collector) collect() []string {
+func (c *Collector) collect(pass *CollectorPass) []string {
 	var collected []string
 	skip := make(map[string]bool)
-	for {
-		reason := c.pressure()
-		if reason == "" {
+	pinnedSeen := make(map[string]bool)
+	defer func() { pass.Pinned += len(pinnedSeen) }()
+	for first := true; ; first = false {
+		class, reason := c.pressure()
+		if first {
+			pass.Pressure = class
+		}
+		if class == GCNone {
 			return collected
 		}
+		terminal, pinned := c.terminal()
+		for _, id := range pinned {
+			pinnedSeen[id] = true
+		}
 		var victim *State
-		for _, st := range c.terminal() {
+		for _, st := range terminal {
 			if !skip[st.ID] {
 				victim = st
 				break
@@ -190,7 +218,7 @@ func (c *Collector) collect() []string {
 			c.logger.Debug("garbage collection skipped because no terminal allocations", "pressure", reason)
 			return collected
 		}
-		if err := c.destroy(victim, reason); err != nil {
+		if err := c.destroy(pass, victim, class, reason); err != nil {
 			skip[victim.ID] = true
 			if _, gone := c.store.Get(victim.ID); gone != nil {
 				collected = append(collected, victim.ID)
@@ -201,46 +229,48 @@ func (c *Collector) collect() []string {
 	}
 }
 
-// pressure says which trigger the node is over, or "".
-func (c *Collector) pressure() string {
+// pressure says which trigger the node is over (GCNone: none), and in
+// words, for the log.
+func (c *Collector) pressure() (GCReason, string) {
 	if n := c.store.Len(); c.cfg.MaxAllocs > 0 && n > c.cfg.MaxAllocs {
-		return fmt.Sprintf("%d allocations > max %d", n, c.cfg.MaxAllocs)
+		return GCMaxAllocs, fmt.Sprintf("%d allocations > max %d", n, c.cfg.MaxAllocs)
 	}
 	st, err := c.statfs()
 	if err != nil {
 		c.logger.Error("cannot read backing store usage", "error", err)
-		return ""
+		return GCNone, ""
 	}
 	if st.Blocks > 0 {
 		used := 100 * float64(st.Blocks-st.Bfree) / float64(st.Blocks)
 		if c.cfg.DiskUsagePercent > 0 && used > c.cfg.DiskUsagePercent {
-			return fmt.Sprintf("disk usage %.1f%% > %.0f%%", used, c.cfg.DiskUsagePercent)
+			return GCDisk, fmt.Sprintf("disk usage %.1f%% > %.0f%%", used, c.cfg.DiskUsagePercent)
 		}
 	}
 	if st.Files > 0 {
 		used := 100 * float64(st.Files-st.Ffree) / float64(st.Files)
 		if c.cfg.InodeUsagePercent > 0 && used > c.cfg.InodeUsagePercent {
-			return fmt.Sprintf("inode usage %.1f%% > %.0f%%", used, c.cfg.InodeUsagePercent)
+			return GCInodes, fmt.Sprintf("inode usage %.1f%% > %.0f%%", used, c.cfg.InodeUsagePercent)
 		}
 	}
-	return ""
+	return GCNone, ""
 }
 
 // terminal returns the terminal, unpinned allocations, stopped first
-// first.
-func (c *Collector) terminal() []*State {
-	var terminal []*State
+// first, and the IDs of the terminal ones a migration pins.
+func (c *Collector) terminal() (terminal []*State, pinned []string) {
 	for _, st := range c.store.List() {
 		if st.Status != StatusTerminal {
 			continue
 		}
 		c.store.mu.RLock()
-		pinned := c.store.pins[st.ID] > 0
+		isPinned := c.store.pins[st.ID] > 0
 		c.store.mu.RUnlock()
-		if !pinned {
-			terminal = append(terminal, st)
+		if isPinned {
+			pinned = append(pinned, st.ID)
+			continue
 		}
+		terminal = append(terminal, st)
 	}
 	sort.SliceStable(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
-	return terminal
+	return terminal, pinned
 }

@@ -36,11 +36,12 @@ func (s *Store) Seal(prevID, newID string, keys []string) (int, error) {
 	return s.migrate(prevID, newID, keys, true)
 }
 
-func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (int, error) {
+func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (_ int, err error) {
 	verb, op := "remap", "remap"
 	if snapshot {
 		verb, op = "seal", "seal"
 	}
+	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	prev, next, err := s.migrationPair(prevID, newID)
@@ -175,7 +176,8 @@ func (s *Store) Stop(id string) (*State, error) {
 // terminal. The new record and the previous one's change are one
 // journaled intent: either both happen or neither does. It returns the
 // new record and how many volumes were handed over.
-func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
+func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (_ *State, _ int, err error) {
+	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
@@ -231,7 +233,8 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 // rename, and the record naming them is one journaled intent. Keys for
 // tasks the new allocation does not have are left in staging. On failure
 // nothing is created and the received layers are removed.
-func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
+func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (_ *State, err error) {
+	defer s.observeMigration(MigrationRemote, time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
@@ -293,6 +296,21 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 	}
 	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", "import", "imported_layers", len(imported))
 	return s.Get(id)
+}
+
+// migrationKind names the local migration Remap (adopt) or Seal
+// (snapshot) makes.
+func migrationKind(snapshot bool) MigrationKind {
+	if snapshot {
+		return MigrationSnapshot
+	}
+	return MigrationAdopt
+}
+
+// observeMigration tells the observer of a migration that started at
+// start and ended with *err; deferred, it sees the error returned.
+func (s *Store) observeMigration(kind MigrationKind, start time.Time, err *error) {
+	s.obs.Migrated(kind, time.Since(start), *err)
 }
 
 // newState returns the record of a new running allocation with no volumes

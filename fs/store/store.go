@@ -113,6 +113,9 @@ type Store struct {
 
 	// events wakes followers of the store's files; see watch.go.
 	events storeEvents
+
+	// obs is told of migrations and collections (SetObserver).
+	obs Observer
 }
 
 // Open opens the store in dataDir, creating its directories if they are
@@ -159,6 +162,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		dying:     make(map[string]bool),
 		making:    make(map[string]struct{}),
 		hooks:     make(map[int]func(id string)),
+		obs:       nopObserver{},
 	}
 	// Modes are forced on what we create, so the umask does not matter;
 	// what exists already is the operator's choice and is left alone.

@@ -56,6 +56,8 @@ type Options struct {
 	IOUring bool
 	// Logger receives the connection's diagnostics.
 	Logger hclog.Logger
+	// Observer, when set, is told of every request handled (observe.go).
+	Observer Observer
 }
 
 // Conn is one mounted FUSE connection.
@@ -64,6 +66,7 @@ type Conn struct {
 	dir    string
 	fs     fuse.RawFileSystem
 	log    hclog.Logger
+	obs    Observer
 	kernel fuse.InitIn
 	flags  uint64 // negotiated
 	// maxWrite bounds a request's size, so the read buffers' too.
@@ -136,7 +139,7 @@ func Mount(dir string, opts Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to open /dev/fuse: %w", err)
 	}
-	c := &Conn{fd: fd, dir: abs, log: opts.Logger, maxWrite: opts.MaxWrite, maxReaders: int32(opts.MaxReaders)}
+	c := &Conn{fd: fd, dir: abs, log: opts.Logger, obs: opts.Observer, maxWrite: opts.MaxWrite, maxReaders: int32(opts.MaxReaders)}
 	c.bufs.New = func() any { return newBuffers(c.maxWrite) }
 
 	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d", fd, st.Mode&unix.S_IFMT, os.Geteuid(), os.Getegid())

@@ -68,6 +68,12 @@ func (d *memDir) Rename(ctx context.Context, name string, newParent gofs.InodeEm
 // it and checks that every reader ended.
 func serveOver(t *testing.T, root gofs.InodeEmbedder, ioUring bool) (string, *transport.Conn) {
 	t.Helper()
+	return serveObserved(t, root, ioUring, nil)
+}
+
+// serveObserved is serveOver with obs told of every request.
+func serveObserved(t *testing.T, root gofs.InodeEmbedder, ioUring bool, obs transport.Observer) (string, *transport.Conn) {
+	t.Helper()
 	fstest.RequireFUSE(t)
 	if ioUring {
 		requireFUSEOverIOUring(t)
@@ -80,6 +86,7 @@ func serveOver(t *testing.T, root gofs.InodeEmbedder, ioUring bool) (string, *tr
 		MaxWrite:           1 << 20,
 		Capabilities:       fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_READDIRPLUS | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES,
 		IOUring:            ioUring,
+		Observer:           obs,
 	})
 	if err != nil {
 		t.Fatalf("Mount: %v", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -65,6 +66,8 @@ const (
 // value, a link target).
 type buffers struct {
 	in, out, payload []byte
+	// errno is what the last reply sent carried, for the Observer.
+	errno syscall.Errno
 	// ent is the ring entry the request came in, whose buffers take the
 	// reply (fuseuring.go); nil for a request read from /dev/fuse. For a
 	// ring request, payload is the entry's payload buffer, so a reply's
@@ -130,6 +133,13 @@ func (c *Conn) handle(b *buffers, raw []byte) {
 		return
 	}
 	hdr := (*fuse.InHeader)(unsafe.Pointer(&raw[0]))
+	if c.obs != nil {
+		// Deferred before the recovery below, so that it runs after it
+		// and sees the EIO a panic is answered with.
+		start := time.Now()
+		b.errno = 0
+		defer func() { c.obs.Request(hdr.Opcode, time.Since(start), b.errno) }()
+	}
 	if ext := int(hdr.TotalExtlen) * 8; ext > 0 {
 		if ext > len(raw)-inHeaderSize {
 			c.reply(b, hdr.Unique, syscall.EINVAL, 0)
@@ -491,6 +501,7 @@ func (c *Conn) reply(b *buffers, unique uint64, errno syscall.Errno, size int) s
 	if errno != 0 {
 		size = 0
 	}
+	b.errno = errno
 	h := (*fuse.OutHeader)(unsafe.Pointer(&b.out[0]))
 	*h = fuse.OutHeader{Length: uint32(outHeaderSize + size), Status: -int32(errno), Unique: unique}
 	if b.ent != nil {

@@ -63,4 +63,10 @@
 // The kernel's notifications (invalidate an entry or inode, delete an
 // entry) and the passthrough ioctls (register a backing file) go through
 // the same Conn, which implements go-fuse's fs.ServerCallbacks.
+//
+// Options.Observer, when set, is told of every request handled, with its
+// opcode, the time from read to reply and the reply's errno
+// (observe.go): package metrics makes the node's per-opcode histograms
+// of it. It is an interface of this package's, so the loop imports no
+// metrics library, and without one the loop does not read the clock.
 package transport
