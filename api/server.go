@@ -57,8 +57,8 @@ type Server struct {
 	node   Node
 	mux    *http.ServeMux
 	client *http.ServeMux
-	// stopStreams ends the client API's streams; see StopStreams.
-	stopStreams func()
+	// fsh serves Nomad's fs endpoints; see StopStreams and Followers.
+	fsh *fsapi.Handler
 }
 
 // NewServer returns the API of node: the control API, and Nomad's client
@@ -83,9 +83,8 @@ func NewServer(logger hclog.Logger, node Node) *Server {
 	s.mux.HandleFunc("GET "+StatusPath, s.nodeStatus)
 	s.mux.HandleFunc("GET "+HealthPath, s.agentHealth)
 
-	fsh := fsapi.NewHandler(s.logger, node.FS)
-	s.stopStreams = fsh.StopStreams
-	s.client.Handle(fsapi.Prefix, fsh)
+	s.fsh = fsapi.NewHandler(s.logger, node.FS)
+	s.client.Handle(fsapi.Prefix, s.fsh)
 	s.client.HandleFunc("GET "+clientAllocPath+"{id}/gc", s.clientGCAlloc)
 	s.client.HandleFunc("GET "+ClientGCPath, s.clientGCAll)
 	s.client.HandleFunc("GET "+AllocationsPath, s.allocStubs)
@@ -102,7 +101,10 @@ func (s *Server) ClientAPI() http.Handler { return s.client }
 
 // StopStreams ends the client API's streams (followers): register it with
 // http.Server.RegisterOnShutdown, or a shutdown waits for them in vain.
-func (s *Server) StopStreams() { s.stopStreams() }
+func (s *Server) StopStreams() { s.fsh.StopStreams() }
+
+// Followers returns how many clients follow a file or a task's logs now.
+func (s *Server) Followers() int64 { return s.fsh.Following() }
 
 // ServeHTTP serves one request and logs it at debug level.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {

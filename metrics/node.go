@@ -23,7 +23,7 @@ type Node struct {
 	// FileOpens counts the handles of volume files the kernel serves by
 	// passthrough and those the daemon serves (fs.Mount.FileOpens).
 	FileOpens func() (passthrough, daemon uint64)
-	// Followers counts the clients following a file (fsapi.Following).
+	// Followers counts the clients following a file (api.Server.Followers).
 	Followers func() int64
 	// UsageInterval is how often the allocations' usage is measured
 	// again; 0 means DefaultUsageInterval.

@@ -172,8 +172,8 @@ type FetchOptions struct {
 	Progress func(Progress)
 	// Logger receives one line per attempt; nil discards.
 	Logger hclog.Logger
-	// Observer is told of the fetch when it ends; nil means the process's
-	// default (SetDefaultFetchObserver), if any.
+	// Observer is told of the fetch when it ends (the node's metrics);
+	// nil: nobody.
 	Observer FetchObserver
 }
 
@@ -226,7 +226,7 @@ func Fetch(ctx context.Context, opts FetchOptions) (*Fetched, error) {
 	}
 	start := time.Now()
 	res, err := f.run(ctx)
-	if obs := f.observer(); obs != nil {
+	if obs := f.opts.Observer; obs != nil {
 		obs.Fetched(FetchReport{Attempts: f.attempts, Bytes: f.received, Duration: time.Since(start), Err: err})
 	}
 	return res, err

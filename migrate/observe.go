@@ -1,9 +1,6 @@
 package migrate
 
-import (
-	"sync/atomic"
-	"time"
-)
+import "time"
 
 // FetchObserver is told of every snapshot fetch when it ends, for the
 // node's metrics (package metrics). It runs on the goroutine that called
@@ -22,31 +19,4 @@ type FetchReport struct {
 	Duration time.Duration
 	// Err is nil when the snapshot was received, checked and extracted.
 	Err error
-}
-
-// defaultObserver is the FetchObserver of fetches whose options name
-// none.
-var defaultObserver atomic.Pointer[FetchObserver]
-
-// SetDefaultFetchObserver makes o the observer of every fetch whose
-// FetchOptions.Observer is nil; nil turns it off. A daemon sets it once:
-// its fetches are started by the control API, which builds their options
-// itself.
-func SetDefaultFetchObserver(o FetchObserver) {
-	if o == nil {
-		defaultObserver.Store(nil)
-		return
-	}
-	defaultObserver.Store(&o)
-}
-
-// observer is the fetch's observer, or nil.
-func (f *fetcher) observer() FetchObserver {
-	if f.opts.Observer != nil {
-		return f.opts.Observer
-	}
-	if o := defaultObserver.Load(); o != nil {
-		return *o
-	}
-	return nil
 }

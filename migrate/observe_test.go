@@ -57,25 +57,3 @@ func TestFetchTellsTheObserver(t *testing.T) {
 		t.Errorf("report of a refused fetch: %+v, want its error, 1 attempt and no bytes", refused)
 	}
 }
-
-// TestFetchDefaultObserver: a fetch whose options name no observer tells
-// the process's default one, until it is turned off. Not parallel: the
-// default is the process's.
-func TestFetchDefaultObserver(t *testing.T) {
-	src := newSourceServer(t, newSource(t), nil)
-	rec := &fetchRecord{}
-	migrate.SetDefaultFetchObserver(rec)
-	defer migrate.SetDefaultFetchObserver(nil)
-	opts := fetchOptions(t, src.srv.URL)
-	if _, err := migrate.Fetch(t.Context(), opts); err != nil {
-		t.Fatal(err)
-	}
-	migrate.SetDefaultFetchObserver(nil)
-	opts.StagingDir = t.TempDir()
-	if _, err := migrate.Fetch(t.Context(), opts); err != nil {
-		t.Fatal(err)
-	}
-	if len(rec.reports) != 1 || rec.reports[0].Err != nil || rec.reports[0].Bytes == 0 {
-		t.Errorf("the default observer got %+v, want one report of a fetch that received bytes", rec.reports)
-	}
-}

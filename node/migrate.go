@@ -123,6 +123,7 @@ func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, 
 		Limits:     snapshot.ExtractOptions{Chown: os.Geteuid() == 0},
 		Logger:     s.logger,
 		Progress:   report,
+		Observer:   s.cfg.Fetches,
 	})
 	if err != nil {
 		s.logger.Warn("remote migration failed; nothing was created", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "from", req.From, "error", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -37,6 +38,9 @@ type Config struct {
 	// Health runs the node's health checks; nil: healthy when it
 	// answers.
 	Health func() []api.HealthCheck
+	// Fetches hears how each fetch of a remote migration went (the
+	// node's metrics); nil: nobody.
+	Fetches migrate.FetchObserver
 }
 
 // Service is the node's lifecycle. All methods are safe for concurrent

@@ -10,6 +10,7 @@ import (
 	iofs "io/fs"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,6 +46,9 @@ type Handler struct {
 	logger hclog.Logger
 	lookup Lookup
 	mux    *http.ServeMux
+	// following counts the streams waiting at the end of a file for
+	// more; see Following.
+	following atomic.Int64
 	// streams is the parent of every stream's context: StopStreams ends
 	// them all, so that a shutdown need not wait for followers that would
 	// never finish by themselves.
@@ -82,6 +86,10 @@ func (h *Handler) streamContext(r *http.Request) (context.Context, context.Cance
 		cancel()
 	}
 }
+
+// Following returns how many clients follow a file now (stream or logs
+// with follow), for the node's metrics.
+func (h *Handler) Following() int64 { return h.following.Load() }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
@@ -378,7 +386,7 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request) {
 	defer func() { h.finish(r, id, f, err, start) }()
 	ctx, cancel := h.streamContext(r)
 	defer cancel()
-	s := &streamer{fs: fsys, f: f}
+	s := &streamer{fs: fsys, f: f, following: &h.following}
 	_, _, err = s.streamFile(ctx, p, rc, offset, follow, nil)
 }
 
@@ -449,7 +457,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 	defer func() { h.finish(r, id, f, err, start) }()
 	ctx, cancel := h.streamContext(r)
 	defer cancel()
-	s := &streamer{fs: fsys, f: f}
+	s := &streamer{fs: fsys, f: f, following: &h.following}
 	err = s.logs(ctx, task, typ, rc, index, at, files[len(files)-1].index, follow)
 }
 

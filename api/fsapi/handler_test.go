@@ -51,7 +51,7 @@ type loggedServer struct {
 func newLoggedServer(t *testing.T) *loggedServer {
 	t.Helper()
 	logs := &logBuffer{}
-	url, store, st, _ := serveA1(t, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}), nil)
+	url, store, st, _, _ := serveA1(t, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}), nil)
 	return &loggedServer{
 		url:    url,
 		data:   store.LayerPath(st.Volumes["alloc/data"].Upper),

@@ -17,19 +17,13 @@ import (
 // logDir is where a task's numbered log files are, inside the allocation.
 const logDir = allocdir.SharedAllocName + "/" + allocdir.LogDirName
 
-// following counts the streams waiting at the end of a file for more:
-// the process's, since the handler is built where it cannot be handed a
-// counter of its own (package api).
-var following atomic.Int64
-
-// Following returns how many clients follow a file now (stream or logs
-// with follow), for the node's metrics.
-func Following() int64 { return following.Load() }
-
 // streamer sends files of one allocation through one framer.
 type streamer struct {
 	fs allocdir.FS
 	f  *framer
+	// following counts the handler's streams waiting at the end of a
+	// file for more.
+	following *atomic.Int64
 }
 
 // fileEnd says why streamFile returned without an error.
@@ -112,8 +106,8 @@ func (s *streamer) streamFile(ctx context.Context, p string, r io.ReadCloser, of
 			if err != nil {
 				return endEOF, offset, fmt.Errorf("follow %s: %w", p, err)
 			}
-			following.Add(1)
-			defer following.Add(-1)
+			s.following.Add(1)
+			defer s.following.Add(-1)
 		}
 		select {
 		case <-ctx.Done():

@@ -33,18 +33,19 @@ type storeServer struct {
 	url  string
 	logs string // the host directory behind alloc/logs
 	fsys allocdir.FS
+	h    *Handler
 }
 
 func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServer {
 	t.Helper()
-	url, store, st, fsys := serveA1(t, hclog.NewNullLogger(), wrap)
-	return &storeServer{url: url, logs: store.LayerPath(st.Volumes["alloc/logs"].Upper), fsys: fsys}
+	url, store, st, fsys, h := serveA1(t, hclog.NewNullLogger(), wrap)
+	return &storeServer{url: url, logs: store.LayerPath(st.Volumes["alloc/logs"].Upper), fsys: fsys, h: h}
 }
 
 // serveA1 serves allocation a1 (task web) of a fresh store, without a
 // mount, through a handler that logs to logger; wrap, if set, stands
 // between the handler and the allocation's read side.
-func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *store.Store, *store.State, allocdir.FS) {
+func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *store.Store, *store.State, allocdir.FS, *Handler) {
 	t.Helper()
 	store, err := store.Open(hclog.NewNullLogger(), t.TempDir())
 	if err != nil {
@@ -67,7 +68,7 @@ func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.
 	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return srv.URL, store, st, fsys
+	return srv.URL, store, st, fsys, h
 }
 
 // frameStream reads the frames of one request in the background.
@@ -277,16 +278,16 @@ func TestLogsFollowRotationsLeaveNothing(t *testing.T) {
 // while it waits at the end of the file, and no longer once it is gone.
 // Not parallel: the count is the process's.
 func TestFollowingCounts(t *testing.T) {
+	s := newStoreServer(t, nil)
 	waitFollowing := func(what string, want int64) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); Following() != want; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); s.h.Following() != want; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d followers, want %d", what, Following(), want)
+				t.Fatalf("%s: %d followers, want %d", what, s.h.Following(), want)
 			}
 		}
 	}
 	waitFollowing("before the test", 0)
-	s := newStoreServer(t, nil)
 	appendFile(t, filepath.Join(s.logs, "web.stdout.0"), "zero\n")
 	fl := s.open(t, "/v1/client/fs/logs/a1?task=web&type=stdout&follow=true")
 	fl.until(t, "file 0", func(d string, _ []string) bool { return d == "zero\n" })

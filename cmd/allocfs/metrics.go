@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/allocfs/allocfs/api/fsapi"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/metrics"
@@ -23,12 +22,12 @@ func withMetrics(api, metricsHandler http.Handler) http.Handler {
 // watchNode starts the series of the node read at scrape time and the
 // background measure of the allocations' usage; the returned func stops
 // it, and must run before the store is closed.
-func watchNode(nm *metrics.Metrics, m *fs.Mount, s *store.Store, usageInterval time.Duration) func() {
+func watchNode(nm *metrics.Metrics, m *fs.Mount, s *store.Store, followers func() int64, usageInterval time.Duration) func() {
 	return nm.WatchNode(metrics.Node{
 		Store:         s,
 		Passthrough:   func() (bool, bool) { return m.Passthrough(), m.PassthroughLost() },
 		FileOpens:     m.FileOpens,
-		Followers:     fsapi.Following,
+		Followers:     followers,
 		UsageInterval: usageInterval,
 	})
 }

@@ -302,7 +302,6 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	}
 	nodeMetrics := metrics.New(logger)
 	s.SetObserver(nodeMetrics.Store())
-	migrate.SetDefaultFetchObserver(nodeMetrics.Fetches())
 	// A connection systemd or a holder keeps (a restart, a crash) is
 	// taken over; only without one is the mount point prepared for a new
 	// mount.
@@ -377,12 +376,6 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		}
 	}
 
-	// Deferred after the store's close, so that it runs before it on
-	// an early return; the end of serve stops it before closing the store.
-	stopMetrics := watchNode(nodeMetrics, m, s, cfg.usageInterval)
-	defer stopMetrics()
-	metricsHandler := nodeMetrics.Handler()
-
 	// Every read of an allocation's files, for the client API and for
 	// snapshots, goes through the store, never through the mount; a
 	// follower of a collected allocation's file sees it deleted.
@@ -394,10 +387,16 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		Passthrough: m.Passthrough,
 		AllocFS:     func(id string) allocdir.FS { return fs.NewAllocDir(logger, s, m, m.Dir(), id) },
 		Health:      nodeHealth(m, s),
+		Fetches:     nodeMetrics.Fetches(),
 	})
 	svc.SetFetchTLS(cfg.secrets.fetchTLS)
 	apiServer := api.NewServer(logger, svc)
 	clientAPI := apiServer.ClientAPI()
+	// Deferred after the store's close, so that it runs before it on
+	// an early return; the end of serve stops it before closing the store.
+	stopMetrics := watchNode(nodeMetrics, m, s, apiServer.Followers, cfg.usageInterval)
+	defer stopMetrics()
+	metricsHandler := nodeMetrics.Handler()
 	srv := guard.httpServer(guard.limitStreams(withMetrics(apiServer, metricsHandler), false), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
