@@ -1,10 +1,18 @@
 // Command allocfs serves allocation directories from a FUSE mount and
 // manages them through the daemon's control API.
 //
-//	allocfs serve                         mount and serve the control API
-//	allocfs alloc create|list|status|destroy
+//	allocfs serve                         mount and serve the control API (Linux)
+//	allocfs alloc create|list|status|stop|destroy
+//	allocfs alloc fs|logs ALLOC           Nomad's shape: files and logs, on
+//	                                      the socket or, with -address, a
+//	                                      node's TCP API (any OS)
 //	allocfs status                        the node, as the daemon sees it
+//	allocfs gc [ALLOC]                    collect terminal allocations
 //	allocfs version
+//
+// Flags take Nomad's one-dash spelling too (-json, -address). An
+// allocation may be named by any unique prefix of its ID of two
+// characters or more.
 //
 // Exit codes: 0 when the command did what it was asked, 1 when it failed,
 // 2 when it was called wrongly (unknown flag, missing argument).
