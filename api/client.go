@@ -168,7 +168,7 @@ func (e *UnreachableError) Unwrap() error { return e.Err }
 // sentinels the status code stands for: allocdir.ErrUnknownAlloc (404),
 // allocdir.ErrGone (410, which is also ErrUnknownAlloc, as in the store),
 // ErrConflict (409), ErrForbidden (403), ErrUpstream (502) and
-// ErrBadRequest (400).
+// ErrBadRequest or allocdir.ErrInvalidName (400).
 type Error struct {
 	StatusCode int
 	Message    string
@@ -194,7 +194,7 @@ func (e *Error) Is(target error) bool {
 	case http.StatusBadGateway:
 		return target == ErrUpstream
 	case http.StatusBadRequest:
-		return target == ErrBadRequest
+		return target == ErrBadRequest || target == allocdir.ErrInvalidName
 	}
 	return false
 }

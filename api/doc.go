@@ -1,27 +1,30 @@
 // Package api is the HTTP side of allocfs: its wire types, the server
 // that answers them over a Node (the lifecycle service, package node),
 // and the Go client the CLI uses. It imports neither the store nor the
-// FUSE code, so the client builds wherever Go does (an operator's Mac).
+// FUSE code, so the client builds on Linux and the BSDs, macOS included
+// (make darwin checks it).
 //
 // # The control API
 //
 // Requests and answers are JSON. Every error answer has the body
 // {"error": "..."} and a status code chosen from the error's sentinel in one
-// place (statusCode):
+// place (StatusCode):
 //
 //	POST   /v1/allocs            create an allocation, migrating
-//	                             a previous one's data   201, 400, 404, 409
+//	                             a previous one's data   201, 400, 403, 404,
+//	                                                     409, 502
 //	GET    /v1/allocs            list allocations        200
 //	GET    /v1/allocs/{id}       status of one           200, 400, 404, 410
 //	POST   /v1/allocs/{id}/stop  make it terminal        200, 404, 410
 //	POST   /v1/allocs/{id}/gc    collect a terminal one  200, 404, 409, 410
-//	DELETE /v1/allocs/{id}       destroy one             204, 400, 404, 410
+//	DELETE /v1/allocs/{id}       destroy one             204, 400, 404, 409, 410
 //	POST   /v1/gc                collect every terminal  200
 //	GET    /v1/status            the node                200
 //	GET    /v1/agent/health      Nomad's health check    200, 500
 //
 // 404 means the daemon never knew the allocation; 410 means it was
-// destroyed since the daemon started.
+// destroyed since the daemon started; 403 and 502 are another node's
+// refusal or failure during a remote migration.
 //
 // Nomad's client API is answered too (ClientAPI): the fs endpoints of
 // package fsapi, forced GC, and GET /v1/allocations?prefix= (Nomad's

@@ -43,7 +43,7 @@ func TestKindAndStatus(t *testing.T) {
 			continue
 		}
 		back := &Error{StatusCode: code, Message: c.err.Error()}
-		for _, kind := range []error{ErrConflict, ErrForbidden, ErrUpstream, ErrBadRequest, allocdir.ErrUnknownAlloc} {
+		for _, kind := range []error{ErrConflict, ErrForbidden, ErrUpstream, ErrBadRequest, allocdir.ErrUnknownAlloc, allocdir.ErrGone, allocdir.ErrInvalidName} {
 			if errors.Is(c.err, kind) && !errors.Is(back, kind) {
 				t.Errorf("%v: is %v on the server, not on the client", c.err, kind)
 			}

@@ -90,6 +90,12 @@ type FrameReader struct {
 	dec  *json.Decoder
 }
 
+// NewFrameReader decodes the framed stream body, which it closes on
+// Close.
+func NewFrameReader(body io.ReadCloser) *FrameReader {
+	return &FrameReader{body: body, dec: json.NewDecoder(body)}
+}
+
 // Next returns the next frame; io.EOF at the clean end of the stream.
 func (r *FrameReader) Next() (*fsapi.Frame, error) {
 	var f fsapi.Frame

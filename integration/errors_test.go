@@ -9,7 +9,7 @@ import (
 
 // TestCLIErrorStyle: the CLI's refusals read one way: the allocation
 // quoted, nothing said twice, the tasks listed where a task is wrong, and
-// a missing path named once.
+// a missing path named once. destroy takes no prefix: "a" destroys no a1.
 func TestCLIErrorStyle(t *testing.T) {
 	fstest.RequireFUSE(t)
 	n := startNode(t)
@@ -17,11 +17,16 @@ func TestCLIErrorStyle(t *testing.T) {
 	n.mustCLI(t, "alloc", "create", "a2", "--task", "web")
 	n.mustCLI(t, "alloc", "stop", "a2")
 	n.mustCLI(t, "alloc", "create", "a3", "--task", "web", "--previous", "a2", "--migrate")
+	n.mustCLI(t, "alloc", "create", "gone", "--task", "web")
+	n.mustCLI(t, "alloc", "destroy", "gone")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"alloc", "status", "nope"}, `allocfs: unknown allocation "nope": no allocation has that ID or an ID that starts with it`},
+		{[]string{"alloc", "status", "nope"}, `allocfs: unknown allocation "nope"`},
+		{[]string{"alloc", "fs", "nope"}, `allocfs: unknown allocation "nope": no allocation has that ID or an ID that starts with it`},
+		{[]string{"alloc", "status", "gone"}, `allocfs: allocation "gone" has been garbage collected`},
+		{[]string{"alloc", "destroy", "a"}, `allocfs: unknown allocation "a"`},
 		{[]string{"gc", "a1"}, `allocfs: allocation "a1" is running: stop it before collecting it`},
 		{[]string{"alloc", "create", "a4", "--task", "web", "--previous", "a1", "--migrate"}, `allocfs: previous allocation "a1" is running: stop it first (allocfs alloc stop a1)`},
 		{[]string{"alloc", "create", "a4", "--task", "web", "--previous", "a2", "--migrate"}, `allocfs: previous allocation "a2" already handed its data to "a3": allocation already exists`},

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,13 +177,13 @@ func TestWalkLayer(t *testing.T) {
 	must(t, err)
 	t.Cleanup(func() { allocdir.RemoveAll(root) })
 
-	u, err := walkLayer(root)
+	u, err := walkLayer(context.Background(), root)
 	must(t, err)
 	// a and b are one file; link, sub, c; the chain and deep.
 	if want := (usage{bytes: 5 + 3 + 7, files: 1 + 1 + 1 + 1 + depth + 1}); u != want {
 		t.Errorf("usage %+v, want %+v", u, want)
 	}
-	if _, err := walkLayer(filepath.Join(root, "missing")); !os.IsNotExist(err) {
+	if _, err := walkLayer(context.Background(), filepath.Join(root, "missing")); !os.IsNotExist(err) {
 		t.Errorf("walk of a missing layer: %v, want not-exist", err)
 	}
 }
@@ -197,16 +198,12 @@ func TestScrapeDoesNotWaitForAWalk(t *testing.T) {
 	m := New(testLogger(t))
 	u := newUsageCache(m.logger, s, time.Millisecond)
 	var (
-		walks, running, most atomic.Int32
-		release              = make(chan struct{})
-		stuck                = make(chan struct{})
-		stuckOnce            sync.Once
+		walks     atomic.Int32
+		release   = make(chan struct{})
+		stuck     = make(chan struct{})
+		stuckOnce sync.Once
 	)
-	u.walk = func(root string) (usage, error) {
-		n := running.Add(1)
-		defer running.Add(-1)
-		for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
-		}
+	u.walk = func(_ context.Context, root string) (usage, error) {
 		// The first refresh (one walk per layer of a1) goes through;
 		// every walk of the next one waits to be released.
 		if walks.Add(1) > int32(len(mustGet(t, s, "a1").Volumes)) {
@@ -236,8 +233,34 @@ func TestScrapeDoesNotWaitForAWalk(t *testing.T) {
 	if got := fams.value("allocfs_alloc_bytes", map[string]string{"alloc_id": "a1", "volume": "alloc/data", "layer": "upper"}); got != 42 {
 		t.Errorf("usage during a stuck walk: %g, want the last walk's 42", got)
 	}
-	if n := most.Load(); n != 1 {
-		t.Errorf("%d walks ran at once, want 1", n)
+}
+
+// TestUsageWalkEndsWithItsContext: a walk stops at the next directory
+// once its context ends, and a refresh that was cut keeps nothing, so
+// that a shutdown never waits for a walk of every layer.
+func TestUsageWalkEndsWithItsContext(t *testing.T) {
+	root := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(root, "a", "b"), 0o755))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := walkLayer(ctx, root); !errors.Is(err, context.Canceled) {
+		t.Errorf("walk with an ended context: %v, want context.Canceled", err)
+	}
+	s, err := store.Open(testLogger(t), t.TempDir())
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	_, err = s.Create("a1", []allocdir.Task{{Name: "web"}})
+	must(t, err)
+	u := newUsageCache(testLogger(t), s, time.Hour)
+	u.walk = func(ctx context.Context, root string) (usage, error) {
+		cancel()
+		return usage{bytes: 7}, ctx.Err()
+	}
+	u.refresh(ctx)
+	select {
+	case <-u.ready:
+		t.Error("a refresh cut by its context was kept as the result")
+	default:
 	}
 }
 
@@ -257,8 +280,8 @@ func TestUsageFailuresCounted(t *testing.T) {
 	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}})
 	must(t, err)
 	u := newUsageCache(testLogger(t), s, time.Hour)
-	u.walk = func(string) (usage, error) { return usage{bytes: 1}, syscall.EIO }
-	u.refresh()
+	u.walk = func(context.Context, string) (usage, error) { return usage{bytes: 1}, syscall.EIO }
+	u.refresh(context.Background())
 	snap, failures := u.snapshot(0)
 	if failures == 0 || failures != int64(len(snap.allocs["a1"])) {
 		t.Errorf("%d failures for %d volumes that cannot be read", failures, len(snap.allocs["a1"]))

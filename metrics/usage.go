@@ -64,7 +64,7 @@ type usageCache struct {
 	store    *store.Store
 	interval time.Duration
 	// walk measures one layer; tests replace it.
-	walk func(root string) (usage, error)
+	walk func(ctx context.Context, root string) (usage, error)
 
 	// ready is closed once the first refresh ended.
 	ready     chan struct{}
@@ -99,7 +99,7 @@ func (c *usageCache) run(ctx context.Context) {
 	ticker := time.NewTicker(c.interval)
 	defer ticker.Stop()
 	for {
-		c.refresh()
+		c.refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -120,8 +120,10 @@ func (c *usageCache) snapshot(wait time.Duration) (usageSnapshot, int64) {
 	return c.last, c.failures
 }
 
-// refresh measures every allocation's volumes.
-func (c *usageCache) refresh() {
+// refresh measures every allocation's volumes. A refresh that ctx ends
+// midway keeps nothing: a shutdown or a hand-over need not wait for a
+// walk of every layer.
+func (c *usageCache) refresh(ctx context.Context) {
 	start := time.Now()
 	states := c.store.List()
 	// What no volume writes: the lowers, and the upper of a frozen
@@ -156,8 +158,13 @@ func (c *usageCache) refresh() {
 		if u, ok := measured[id]; ok {
 			return u
 		}
-		u, err := c.walk(c.store.LayerPath(id))
+		if ctx.Err() != nil {
+			return usage{}
+		}
+		u, err := c.walk(ctx, c.store.LayerPath(id))
 		switch {
+		case ctx.Err() != nil:
+			return usage{}
 		case errors.Is(err, os.ErrNotExist):
 			// Removed since the list was taken: its allocation is
 			// gone, or goes, with it.
@@ -185,6 +192,9 @@ func (c *usageCache) refresh() {
 		}
 		allocs[st.ID] = vols
 	}
+	if ctx.Err() != nil {
+		return
+	}
 	end := time.Now()
 	c.mu.Lock()
 	if failed > 0 && c.failures == 0 {
@@ -205,12 +215,12 @@ var errMoved = errors.New("a directory moved during the walk")
 // however deep the tree (a task may nest directories past PATH_MAX):
 // it comes back up through "..", and checks that it came back to the
 // directory it left, since a task may rename directories meanwhile.
-func walkLayer(root string) (usage, error) {
+func walkLayer(ctx context.Context, root string) (usage, error) {
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return usage{}, &os.PathError{Op: "open", Path: root, Err: err}
 	}
-	w := layerWalk{seen: make(map[uint64]bool)}
+	w := layerWalk{ctx: ctx, seen: make(map[uint64]bool)}
 	up, err := w.dir(fd, root)
 	if up >= 0 {
 		unix.Close(up)
@@ -220,7 +230,9 @@ func walkLayer(root string) (usage, error) {
 
 // layerWalk is one walk of a layer.
 type layerWalk struct {
-	u usage
+	// ctx ends the walk at the next directory.
+	ctx context.Context
+	u   usage
 	// seen holds the hard-linked files counted already, by inode.
 	seen map[uint64]bool
 }
@@ -231,6 +243,10 @@ type layerWalk struct {
 // on with (-1 on error).
 func (w *layerWalk) dir(dir int, shown string) (int, error) {
 	f := os.NewFile(uintptr(dir), shown)
+	if err := w.ctx.Err(); err != nil {
+		f.Close()
+		return -1, err
+	}
 	var subdirs []string
 	for {
 		names, err := f.Readdirnames(1024)

@@ -68,9 +68,8 @@
 // The snapshot endpoint does not use ordinary API tokens: the only
 // question is whether the caller may read this one allocation's data. A
 // [TokenChecker] answers it. [SharedToken] is one secret for the whole
-// cluster. [NodeSecretToken] follows Nomad's migrate-token scheme with a
-// standard MAC: the source node's secret keys an HMAC-SHA256 over the
-// allocation ID, so a token opens exactly one allocation of one node and
+// cluster. [NodeSecretToken] follows Nomad's migrate-token scheme: the
+// source node's secret keys BLAKE2b-512 over the allocation ID, so a token opens exactly one allocation of one node and
 // only the control plane, which knows every node's secret, can mint it
 // ([NodeSecretToken.Derive]). Both compare in constant time and refuse an
 // empty token; a refused request gets 403 "Permission denied" before

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/allocfs/allocfs/migrate"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/allocfs/allocfs/api"
@@ -476,6 +478,10 @@ func TestStatusCode(t *testing.T) {
 		{fmt.Errorf("x: %w", store.ErrNotTerminal), http.StatusConflict},
 		{fmt.Errorf("x: %w", migrate.ErrPermissionDenied), http.StatusForbidden},
 		{fmt.Errorf("x: %w", migrate.ErrIntegrity), http.StatusBadGateway},
+		{fmt.Errorf("x: %w", &migrate.StatusError{StatusCode: 503, Message: "overloaded"}), http.StatusBadGateway},
+		{fmt.Errorf("x: %w", &migrate.StatusError{StatusCode: 404}), http.StatusNotFound},
+		{fmt.Errorf("x: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), http.StatusBadGateway},
+		{fmt.Errorf("x: %w", migrate.ErrDeadline), http.StatusBadGateway},
 		{fmt.Errorf("x: %w", allocdir.ErrUnknownAlloc), http.StatusNotFound},
 		{fmt.Errorf("x: %w", allocdir.ErrGone), http.StatusGone},
 		{errors.Join(allocdir.ErrUnknownAlloc, allocdir.ErrGone), http.StatusGone},

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	iofs "io/fs"
+	"net"
 	"path/filepath"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -49,12 +50,25 @@ func classify(err error) error {
 		return api.Kind(api.ErrConflict, err)
 	case errors.Is(err, migrate.ErrPermissionDenied):
 		return api.Kind(api.ErrForbidden, err)
-	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity):
+	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity),
+		errors.Is(err, migrate.ErrDeadline), errors.Is(err, migrate.ErrTooSlow), upstream(err):
 		return api.Kind(api.ErrUpstream, err)
 	case errors.Is(err, store.ErrNoTasks):
 		return api.Kind(api.ErrBadRequest, err)
 	}
 	return err
+}
+
+// upstream reports whether err is the other node's failure to answer: a
+// status that stands for no sentinel (a 5xx after the retries), or no
+// connection at all.
+func upstream(err error) bool {
+	var se *migrate.StatusError
+	if errors.As(err, &se) && se.Unwrap() == nil {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe)
 }
 
 // layerUsage walks a layer directory on the backing store without

@@ -197,10 +197,10 @@ allocation still stacks on survive.`)
 	}
 	ctx, c, done := dial(*socket)
 	defer done()
-	id := ""
-	if fset.NArg() > 0 {
-		var err error
-		if id, err = resolveID(ctx, c, fset.Arg(0)); err != nil {
+	// A full ID only, as for destroy.
+	id := fset.Arg(0)
+	if id != "" {
+		if err := checkAllocID(id); err != nil {
 			return err
 		}
 	}
@@ -363,12 +363,14 @@ allocation uses are removed from the data dir. Secrets are dropped.`)
 	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
-	ctx, c, done := dial(*socket)
-	defer done()
-	id, err := resolveID(ctx, c, fset.Arg(0))
-	if err != nil {
+	// A full ID only: IDs need not be UUIDs, and a retried destroy of a1
+	// must not find a12.
+	id := fset.Arg(0)
+	if err := checkAllocID(id); err != nil {
 		return err
 	}
+	ctx, c, done := dial(*socket)
+	defer done()
 	if err := c.DestroyAlloc(ctx, id); err != nil {
 		return err
 	}

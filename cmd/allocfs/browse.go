@@ -168,6 +168,11 @@ const bytesPerLine = 1024
 // sent counts as the backlog: longer than the server's 200 ms batching.
 const caughtUp = 400 * time.Millisecond
 
+// maxHold bounds how long the backlog is held from its first data: a
+// task that writes more often than caughtUp never lets the stream go
+// quiet, and -f -tail must still print.
+const maxHold = time.Second
+
 func runAllocLogs(e *env, args []string) error {
 	const cmd = "allocfs alloc logs"
 	fset := newFlagSet(e, cmd, "[flags] ALLOC [TASK]", `
@@ -211,10 +216,6 @@ allocation ALLOC replaced, which stay until that one is collected. With
 	if err != nil {
 		return err
 	}
-	task, err := resolveTask(alloc, fset.Arg(1))
-	if err != nil {
-		return err
-	}
 	id := alloc.ID
 	if *previous {
 		if client.remote.Address != "" {
@@ -227,7 +228,18 @@ allocation ALLOC replaced, which stay until that one is collected. With
 		if st.Previous == "" {
 			return fmt.Errorf("allocation %q did not replace another allocation", id)
 		}
-		id = st.Previous
+		// Its tasks are the ones to choose from: they may differ.
+		if alloc, err = resolveAlloc(ctx, c, st.Previous); err != nil {
+			if collected(err) || errors.Is(err, allocdir.ErrUnknownAlloc) {
+				return fmt.Errorf("the logs of %q, the allocation replaced, are gone: it was collected", st.Previous)
+			}
+			return err
+		}
+		id = alloc.ID
+	}
+	task, err := resolveTask(alloc, fset.Arg(1))
+	if err != nil {
+		return err
 	}
 	q := api.LogsQuery{Task: task, Type: "stdout", Follow: *follow}
 	if *stderr {
@@ -265,8 +277,9 @@ func collected(err error) bool {
 }
 
 // copyLogs writes the data of a log stream to w. With keep >= 0 the
-// backlog (what arrives before the stream first goes quiet, or all of it
-// when the stream ends) is cut to its last keep lines.
+// backlog (what arrives before the stream first goes quiet or in the
+// first maxHold of data, or all of it when the stream ends) is cut to its
+// last keep lines.
 func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep int) error {
 	type result struct {
 		f   *fsapi.Frame
@@ -295,6 +308,9 @@ func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep in
 	quiet := time.NewTimer(caughtUp)
 	quiet.Stop()
 	defer quiet.Stop()
+	held := time.NewTimer(maxHold)
+	held.Stop()
+	defer held.Stop()
 	release := func() error {
 		holding = false
 		_, err := out.Write(lastLines(backlog, keep))
@@ -305,9 +321,9 @@ func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep in
 		return err
 	}
 	for {
-		var tick <-chan time.Time
+		var tick, hold <-chan time.Time
 		if holding {
-			tick = quiet.C
+			tick, hold = quiet.C, held.C
 		}
 		select {
 		case <-ctx.Done():
@@ -316,6 +332,10 @@ func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep in
 			}
 			return nil
 		case <-tick:
+			if err := release(); err != nil {
+				return err
+			}
+		case <-hold:
 			if err := release(); err != nil {
 				return err
 			}
@@ -336,6 +356,9 @@ func copyLogs(ctx context.Context, w io.Writer, frames *api.FrameReader, keep in
 				continue
 			}
 			if holding {
+				if backlog == nil {
+					held.Reset(maxHold)
+				}
 				backlog = append(backlog, r.f.Data...)
 				quiet.Reset(caughtUp)
 				continue

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -166,9 +167,14 @@ func parseNomadFlags(fset *pflag.FlagSet, args []string, minArgs, maxArgs int) e
 	return parseFlags(fset, out, minArgs, maxArgs)
 }
 
-// resolveID is resolveAlloc for commands that need only the ID.
+// resolveID is resolveAlloc for commands that need only the ID. What
+// matches nothing is passed on as it is, so that the daemon says what
+// became of it (unknown, or collected).
 func resolveID(ctx context.Context, c *api.Client, prefix string) (string, error) {
 	s, err := resolveAlloc(ctx, c, prefix)
+	if errors.Is(err, allocdir.ErrUnknownAlloc) {
+		return prefix, nil
+	}
 	if err != nil {
 		return "", err
 	}

@@ -10,9 +10,10 @@
 //	allocfs gc [ALLOC]                    collect terminal allocations
 //	allocfs version
 //
-// Flags take Nomad's one-dash spelling too (-json, -address). An
-// allocation may be named by any unique prefix of its ID of two
-// characters or more.
+// Flags take Nomad's one-dash spelling too (-json, -address). alloc fs,
+// alloc logs, alloc status and alloc stop take any unique prefix of an
+// allocation's ID of two characters or more; destroy, gc, exec and
+// --previous want the whole ID.
 //
 // Exit codes: 0 when the command did what it was asked, 1 when it failed,
 // 2 when it was called wrongly (unknown flag, missing argument).

@@ -350,15 +350,20 @@ func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 	if w := do("/v1/client/allocation/a1/snapshot", secret.Derive("a1")); w.Code != http.StatusOK {
 		t.Errorf("snapshot with the allocation's token: %d, want 200", w.Code)
 	}
-	for _, token := range []string{"", "wrong", secret.Derive("a1")} {
-		if w := do("/v1/metrics", token); w.Code != http.StatusForbidden {
-			t.Errorf("metrics with token %q: %d, want 403", token, w.Code)
+	for _, path := range []string{"/v1/metrics", "/v1/allocations", "/v1/agent/health"} {
+		for _, token := range []string{"", "wrong", secret.Derive("a1")} {
+			if w := do(path, token); w.Code != http.StatusForbidden {
+				t.Errorf("%s with token %q: %d, want 403", path, token, w.Code)
+			}
+		}
+		if w := do(path, "api-token"); w.Code != http.StatusOK {
+			t.Errorf("%s with the API token: %d, want 200", path, w.Code)
 		}
 	}
-	if w := do("/v1/metrics", "api-token"); w.Code != http.StatusOK {
-		t.Errorf("metrics with the API token: %d, want 200", w.Code)
+	if w := do("/v1/allocs", "api-token"); w.Code != http.StatusNotFound {
+		t.Errorf("the control API on TCP, with the API token: %d, want 404", w.Code)
 	}
-	if want := []string{"client /v1/client/fs/ls/a1", "snapshot /v1/client/allocation/a1/snapshot", "metrics /v1/metrics"}; strings.Join(reached, ",") != strings.Join(want, ",") {
+	if want := []string{"client /v1/client/fs/ls/a1", "snapshot /v1/client/allocation/a1/snapshot", "metrics /v1/metrics", "client /v1/allocations", "client /v1/agent/health"}; strings.Join(reached, ",") != strings.Join(want, ",") {
 		t.Errorf("admitted requests reached %v, want %v", reached, want)
 	}
 }

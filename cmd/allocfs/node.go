@@ -28,7 +28,8 @@ type nodeConfig struct {
 	// snapshot requests (GET /v1/client/allocation/<id>/snapshot).
 	migrateTokenFile, nodeSecretFile string
 	// apiTokenFile admits requests to the client API (/v1/client/fs/*,
-	// the GC endpoints); without it that API is not served on TCP at all.
+	// the GC endpoints), the allocation stubs, the health check and the
+	// metrics; without it none of them is served on TCP.
 	apiTokenFile string
 	// TLS: cert and key turn TLS on; ca makes client certificates signed
 	// by it mandatory (mutual TLS).

@@ -121,7 +121,10 @@ func (c *Collector) CollectAll(reason string) ([]string, error) {
 	terminal, pinned := c.terminal()
 	pass.Pinned = len(pinned)
 	for _, st := range terminal {
-		if err := c.destroy(&pass, st, GCRequested, reason); err != nil {
+		if err := c.destroy(st, GCRequested, reason); err != nil {
+			if errors.Is(err, ErrPinned) {
+				pass.Pinned++
+			}
 			errs = append(errs, err)
 			continue
 		}
@@ -145,19 +148,21 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 	}
 	pass := CollectorPass{Requested: true}
 	start := time.Now()
-	err = c.destroy(&pass, st, GCRequested, reason)
+	err = c.destroy(st, GCRequested, reason)
+	if errors.Is(err, ErrPinned) {
+		pass.Pinned++
+	}
 	c.tidy(&pass, start)
 	return err
 }
 
 // destroy collects one allocation and says why in the log; class is the
-// reason's class, for the observer, and a pinned allocation counts in
-// pass's Pinned.
-func (c *Collector) destroy(pass *CollectorPass, st *State, class GCReason, reason string) error {
+// reason's class, for the observer. One pinned since it was chosen, or
+// destroyed by someone else meanwhile, is no collection (the caller
+// counts the pinned ones, once each).
+func (c *Collector) destroy(st *State, class GCReason, reason string) error {
 	err := c.store.Destroy(st.ID)
-	if errors.Is(err, ErrPinned) {
-		pass.Pinned++
-	} else {
+	if !errors.Is(err, ErrPinned) && !errors.Is(err, allocdir.ErrUnknownAlloc) {
 		c.store.obs.Collected(class, err)
 	}
 	if err != nil {
@@ -218,7 +223,10 @@ func (c *Collector) collect(pass *CollectorPass) []string {
 			c.logger.Debug("garbage collection skipped because no terminal allocations", "pressure", reason)
 			return collected
 		}
-		if err := c.destroy(pass, victim, class, reason); err != nil {
+		if err := c.destroy(victim, class, reason); err != nil {
+			if errors.Is(err, ErrPinned) {
+				pinnedSeen[victim.ID] = true
+			}
 			skip[victim.ID] = true
 			if _, gone := c.store.Get(victim.ID); gone != nil {
 				collected = append(collected, victim.ID)
