@@ -73,7 +73,14 @@ func (l *dirLock) release() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
-	err := l.f.Close()
+	// Unlocked explicitly, not only by the close: a child forked at this
+	// moment (any exec in the process) holds a copy of the descriptor
+	// until it execs, and the lock would last as long as that copy.
+	err := unix.Flock(int(l.f.Fd()), unix.LOCK_UN)
+	if err != nil {
+		err = fmt.Errorf("failed to unlock the data dir: %w", err)
+	}
+	err = errors.Join(err, l.f.Close())
 	l.f = nil
 	return err
 }

@@ -582,3 +582,24 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 		t.Fatal("Open with state/ a symlink: got nil error, want one")
 	}
 }
+
+// TestCloseUnlocksWhileAChildHoldsTheLock: a child forked by anything in
+// the process shares the lock's descriptor until it execs (or for its
+// life, if it inherited it): closing the store still lets the next Open
+// in at once.
+func TestCloseUnlocksWhileAChildHoldsTheLock(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	child := exec.Command("sleep", "30")
+	child.ExtraFiles = []*os.File{s.lock.f}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	must(t, s.Close())
+	s2 := openTestStore(t, dir)
+	must(t, s2.Close())
+}
