@@ -38,8 +38,9 @@
 // New makes a registry of its own rather than using client_golang's
 // process-wide default, which any imported package may register into:
 // what the node serves is exactly what is declared here, plus the Go
-// runtime's series (go_*) and the process's (process_*: CPU, memory,
-// open descriptors against the limit the daemon raised).
+// runtime's series (go_*), the process's (process_*: CPU, memory,
+// open descriptors against the limit the daemon raised) and the
+// handler's own (promhttp_*).
 //
 // # How each part is told
 //
@@ -78,7 +79,9 @@
 // allocfs_alloc_usage_refreshed_timestamp_seconds says when they were
 // measured. Lower layers never change, so each is walked once for as
 // long as a volume stacks it. A walk goes from directory descriptors
-// and never follows a link, like every walk of a layer (package layer).
+// and never follows a link, like every walk of a layer (package layer);
+// the end of WatchNode stops it at its next directory, so that a
+// shutdown or a hand-over never waits for a walk of every layer.
 //
 // # What is not measured
 //
