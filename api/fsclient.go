@@ -60,14 +60,7 @@ func (c *Client) Logs(ctx context.Context, id string, q LogsQuery) (*FrameReader
 		"offset": {strconv.FormatInt(q.Offset, 10)},
 		"follow": {strconv.FormatBool(q.Follow)},
 	}
-	if q.Origin != "" {
-		v.Set("origin", q.Origin)
-	}
-	body, err := c.stream(ctx, fsPath("logs", id, v))
-	if err != nil {
-		return nil, err
-	}
-	return &FrameReader{body: body, dec: json.NewDecoder(body)}, nil
+	return c.frames(ctx, "logs", id, v, q.Origin)
 }
 
 // stream sends a GET and returns the body of a 200 answer.
@@ -129,14 +122,20 @@ func (c *Client) Stream(ctx context.Context, id string, q StreamQuery) (*FrameRe
 		"offset": {strconv.FormatInt(q.Offset, 10)},
 		"follow": {strconv.FormatBool(q.Follow)},
 	}
-	if q.Origin != "" {
-		v.Set("origin", q.Origin)
+	return c.frames(ctx, "stream", id, v, q.Origin)
+}
+
+// frames sends a framed request to endpoint with v (and origin, when
+// set) and returns its frames.
+func (c *Client) frames(ctx context.Context, endpoint, id string, v url.Values, origin string) (*FrameReader, error) {
+	if origin != "" {
+		v.Set("origin", origin)
 	}
-	body, err := c.stream(ctx, fsPath("stream", id, v))
+	body, err := c.stream(ctx, fsPath(endpoint, id, v))
 	if err != nil {
 		return nil, err
 	}
-	return &FrameReader{body: body, dec: json.NewDecoder(body)}, nil
+	return NewFrameReader(body), nil
 }
 
 // AllocStubs returns the allocations whose ID starts with prefix, sorted

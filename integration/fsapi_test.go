@@ -47,7 +47,8 @@ type fsNode struct {
 	web    *http.Client
 }
 
-func startFSNode(t *testing.T) *fsNode {
+// startFSNode starts it, with extra serve flags args.
+func startFSNode(t *testing.T, args ...string) *fsNode {
 	t.Helper()
 	fstest.RequireFUSE(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -55,7 +56,7 @@ func startFSNode(t *testing.T) *fsNode {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	n := startNodeWith(t, nil, "--http-addr", addr, "--token-file", tokenFile)
+	n := startNodeWith(t, nil, append([]string{"--http-addr", addr, "--token-file", tokenFile}, args...)...)
 	// The warning comes with the TCP listener, which may open just after
 	// the socket the harness waits for.
 	for deadline := time.Now().Add(harness.Timeout); !strings.Contains(n.Out.String(), "tokens are accepted over plain HTTP"); {

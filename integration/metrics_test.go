@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,53 +20,22 @@ import (
 // scrapeOf is one scrape of a node's /v1/metrics, parsed.
 type scrapeOf map[string]*dto.MetricFamily
 
-// metricsNode is a daemon with its metrics on its socket and, behind
-// apiToken, on TCP.
-type metricsNode struct {
-	*node
-	tcp    string
-	socket *http.Client
-}
+// metricsNode is an fsNode (its metrics on the socket and, behind
+// apiToken, on TCP) that measures usage every 100 ms, so that a test sees
+// a write at once.
+type metricsNode struct{ *fsNode }
 
 func startMetricsNode(t *testing.T) *metricsNode {
 	t.Helper()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(apiToken+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	addr := freeAddr(t)
-	// Usage measured every 100 ms, so that the test sees a write at once.
-	n := startNodeWith(t, nil, "--http-addr", addr, "--token-file", tokenFile, "--metrics-usage-interval", "100ms")
-	sock := n.socket
-	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-	}}
-	t.Cleanup(c.CloseIdleConnections)
-	return &metricsNode{node: n, tcp: addr, socket: c}
+	return &metricsNode{startFSNode(t, "--metrics-usage-interval", "100ms")}
 }
 
-// get GETs url with c and returns the status and the body.
-func get(t *testing.T, c *http.Client, url, token string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
+// tokenHeader is the header that carries token, none for "".
+func tokenHeader(token string) map[string]string {
+	if token == "" {
+		return nil
 	}
-	if token != "" {
-		req.Header.Set("X-Nomad-Token", token)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(b)
+	return map[string]string{"X-Nomad-Token": token}
 }
 
 // parse parses a body in Prometheus's text format, with the legacy name
@@ -86,11 +53,11 @@ func parse(t *testing.T, body string) scrapeOf {
 // scrape GETs the node's metrics on its socket and parses them.
 func (n *metricsNode) scrape(t *testing.T) scrapeOf {
 	t.Helper()
-	code, body := get(t, n.socket, "http://allocfs/v1/metrics", "")
-	if code != http.StatusOK {
-		t.Fatalf("GET /v1/metrics on the socket: %d %s", code, body)
+	a := n.get(t, false, "/v1/metrics", nil)
+	if a.code != http.StatusOK {
+		t.Fatalf("GET /v1/metrics on the socket: %d %s", a.code, a.body)
 	}
-	return parse(t, body)
+	return parse(t, a.body)
 }
 
 // value is the value of the series of family name with labels (the
@@ -282,39 +249,36 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("formats", func(t *testing.T) {
-		code, body := get(t, n.socket, "http://allocfs/v1/metrics?format=prometheus", "")
-		if code != http.StatusOK {
-			t.Errorf("format=prometheus: %d %s", code, body)
+		a := n.get(t, false, "/v1/metrics?format=prometheus", nil)
+		if a.code != http.StatusOK {
+			t.Errorf("format=prometheus: %d %s", a.code, a.body)
 		}
-		parse(t, body)
-		if code, body := get(t, n.socket, "http://allocfs/v1/metrics?format=json", ""); code != http.StatusBadRequest || !strings.Contains(body, "Prometheus text format") {
-			t.Errorf("format=json: %d %q, want 400 naming the format served", code, body)
+		parse(t, a.body)
+		if a := n.get(t, false, "/v1/metrics?format=json", nil); a.code != http.StatusBadRequest || !strings.Contains(a.body, "Prometheus text format") {
+			t.Errorf("format=json: %d %q, want 400 naming the format served", a.code, a.body)
 		}
 		// The control API behind the metrics' mux still answers.
-		if code, body := get(t, n.socket, "http://allocfs/v1/status", ""); code != http.StatusOK {
-			t.Errorf("the control API next to the metrics: %d %s", code, body)
+		if a := n.get(t, false, "/v1/status", nil); a.code != http.StatusOK {
+			t.Errorf("the control API next to the metrics: %d %s", a.code, a.body)
 		}
 	})
 
 	t.Run("tcp", func(t *testing.T) {
-		web := &http.Client{Timeout: 30 * time.Second}
-		defer web.CloseIdleConnections()
-		url := "http://" + n.tcp + "/v1/metrics"
-		for _, token := range []string{"", "wrong"} {
-			if code, body := get(t, web, url, token); code != http.StatusForbidden {
-				t.Errorf("metrics over TCP with token %q: %d %q, want 403", token, code, body)
+		for _, tok := range []string{"", "wrong"} {
+			if a := n.get(t, true, "/v1/metrics", tokenHeader(tok)); a.code != http.StatusForbidden {
+				t.Errorf("metrics over TCP with token %q: %d %q, want 403", tok, a.code, a.body)
 			}
 		}
-		code, body := get(t, web, url, apiToken)
-		if code != http.StatusOK {
-			t.Fatalf("metrics over TCP with the token: %d %s", code, body)
+		a := n.get(t, true, "/v1/metrics", tokenHeader(apiToken))
+		if a.code != http.StatusOK {
+			t.Fatalf("metrics over TCP with the token: %d %s", a.code, a.body)
 		}
-		if s := parse(t, body); s.value("allocfs_alloc_status", map[string]string{"alloc_id": "a2", "status": "running"}) != 1 {
+		if s := parse(t, a.body); s.value("allocfs_alloc_status", map[string]string{"alloc_id": "a2", "status": "running"}) != 1 {
 			t.Errorf("metrics over TCP do not show a2 running")
 		}
 		// The control API stays off TCP.
-		if code, _ := get(t, web, "http://"+n.tcp+"/v1/status", apiToken); code != http.StatusNotFound {
-			t.Errorf("the control API over TCP: %d, want 404", code)
+		if a := n.get(t, true, "/v1/status", tokenHeader(apiToken)); a.code != http.StatusNotFound {
+			t.Errorf("the control API over TCP: %d, want 404", a.code)
 		}
 	})
 }
