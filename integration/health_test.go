@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
+	"github.com/allocfs/allocfs/internal/fusectl"
 	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
@@ -37,9 +37,13 @@ func (n *node) health(t *testing.T) (int, api.Health) {
 }
 
 // TestAgentHealth: a serving node is healthy, mount, passthrough and
-// store alike; once its FUSE connection is aborted (what a dead mount
-// is), the same endpoint answers 500 and names the mount.
+// store alike, on a host that never mounted fusectl; once its FUSE
+// connection is aborted (what a dead mount is), the same endpoint answers
+// 500 and names the mount.
 func TestAgentHealth(t *testing.T) {
+	if fstest.WithFusectl(t, false) {
+		return
+	}
 	fstest.RequireFUSE(t)
 	n := startNode(t)
 	code, h := n.health(t)
@@ -56,16 +60,30 @@ func TestAgentHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	minor := ""
+	device := ""
 	for _, m := range mounts {
 		if m.MountPoint == n.mnt && m.FSType == harness.FSType {
-			_, minor, _ = strings.Cut(m.Device, ":")
+			device = m.Device
 		}
 	}
-	if minor == "" {
+	if device == "" {
 		t.Fatalf("no allocfs mount at %s", n.mnt)
 	}
-	if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
+	if want := "FUSE connection " + strings.TrimPrefix(device, "0:") + ", "; !strings.HasPrefix(h.Checks[0].Detail, want) || !strings.HasSuffix(h.Checks[0].Detail, " requests waiting") {
+		t.Errorf("the mount check says %q, want %q and how many requests wait", h.Checks[0].Detail, want)
+	}
+	if !strings.Contains(n.Out.String(), "private, detached instance") {
+		t.Errorf("serve did not say where it reads its FUSE connection from:\n%s", n.Out)
+	}
+	conn, err := fusectl.Conn(device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := fusectl.Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Abort(conn); err != nil {
 		t.Fatalf("abort the FUSE connection: %v", err)
 	}
 	for deadline := time.Now().Add(harness.Timeout); ; time.Sleep(20 * time.Millisecond) {

@@ -5,18 +5,14 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/internal/fusectl"
 	"github.com/allocfs/allocfs/internal/mountinfo"
+	"github.com/hashicorp/go-hclog"
 )
-
-// fuseConnections is where the kernel lists FUSE connections by the
-// minor number of their device.
-const fuseConnections = "/sys/fs/fuse/connections"
 
 // nodeHealth is what GET /v1/agent/health checks: the mount, passthrough
 // and the store. None of the checks touches the mount: a daemon that
@@ -27,9 +23,11 @@ func nodeHealth(m *fs.Mount, s *store.Store) func() []api.HealthCheck {
 	}
 }
 
-// mountHealth finds the mount in the mount table and its connection in
-// fusectl's directory, and asks the connection whether the kernel ended
-// it.
+// mountHealth finds the mount in the mount table and asks the connection
+// whether the kernel ended it. How many requests wait on it comes from
+// fusectl, where this process can reach one (internal/fusectl): a host
+// that never mounted fusectl, or a daemon without the privilege to make
+// its own instance, takes nothing from a healthy mount.
 func mountHealth(m *fs.Mount, table string) api.HealthCheck {
 	c := api.HealthCheck{Name: "mount"}
 	mounts, err := mountinfo.Read(table)
@@ -51,16 +49,42 @@ func mountHealth(m *fs.Mount, table string) api.HealthCheck {
 	case m.ConnectionEnded():
 		c.Detail = "the FUSE connection was ended (unmounted or aborted); the files at " + m.Dir() + " answer ENOTCONN"
 	default:
-		_, minor, _ := strings.Cut(top.Device, ":")
-		waiting, err := os.ReadFile(filepath.Join(fuseConnections, minor, "waiting"))
-		if err != nil {
-			c.Detail = fmt.Sprintf("FUSE connection %s is not in %s: %v", minor, fuseConnections, err)
-			return c
-		}
 		c.OK = true
-		c.Detail = fmt.Sprintf("FUSE connection %s, %s requests waiting", minor, strings.TrimSpace(string(waiting)))
+		c.Detail = "FUSE connection " + connectionState(top.Device)
 	}
 	return c
+}
+
+// logFusectl says where the health check reads the FUSE connection from:
+// the host's fusectl, a private instance of the daemon's own where the
+// host mounted none, or nowhere.
+func logFusectl(logger hclog.Logger) {
+	d, err := fusectl.Shared()
+	switch {
+	case err != nil:
+		logger.Warn("fusectl cannot be reached: the health check cannot say how many requests wait on the mount", "error", err)
+	case d.Detached():
+		logger.Info("no fusectl is mounted at " + fusectl.MountPoint + ": the daemon reads its FUSE connection through a private, detached instance that no mount table shows")
+	}
+}
+
+// connectionState describes the connection of the mount whose device
+// is device: its number and, where fusectl can be reached, how many
+// requests wait on it.
+func connectionState(device string) string {
+	conn, err := fusectl.Conn(device)
+	if err != nil {
+		return device
+	}
+	d, err := fusectl.Shared()
+	if err != nil {
+		return fmt.Sprintf("%d (requests waiting: unknown, %v)", conn, err)
+	}
+	n, err := d.Waiting(conn)
+	if err != nil {
+		return fmt.Sprintf("%d (requests waiting: unknown, %v)", conn, err)
+	}
+	return fmt.Sprintf("%d, %d requests waiting", conn, n)
 }
 
 // passthroughHealth fails when passthrough was negotiated and file data

@@ -379,6 +379,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	// Every read of an allocation's files, for the client API and for
 	// snapshots, goes through the store, never through the mount; a
 	// follower of a collected allocation's file sees it deleted.
+	logFusectl(logger)
 	svc := node.New(node.Config{
 		Logger:      logger,
 		Store:       s,

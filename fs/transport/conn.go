@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
 
+	"github.com/allocfs/allocfs/internal/fusectl"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -284,29 +285,35 @@ func (c *Conn) Serve(fs fuse.RawFileSystem) error {
 }
 
 // abort ends the connection through the kernel's fusectl (what `echo 1 >
-// /sys/fs/fuse/connections/N/abort` does), for a mount nothing can
+// /sys/fs/fuse/connections/N/abort` does, on a private instance where
+// the host has none mounted: internal/fusectl), for a mount nothing can
 // serve: every request waiting on it fails. The mount is found in
 // /proc/self/mountinfo, never by touching it.
 func (c *Conn) abort() error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("")
 	if err != nil {
 		return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
 	}
-	// The table escapes a mount point's spaces, tabs, newlines and
-	// backslashes as octal.
-	dir := strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(c.dir)
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID, parent ID, major:minor, root, mount point, ...
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == dir {
-			_, minor, _ := strings.Cut(f[2], ":")
-			if err := os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0); err != nil {
-				return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
-			}
-			return nil
+	device := ""
+	for _, m := range mounts {
+		if m.MountPoint == c.dir {
+			device = m.Device // the last one is on top
 		}
 	}
-	return fmt.Errorf("aborting the FUSE connection at %q: not in /proc/self/mountinfo", c.dir)
+	if device == "" {
+		return fmt.Errorf("aborting the FUSE connection at %q: not in /proc/self/mountinfo", c.dir)
+	}
+	conn, err := fusectl.Conn(device)
+	if err == nil {
+		var d *fusectl.Dir
+		if d, err = fusectl.Shared(); err == nil {
+			err = d.Abort(conn)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("aborting the FUSE connection at %q: %w", c.dir, err)
+	}
+	return nil
 }
 
 func (c *Conn) spawn() {

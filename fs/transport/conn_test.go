@@ -472,3 +472,37 @@ func abortConnection(t *testing.T, conn *transport.Conn, mnt string) {
 		t.Errorf("detaching %s: %v", mnt, err)
 	}
 }
+
+// TestAbortWithoutHostFusectl: the abort a mount nothing can serve gets
+// works on a host that never mounted fusectl: the connection ends, its
+// requests fail, and its readers stop.
+func TestAbortWithoutHostFusectl(t *testing.T) {
+	if fstest.WithFusectl(t, false) {
+		return
+	}
+	overBoth(t, func(t *testing.T, ring bool) {
+		mnt, conn := serveOver(t, &memDir{}, ring)
+		servesAFilesystem(t, mnt)
+		if err := transport.Abort(conn); err != nil {
+			t.Fatalf("Abort: %v", err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			var sfs unix.Statfs_t
+			done <- unix.Statfs(mnt, &sfs)
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
+				t.Errorf("statfs after the abort: %v, want ENOTCONN or ECONNABORTED", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("statfs still waits 10 s after the abort")
+		}
+		for deadline := time.Now().Add(10 * time.Second); !conn.Ended(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the connection's readers still run 10 s after the abort")
+			}
+		}
+	})
+}
