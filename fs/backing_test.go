@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"io"
 	"os"
 	"os/exec"
@@ -229,10 +230,10 @@ func TestMountCreateBehindStaleNegativeEntry(t *testing.T) {
 
 	nobody := allocdir.Nobody()
 	if nobody == nil {
-		t.Skip("no user nobody to open as")
+		fstest.Lacks(t, "no user nobody to open as")
 	}
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv (util-linux) is needed to open as nobody")
+		fstest.Lacks(t, "setpriv (util-linux) is needed to open as nobody")
 	}
 	secret := filepath.Join(viewB, "secret")
 	if _, err := os.Lstat(secret); !errors.Is(err, os.ErrNotExist) {

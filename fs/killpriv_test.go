@@ -2,6 +2,7 @@ package fs
 
 import (
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,10 +108,10 @@ func TestSetidBitsOnCreate(t *testing.T) {
 func TestKillprivAsOwner(t *testing.T) {
 	nobody := allocdir.Nobody()
 	if nobody == nil {
-		t.Skip("no user nobody to write as")
+		fstest.Lacks(t, "no user nobody to write as")
 	}
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv (util-linux) is needed to run a writer as nobody")
+		fstest.Lacks(t, "setpriv (util-linux) is needed to run a writer as nobody")
 	}
 	tm, vol, native := setidSides(t)
 	old := unix.Umask(0)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"math"
 	"os"
 	"os/exec"
@@ -667,7 +668,7 @@ func TestMemVolumeLikeTmpfsAsNobody(t *testing.T) {
 	}
 	nobody := allocdir.Nobody()
 	if nobody == nil {
-		t.Skip("no nobody user to run as")
+		fstest.Lacks(t, "no nobody user to run as")
 	}
 	backends := memBackends(t)
 	for name, c := range memNobodyCases {

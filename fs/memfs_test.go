@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -762,7 +763,7 @@ func TestMemVolumeHidesTrustedFromUsers(t *testing.T) {
 	}
 	nobody := allocdir.Nobody()
 	if nobody == nil {
-		t.Skip("no nobody user to list as")
+		fstest.Lacks(t, "no nobody user to list as")
 	}
 	for _, b := range memBackends(t) {
 		t.Run(b.name, func(t *testing.T) {

@@ -222,7 +222,7 @@ func TestMountSeesStoreChangesAtOnce(t *testing.T) {
 func TestMountPassthroughServesData(t *testing.T) {
 	tm := newTestMount(t)
 	if !tm.mount.passthrough.Load() {
-		t.Skip("the kernel did not offer passthrough (needs Linux 6.9+ and root)")
+		fstest.Lacks(t, "the kernel did not offer passthrough (needs Linux 6.9+ and root)")
 	}
 	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,7 +143,7 @@ func TestKillMidGC(t *testing.T) {
 // has run.
 func TestKillDuringChange(t *testing.T) {
 	if _, err := exec.LookPath("strace"); err != nil {
-		t.Skip("strace is needed to hold the daemon at a system call (apt-get install strace)")
+		fstest.Lacks(t, "strace is needed to hold the daemon at a system call (apt-get install strace)")
 	}
 	for _, c := range []struct {
 		name    string

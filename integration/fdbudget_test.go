@@ -37,7 +37,7 @@ func startFDNode(t *testing.T) *fdNode {
 	fstest.RequireFUSE(t)
 	prlimit, err := exec.LookPath("prlimit")
 	if err != nil {
-		t.Skipf("prlimit (util-linux) is missing: %v", err)
+		fstest.Lacks(t, "prlimit (util-linux) is missing: %v", err)
 	}
 	var own syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &own); err != nil {

@@ -198,7 +198,7 @@ func startStallProbe(dir string) *stallProbe {
 func TestLiveRestart(t *testing.T) {
 	fstest.RequireFUSE(t)
 	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skipf("unshare (util-linux) is needed for the bind mount in another namespace: %v", err)
+		fstest.Lacks(t, "unshare (util-linux) is needed for the bind mount in another namespace: %v", err)
 	}
 	n := startNode(t)
 	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")

@@ -470,7 +470,7 @@ func nobodyRunner(t *testing.T) func(script string) string {
 			return "su -s /bin/sh nobody -c " + q(script)
 		}
 	}
-	t.Skip("neither setpriv (util-linux) nor su is installed")
+	fstest.Lacks(t, "neither setpriv (util-linux) nor su is installed")
 	return nil
 }
 

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,7 +106,7 @@ func TestCgroupDir(t *testing.T) {
 func TestProcStat(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep")
+		fstest.Lacks(t, "sleep (coreutils) is missing")
 	}
 	b, err := os.ReadFile(sleep)
 	if err != nil {

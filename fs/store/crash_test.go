@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,7 @@ type crashOp struct {
 func TestCrashAtEveryStep(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("cp"); err != nil {
-		t.Skip("cp is needed to copy data dirs")
+		fstest.Lacks(t, "cp is needed to copy data dirs")
 	}
 	for _, op := range crashOps() {
 		t.Run(op.name, func(t *testing.T) {

@@ -397,7 +397,7 @@ func TestServeTellsTheKernelNotToPoll(t *testing.T) {
 func requireFUSEOverIOUring(t testing.TB) {
 	t.Helper()
 	if err := transport.IOUringUsable(); err != nil {
-		t.Skipf("no FUSE over io_uring here: %v", err)
+		fstest.Lacks(t, "no FUSE over io_uring here: %v", err)
 	}
 }
 
