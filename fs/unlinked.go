@@ -89,33 +89,46 @@ func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) sys
 	return 0
 }
 
-// copyUpUnlinked copies a lower file whose last name is gone, while a
-// task has it open, into an unnamed upper file (layer.Stack.CopyAnonymous)
-// that its open handles read from then on, and returns a handle on the
-// copy for a change through them; nil when the node has no open lower
-// handle.
+// copyUpUnlinked returns a handle for a change through the open lower
+// handles of a file whose last name is gone: on the copy they read, when
+// the file was copied up before its name went (the copy is the file
+// then), or else on a copy of the lower file into an unnamed upper file
+// (layer.Stack.CopyAnonymous) that they read from then on. It returns nil
+// when the node has no open lower handle.
 func (n *volNode) copyUpUnlinked() gofs.FileHandle {
 	if n.ovl == nil {
 		return nil
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	src := -1
+	src, tfd := -1, -1
 	for f := range n.lowerFiles {
-		if pf, ok := f.lowerHandle.(gofs.FilePassthroughFder); ok {
+		if f.upper >= 0 {
+			// The handles read an unlinked copy: reopen it for writing
+			// through /proc, which reaches a file without a name.
+			fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", f.upper), unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				n.m.logger.Error("could not reopen the copy of an open file whose name is gone", "error", err)
+				return nil
+			}
+			tfd = fd
+			break
+		}
+		if pf, ok := f.lowerHandle.(gofs.FilePassthroughFder); ok && src < 0 {
 			if fd, ok := pf.PassthroughFd(); ok {
 				src = fd
-				break
 			}
 		}
 	}
-	if src < 0 {
-		return nil
-	}
-	tfd, err := n.ovl.CopyAnonymous(src)
-	if err != nil {
-		n.m.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
-		return nil
+	if tfd < 0 {
+		if src < 0 {
+			return nil
+		}
+		var err error
+		if tfd, err = n.ovl.CopyAnonymous(src); err != nil {
+			n.m.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
+			return nil
+		}
 	}
 	for f := range n.lowerFiles {
 		if f.upper < 0 {

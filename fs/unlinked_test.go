@@ -86,3 +86,32 @@ func TestMountOpenUnlinkedLowerFifo(t *testing.T) {
 		t.Errorf("fstat of the replaced FIFO: nlink %d type %o, %v; want a FIFO with no links", st.Nlink, st.Mode&unix.S_IFMT, err)
 	}
 }
+
+// TestMountChangeOfACopiedUpFileWhoseNameIsGone: a lower file open
+// read-only, copied up by a truncate through its name, and then renamed
+// over, is the copy: an fchown through the old fd changes the copy and
+// answers its size, not the lower file's (the bug was a second copy, of
+// the lower file).
+func TestMountChangeOfACopiedUpFileWhoseNameIsGone(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(old string) {
+		must(t, os.WriteFile(filepath.Join(old, "f"), []byte("lower\n"), 0o644))
+		must(t, os.WriteFile(filepath.Join(old, "g"), []byte("other\n"), 0o644))
+	})
+	p := filepath.Join(data, "f")
+	fd, err := unix.Open(p, unix.O_RDONLY, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, unix.Truncate(p, 100000))
+	must(t, unix.Rename(filepath.Join(data, "g"), p))
+	must(t, unix.Fchown(fd, 4321, 4321))
+	var st unix.Stat_t
+	must(t, unix.Fstat(fd, &st))
+	if st.Size != 100000 || st.Uid != 4321 || st.Nlink != 0 {
+		t.Errorf("fstat after fchown: size %d, uid %d, nlink %d; want the copy: 100000, 4321, 0 links", st.Size, st.Uid, st.Nlink)
+	}
+	buf := make([]byte, 8)
+	if n, err := unix.Pread(fd, buf, 0); err != nil || n != 8 || string(buf[:6]) != "lower\n" {
+		t.Errorf("read through the old fd: %q, %v; want the copy's first bytes", buf[:n], err)
+	}
+}
