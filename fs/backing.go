@@ -471,13 +471,6 @@ func (n *volNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn
 	if !ok {
 		return 0, syscall.EOPNOTSUPP
 	}
-	if k, ok := fhOut.(*daemonFile); ok {
-		if kf, ok := k.daemonHandle.(*killprivFile); ok {
-			if errno := kf.kill(ctx); errno != 0 {
-				return 0, errno
-			}
-		}
-	}
 	roff, woff := int64(offIn), int64(offOut)
 	c, err := unix.CopyFileRange(in, &roff, dst, &woff, int(length), int(flags))
 	return uint32(c), toErrno(n.m.logger, err)

@@ -21,31 +21,54 @@ import (
 // (restoreMode). The kernel has already applied the umask and stripped
 // what the caller may not set.
 //
-// And a write by someone without CAP_FSETID must clear a file's set-id
-// bits (the "killpriv" rule: S_ISUID always, S_ISGID when group-executable),
-// so that an owner cannot plant code that runs with the privileges the
-// bits would still grant. With HANDLE_KILLPRIV_V2 the kernel leaves that
-// to the server, and with passthrough the write never reaches the server
-// and lands on the backing file as root, which keeps the bits. So a file
-// with such bits is opened without passthrough (killprivFile) and the
-// daemon clears them before the first write, fallocate or truncate of an
-// unprivileged caller, as ext4 does.
+// And a change of a file's data by someone without CAP_FSETID must clear
+// its set-id bits (the "killpriv" rule: S_ISUID always, S_ISGID when
+// group-executable), so that an owner cannot plant code that runs with
+// the privileges the bits would still grant. With HANDLE_KILLPRIV_V2 the
+// kernel leaves that to the server and says when, per request, as the
+// VFS decides it for a local filesystem:
+//
+//   - a WRITE carries FUSE_WRITE_KILL_SUIDGID when its writer lacks
+//     CAP_FSETID; the writeback of a shared mapping (msync, munmap, the
+//     flusher) never does: a local filesystem keeps the bits when data
+//     arrives through a mapping, whoever wrote it;
+//   - a SETATTR that changes the size carries FATTR_KILL_SUIDGID on the
+//     same terms, and one that changes the owner always;
+//   - before a write, fallocate or copy_file_range by a caller without
+//     CAP_FSETID, the kernel's own file_remove_privs sends a SETATTR that
+//     changes nothing, which the daemon applies as a chown to -1:-1
+//     (volattr.go): on the backing file that clears the same bits.
+//
+// With passthrough a write never reaches the server and lands on the
+// backing file as root, which keeps the bits; the SETATTR before it is
+// what clears them. A file that has such bits when it is opened is served
+// by the daemon all the same (killprivFile), which follows each WRITE's
+// flag, so that no write by an unprivileged caller can pass a file whose
+// bits the kernel's cached mode does not show yet.
 
 // modeSpecial are the mode bits beyond the permissions.
 const modeSpecial = syscall.S_ISUID | syscall.S_ISGID | syscall.S_ISVTX
 
-// killBits returns the bits a write by an unprivileged caller clears from
-// a regular file's mode: S_ISUID, and S_ISGID only with S_IXGRP (without
-// it, S_ISGID marks mandatory locking, not privilege).
-func killBits(mode uint32) uint32 {
-	if mode&syscall.S_IFMT != syscall.S_IFREG {
+// hasSetid reports whether a regular file of mode carries a bit a change
+// of its data may have to clear.
+func hasSetid(mode uint32) bool {
+	return mode&syscall.S_IFMT == syscall.S_IFREG && mode&(syscall.S_ISUID|syscall.S_ISGID) != 0
+}
+
+// killFor returns the set-id bits a change by the caller of ctx clears
+// from a non-directory of mode and group gid, as the VFS decides it
+// (setattr_should_drop_suidgid): S_ISUID, and S_ISGID when the file is
+// group-executable or when the caller is neither in the file's group nor
+// holds CAP_FSETID. The kernel has decided already that the change kills
+// at all (its caller lacks CAP_FSETID, or it is a chown, which kills
+// whoever makes it). It reads /proc only for a set-gid file that is not
+// group-executable, of a group not the caller's own.
+func killFor(ctx context.Context, mode, gid uint32) uint32 {
+	if mode&syscall.S_IFMT == syscall.S_IFDIR {
 		return 0
 	}
-	var kill uint32
-	if mode&syscall.S_ISUID != 0 {
-		kill |= syscall.S_ISUID
-	}
-	if mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP {
+	kill := mode & syscall.S_ISUID
+	if mode&syscall.S_ISGID != 0 && (mode&syscall.S_IXGRP != 0 || !callerInGroupOrFsetid(ctx, gid)) {
 		kill |= syscall.S_ISGID
 	}
 	return kill
@@ -74,6 +97,10 @@ func restoreMode(l layer.Loc, st *syscall.Stat_t, want uint32) error {
 
 // killprivFile is an open set-id file: served by the daemon, never by
 // passthrough, so that it can clear the bits before an unprivileged write.
+// go-fuse's bridge hands a FileWriter the request's caller and its cancel
+// channel and nothing else of the request, so killFlags, right above the
+// bridge, gives a WRITE that asks for the kill killWrite as its context's
+// Done channel (writeKills).
 type killprivFile struct {
 	*gofs.LoopbackFile
 	logger hclog.Logger
@@ -85,49 +112,49 @@ func (f *killprivFile) fd() int {
 	return fd
 }
 
-// kill clears the set-id bits the caller's change must clear, if any.
-func (f *killprivFile) kill(ctx context.Context) syscall.Errno {
-	return killPrivFd(ctx, f.logger, f.fd())
-}
-
-// killPrivFd clears, through fd, the set-id bits that a change by the
-// caller of ctx must clear: none if the caller has CAP_FSETID.
-func killPrivFd(ctx context.Context, logger hclog.Logger, fd int) syscall.Errno {
-	_, errno := clearKillBits(logger, fd, func() bool { return !callerHasCap(ctx, capFsetid) })
-	return errno
-}
-
-// clearKillBits clears, through fd, the bits killBits names, if any and
-// if must says so (asked only when there are some: it may read /proc).
-// It reports whether it cleared any.
-func clearKillBits(logger hclog.Logger, fd int, must func() bool) (bool, syscall.Errno) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return false, toErrno(logger, err)
-	}
-	kill := killBits(st.Mode)
-	if kill == 0 || !must() {
-		return false, 0
-	}
-	return true, toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
-}
-
 var _ = (gofs.FileWriter)((*killprivFile)(nil))
 
 func (f *killprivFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	if errno := f.kill(ctx); errno != 0 {
-		return 0, errno
+	if writeKills(ctx) {
+		if errno := killFd(ctx, f.logger, f.fd()); errno != 0 {
+			return 0, errno
+		}
 	}
 	return f.LoopbackFile.Write(ctx, data, off)
 }
 
-var _ = (gofs.FileAllocater)((*killprivFile)(nil))
-
-func (f *killprivFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
-	if errno := f.kill(ctx); errno != 0 {
-		return errno
+// killFd clears, through fd, the set-id bits a change by the caller of
+// ctx clears (killFor).
+func killFd(ctx context.Context, logger hclog.Logger, fd int) syscall.Errno {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return toErrno(logger, err)
 	}
-	return f.LoopbackFile.Allocate(ctx, off, size, mode)
+	kill := killFor(ctx, st.Mode, st.Gid)
+	if kill == 0 {
+		return 0
+	}
+	return toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
+}
+
+// killWrite is the Done channel of the context of a WRITE whose writer
+// lacks CAP_FSETID (FUSE_WRITE_KILL_SUIDGID). It is never closed: such a
+// write cannot be interrupted, which for a write to a local file changes
+// nothing (the loopback file ignores its context).
+var killWrite = make(chan struct{})
+
+// writeKills reports whether the WRITE of ctx asks for the kill.
+func writeKills(ctx context.Context) bool { return ctx.Done() == killWrite }
+
+// killFlags passes each WRITE's FUSE_WRITE_KILL_SUIDGID on to its handle
+// (killWrite).
+type killFlags struct{ fuse.RawFileSystem }
+
+func (k killFlags) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
+		cancel = killWrite
+	}
+	return k.RawFileSystem.Write(cancel, in, data)
 }
 
 // serveOpen chooses who serves fh, a new handle of the node's own file,
@@ -148,7 +175,7 @@ func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 	setid := false
 	if fd, _ := lf.PassthroughFd(); fd >= 0 {
 		var st unix.Stat_t
-		setid = unix.Fstat(fd, &st) == nil && killBits(st.Mode) != 0
+		setid = unix.Fstat(fd, &st) == nil && hasSetid(st.Mode)
 	}
 	n.mu.Lock()
 	on := n.m.passthrough.Load()
@@ -169,20 +196,40 @@ func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 	return n.asDaemonFile(lf), 0
 }
 
-// killprivSetattr clears set-id bits when the kernel says a size change by
-// an unprivileged caller must (FATTR_KILL_SUIDGID), after the change,
+// setattrKills returns the set-id bits a SETATTR must clear after its
+// change, decided on the file's mode and group before it (st): when the
+// kernel asks (FATTR_KILL_SUIDGID: a size change by an unprivileged
+// caller, a change of owner), and when the request changes nothing, which
+// is what the kernel's file_remove_privs sends before a write, fallocate
+// or copy_file_range of an unprivileged caller, and what a chown to -1:-1
+// is. A chmod in the same request wins over the rule.
+func setattrKills(ctx context.Context, in *fuse.SetAttrIn, st *syscall.Stat_t) uint32 {
+	if !setattrMayKill(in) {
+		return 0
+	}
+	return killFor(ctx, st.Mode, st.Gid)
+}
+
+// setattrMayKill reports whether a SETATTR is one setattrKills decides
+// for.
+func setattrMayKill(in *fuse.SetAttrIn) bool {
+	return in.Valid&fuse.FATTR_MODE == 0 && (in.Valid&fuse.FATTR_KILL_SUIDGID != 0 || in.Valid&setattrChanges == 0)
+}
+
+// clearBits clears the bits of kill that the node's file still has, after
+// a change that may have cleared some (a chown as root clears S_ISUID),
 // through the handle f when there is one (the file may have no name any
 // more). It reports whether it cleared any.
-func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn) (bool, syscall.Errno) {
-	if in.Valid&fuse.FATTR_MODE != 0 {
-		// The same request sets the mode: a chmod wins over the rule.
-		return false, 0
-	}
-	if in.Valid&fuse.FATTR_KILL_SUIDGID == 0 && !(in.Valid&fuse.FATTR_SIZE != 0 && !callerHasCap(ctx, capFsetid)) {
-		return false, 0
-	}
+func (n *volNode) clearBits(f gofs.FileHandle, kill uint32) (bool, syscall.Errno) {
 	if fd, ok := handleFd(f); ok {
-		return clearKillBits(n.m.logger, fd, func() bool { return true })
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false, toErrno(n.m.logger, err)
+		}
+		if st.Mode&kill == 0 {
+			return false, 0
+		}
+		return true, toErrno(n.m.logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 	}
 	l, errno := n.at(0, "")
 	if errno != 0 {
@@ -193,11 +240,23 @@ func (n *volNode) killprivSetattr(ctx context.Context, f gofs.FileHandle, in *fu
 	if err := l.Lstat(&st); err != nil {
 		return false, toErrno(n.m.logger, err)
 	}
-	kill := killBits(st.Mode)
-	if kill == 0 {
+	if st.Mode&kill == 0 {
 		return false, 0
 	}
 	return true, toErrno(n.m.logger, l.Chmod(st.Mode&0o7777&^kill))
+}
+
+// statNode stats the node's file, through f when there is a handle.
+func (n *volNode) statNode(f gofs.FileHandle, st *syscall.Stat_t) syscall.Errno {
+	if fd, ok := handleFd(f); ok {
+		return toErrno(n.m.logger, syscall.Fstat(fd, st))
+	}
+	l, errno := n.at(0, "")
+	if errno != 0 {
+		return errno
+	}
+	defer l.Close()
+	return toErrno(n.m.logger, l.Lstat(st))
 }
 
 // handleFd is the backing descriptor of an open handle of the node's own

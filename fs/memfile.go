@@ -175,10 +175,10 @@ func (f *memFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, of
 	now := time.Now()
 	f.attr.mtime, f.attr.ctime = now, now
 	// The mount handles killpriv (HANDLE_KILLPRIV_V2), so the daemon
-	// drops the set-id bits on a write by a caller without
-	// CAP_FSETID, as tmpfs does. go-fuse does not pass on the write's
-	// KILL_SUIDGID flag, so ask /proc, only when there is a bit to drop.
-	if f.attr.mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 && !callerHasCap(ctx, capFsetid) {
+	// drops the set-id bits on a write whose writer lacks CAP_FSETID,
+	// as the kernel flags it (killpriv.go), as tmpfs does; never on
+	// the writeback of a shared mapping.
+	if writeKills(ctx) {
 		f.attr.killSetid()
 	}
 	return uint32(n), 0

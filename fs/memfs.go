@@ -2,10 +2,7 @@ package fs
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -560,31 +557,4 @@ func dropMemVolume(root *memDir) {
 	}
 	walk(root.EmbeddedInode())
 	root.RmAllChildren()
-}
-
-// Bits of a capability set.
-const (
-	capFsetid   = 4  // CAP_FSETID
-	capSysAdmin = 21 // CAP_SYS_ADMIN
-)
-
-// callerHasCap reports whether the process that made the request has the
-// capability bit in its effective set, read from /proc: FUSE tells the
-// daemon the caller's pid, not its credentials. Unknown means no.
-func callerHasCap(ctx context.Context, bit uint) bool {
-	c, ok := fuse.FromContext(ctx)
-	if !ok || c.Pid == 0 {
-		return false
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.Pid))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			eff, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && eff&(1<<bit) != 0
-		}
-	}
-	return false
 }

@@ -42,13 +42,14 @@ func (s goFuseServer) Wait() error {
 }
 
 // newHandler makes what serves the mount's requests: the node tree behind
-// go-fuse's bridge, with the release ordering and the counts around it.
+// go-fuse's bridge, with the write flags passed on (killpriv.go), the
+// release ordering and the counts around it.
 // A daemon of a later generation than 0 took the connection over, and
 // resolves what the kernel got from earlier ones (takeover.go); one whose
 // connection can be taken over records the outcome of namespace requests
 // (outcomes.go), for the next.
 func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) *countingFS {
-	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}
+	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: killFlags{gofs.NewNodeFS(m.root, fopts)}}
 	if generation > 0 {
 		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
 		h = m.takeover

@@ -156,11 +156,21 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 			h = n.copyUpUnlinked()
 		}
 	}
+	var kill uint32
+	if setattrMayKill(in) {
+		var st syscall.Stat_t
+		if errno := n.statNode(h, &st); errno != 0 {
+			return errno
+		}
+		kill = setattrKills(ctx, in, &st)
+	}
 	if in.Valid&setattrChanges == 0 {
-		// Nothing but the change time: chown(f, -1, -1), say. A local
-		// filesystem still stamps ctime (and clears set-id bits, which
-		// the kernel sends as a mode change when there are any); a
-		// chown that changes nothing does the same to the backing file.
+		// Nothing but the change time: chown(f, -1, -1), or the
+		// kernel's file_remove_privs (killpriv.go). A local filesystem
+		// still stamps ctime and clears set-id bits; a chown that
+		// changes nothing does the same to the backing file, as root,
+		// and clearBits then clears what root's chown keeps and the
+		// caller's does not.
 		var err error
 		if fd, ok := handleFd(h); ok {
 			err = unix.Fchown(fd, -1, -1)
@@ -177,9 +187,12 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if errno := n.backingSetattr(ctx, h, in, out); errno != 0 {
 		return errno
 	}
-	killed, errno := n.killprivSetattr(ctx, h, in)
-	if errno != 0 {
-		return errno
+	killed := false
+	if kill != 0 {
+		var errno syscall.Errno
+		if killed, errno = n.clearBits(h, kill); errno != 0 {
+			return errno
+		}
 	}
 	if killed {
 		// The mode lost its set-id bits since out was filled.

@@ -43,11 +43,13 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 	}
 	var fh gofs.FileHandle = lf
 	if flags&syscall.O_TRUNC != 0 {
-		// The open truncated the file: an unprivileged caller's
-		// truncate clears set-id bits as a write does.
-		if lf, ok := fh.(*gofs.LoopbackFile); ok {
+		// The open truncated the file (a CREATE that found it: the
+		// mount has no ATOMIC_O_TRUNC, so an OPEN never does): an
+		// unprivileged caller's truncate clears set-id bits as a write
+		// does.
+		if lf, ok := fh.(*gofs.LoopbackFile); ok && !callerHasCap(ctx, capFsetid) {
 			fd, _ := lf.PassthroughFd()
-			if errno := killPrivFd(ctx, n.m.logger, fd); errno != 0 {
+			if errno := killFd(ctx, n.m.logger, fd); errno != 0 {
 				releaseHandle(ctx, fh)
 				return nil, 0, errno
 			}
