@@ -33,7 +33,7 @@ func TestGenReplays(t *testing.T) {
 	for _, op := range a {
 		kinds[op.Kind] = true
 	}
-	for _, k := range []string{"open", "write", "pwrite", "read", "ftruncate", "fallocate", "chmod", "chown", "utimensat", "link", "symlink", "rename", "renameat2", "mkdir", "rmdir", "unlink", "mkfifo", "mknod", "setxattr", "removexattr", "close", "fstat"} {
+	for _, k := range []string{"open", "write", "pwrite", "read", "ftruncate", "fallocate", "chmod", "chown", "utimensat", "link", "symlink", "rename", "renameat2", "mkdir", "rmdir", "unlink", "mkfifo", "mknod", "setxattr", "removexattr", "close", "fstat", "mmap", "copy_file_range", "fifo"} {
 		if !kinds[k] {
 			t.Errorf("500 ops of seed 7 have no %s", k)
 		}

@@ -45,10 +45,13 @@
 //   - A directory's size is not compared: ext4 sizes a directory by the
 //     blocks its entries ever needed, which depends on its history and on
 //     the layers of a merged directory, not on what it holds now.
-//   - st_blocks is compared only as sparse-or-not (fewer bytes allocated
-//     than the size): block counts depend on allocation granularity and
-//     delayed allocation, but a hole that becomes data (a copy-up that
-//     fills holes) is visible to a task through SEEK_HOLE and df.
+//   - st_blocks is not compared; a regular file is compared as having a
+//     hole or not (SEEK_HOLE before its end), on every snapshot: block
+//     counts depend on allocation granularity, delayed allocation and
+//     whether ext4 keeps an inode's xattrs in the inode or in a block of
+//     their own (the layer format's trusted.overlay.* xattrs take room in
+//     the inode, so a task's xattrs spill sooner), but a hole that becomes
+//     data (a copy-up that fills holes) is visible to a task.
 //   - Directory listings are compared as sorted sets of name and d_type,
 //     "." and ".." included: the order of getdents is a property of the
 //     directory's hash, not of its content.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sort"
 	"strings"
 
@@ -22,7 +23,7 @@ type Attr struct {
 	Size   int64  `json:"s"` // 0 for directories
 	Nlink  uint64 `json:"n"`
 	Rdev   uint64 `json:"r,omitempty"`
-	Sparse bool   `json:"h,omitempty"` // fewer bytes allocated than the size
+	Sparse bool   `json:"h,omitempty"` // a regular file with a hole (SEEK_HOLE before its end)
 }
 
 // Result is what one side answered to one operation.
@@ -41,6 +42,15 @@ type Result struct {
 	Ino uint64 `json:"i,omitempty"`
 }
 
+// String shows a result with its stat, for a trace.
+func (r Result) String() string {
+	st := "-"
+	if r.Stat != nil {
+		st = fmt.Sprintf("%+v", *r.Stat)
+	}
+	return fmt.Sprintf("{errno %s, n %d, data %s, names %v, stat %s, fstat errno %s}", orOK(r.Errno), r.N, short(r.Data), r.Names, st, orOK(r.FstatErr))
+}
+
 func attrOf(st *unix.Stat_t) *Attr {
 	a := &Attr{
 		Type:  typeName(st.Mode),
@@ -55,10 +65,23 @@ func attrOf(st *unix.Stat_t) *Attr {
 		a.Size = 0
 	case unix.S_IFCHR, unix.S_IFBLK:
 		a.Rdev = uint64(st.Rdev)
-	case unix.S_IFREG:
-		a.Sparse = st.Blocks*512 < st.Size
 	}
 	return a
+}
+
+// hasHole reports whether the regular file open at fd, of size, has a
+// hole before its end, leaving the fd's offset where it was.
+func hasHole(fd int, size int64) bool {
+	if size == 0 {
+		return false
+	}
+	cur, err := unix.Seek(fd, 0, unix.SEEK_CUR)
+	if err != nil {
+		return false
+	}
+	hole, err := unix.Seek(fd, 0, unix.SEEK_HOLE)
+	unix.Seek(fd, cur, unix.SEEK_SET)
+	return err == nil && hole < size
 }
 
 func typeName(mode uint32) string {
@@ -166,6 +189,9 @@ func (s *Side) fstat(fd int, r *Result) {
 		return
 	}
 	r.Stat = attrOf(&st)
+	if st.Mode&unix.S_IFMT == unix.S_IFREG {
+		r.Stat.Sparse = hasHole(fd, st.Size)
+	}
 }
 
 func (s *Side) exec(op Op, r *Result) {
@@ -275,6 +301,66 @@ func (s *Side) exec(op Op, r *Result) {
 		if err = unix.Fallocate(slotFd, uint32(op.Flags), op.Off, op.Len); err == nil {
 			s.fstat(slotFd, r)
 		}
+	case "mmap":
+		if !needFd() {
+			return
+		}
+		var n int64
+		if n, err = mapWrite(slotFd, op); err == nil {
+			r.N = n
+			s.fstat(slotFd, r)
+		}
+	case "copy_file_range":
+		if !needFd() {
+			return
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(s.root, op.Path, &st, 0) == nil {
+			if t := st.Mode & unix.S_IFMT; t == unix.S_IFCHR || t == unix.S_IFBLK {
+				r.Errno = "skipped: device node"
+				return
+			}
+		}
+		var in int
+		if in, err = unix.Openat(s.root, op.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err != nil {
+			break
+		}
+		roff, woff := op.Off, op.Off2
+		var n int
+		n, err = unix.CopyFileRange(in, &roff, slotFd, &woff, int(op.Len), 0)
+		unix.Close(in)
+		r.N = int64(n)
+		if err == nil {
+			s.fstat(slotFd, r)
+		}
+	case "fifo":
+		if s.fds[op.Slot] >= 0 {
+			unix.Close(s.fds[op.Slot])
+			s.fds[op.Slot] = -1
+		}
+		// Only an existing FIFO: O_CREAT would make a regular file, and
+		// O_TRUNC truncate one, which the open op does already.
+		var st unix.Stat_t
+		if err = unix.Fstatat(s.root, op.Path, &st, 0); err != nil {
+			break
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			r.Errno = "skipped: not a FIFO"
+			return
+		}
+		var fd int
+		if fd, err = unix.Openat(s.root, op.Path, op.Flags|unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644); err != nil {
+			break
+		}
+		s.fds[op.Slot] = fd
+		if op.Len > 0 {
+			var n int
+			n, err = unix.Write(fd, fill(op.Len, int(op.Len)))
+			r.N = int64(n)
+		}
+		if err == nil {
+			s.fstat(fd, r)
+		}
 	case "truncate":
 		err = unix.Truncate(s.procPath(op.Path), op.Off)
 	case "chmod":
@@ -335,6 +421,45 @@ func (s *Side) exec(op Op, r *Result) {
 		panic("difftest: unknown op kind " + op.Kind)
 	}
 	r.Errno = errnoName(err)
+}
+
+// mapWrite writes op.Len bytes at op.Off through a shared mapping of fd,
+// the part of them that lies within the file's size (a store past its
+// end would raise SIGBUS), and flushes them as op.Flags says. It returns
+// how many bytes it stored. A fault on the mapping (the file system
+// failing a page) is an error, not a crash of the test.
+func mapWrite(fd int, op Op) (n int64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, err
+	}
+	page := int64(unix.Getpagesize())
+	start := op.Off / page * page
+	end := min(op.Off+op.Len, st.Size)
+	length := max(end-start, 1)
+	m, err := unix.Mmap(fd, start, int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if uerr := unix.Munmap(m); err == nil {
+			err = uerr
+		}
+	}()
+	if end > op.Off {
+		old := debug.SetPanicOnFault(true)
+		defer debug.SetPanicOnFault(old)
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("fault on the mapping: %v", p)
+			}
+		}()
+		n = int64(copy(m[op.Off-start:end-start], fill(end-op.Off, int(op.Off))))
+	}
+	if op.Flags == MapMsync {
+		err = unix.Msync(m, unix.MS_SYNC)
+	}
+	return n, err
 }
 
 func timespec(ns int64) unix.Timespec {

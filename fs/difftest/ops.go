@@ -31,6 +31,7 @@ type Op struct {
 	Flags int    `json:"f,omitempty"`
 	Mode  uint32 `json:"m,omitempty"`
 	Off   int64  `json:"o,omitempty"`
+	Off2  int64  `json:"o2,omitempty"`
 	Len   int64  `json:"l,omitempty"`
 	UID   int    `json:"u,omitempty"`
 	GID   int    `json:"g,omitempty"`
@@ -61,6 +62,12 @@ func (o Op) String() string {
 		add("slot %d, %d:%d", o.Slot, o.UID, o.GID)
 	case "ftruncate":
 		add("slot %d, %d", o.Slot, o.Off)
+	case "mmap":
+		add("slot %d, %d bytes at %d, %s", o.Slot, o.Len, o.Off, map[int]string{MapMsync: "msync", MapMunmap: "munmap only"}[o.Flags])
+	case "copy_file_range":
+		add("%q at %d -> slot %d at %d, %d bytes", o.Path, o.Off, o.Slot, o.Off2, o.Len)
+	case "fifo":
+		add("%q, O_RDWR|O_NONBLOCK|%s -> slot %d, write %d bytes", o.Path, openFlagString(o.Flags), o.Slot, o.Len)
 	case "fallocate":
 		add("slot %d, mode %#x, %d+%d", o.Slot, o.Flags, o.Off, o.Len)
 	case "truncate":
@@ -185,6 +192,14 @@ const (
 	oNOFOLLOW  = 0x20000
 )
 
+// How a "mmap" op flushes what it wrote into the mapping: by msync, or
+// by nothing but munmap (the data reaches the file by writeback, on
+// close at the latest).
+const (
+	MapMunmap = 0
+	MapMsync  = 1
+)
+
 // renameat2(2) flags.
 const (
 	RenameNoreplace = 1 << 0
@@ -287,7 +302,23 @@ func (g *Gen) Next() Op {
 		{4, func() Op { return Op{Kind: "mkdir", Path: g.path(), Mode: g.mode(true)} }},
 		{2, func() Op { return Op{Kind: "rmdir", Path: g.path()} }},
 		{3, func() Op { return Op{Kind: "unlink", Path: g.path()} }},
-		{1, func() Op { return Op{Kind: "mkfifo", Path: g.path(), Mode: g.mode(false)} }},
+		{2, func() Op { return Op{Kind: "mkfifo", Path: g.path(), Mode: g.mode(false)} }},
+		// A write through a shared mapping of the slot's file, within
+		// its size: at its start, in its second page, or in the middle
+		// of the seeded sparse file.
+		{3, func() Op {
+			return Op{Kind: "mmap", Slot: slot, Off: []int64{0, 4096, 128 << 10}[g.r.IntN(3)], Len: int64(1 + g.r.IntN(6000)), Flags: g.r.IntN(2)}
+		}},
+		{2, func() Op {
+			return Op{Kind: "copy_file_range", Path: g.path(), Slot: slot, Off: int64(g.r.IntN(2) * g.r.IntN(4096)), Off2: int64(g.r.IntN(3) * g.r.IntN(8192)), Len: int64(1 + g.r.IntN(6000))}
+		}},
+		// A FIFO opened for reading and writing (what a task's logger
+		// does with its own pipe), into the slot, and written: often
+		// more than the pipe holds, so that the write stops short.
+		{2, func() Op {
+			fl := []int{0, oAPPEND, oCREAT | oTRUNC}[g.r.IntN(3)]
+			return Op{Kind: "fifo", Path: g.path(), Slot: slot, Flags: fl, Len: []int64{0, 100, 70000}[g.r.IntN(3)]}
+		}},
 		{2, func() Op {
 			return Op{Kind: "setxattr", Path: g.path(), Name: "user." + names[g.r.IntN(3)], Value: fmt.Sprintf("v%d", g.r.IntN(4)), Flags: g.r.IntN(3)}
 		}},

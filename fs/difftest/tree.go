@@ -86,6 +86,16 @@ func (t Tree) walk(root int, rel string, prev Tree) {
 	}
 	e := &Entry{Attr: *attrOf(&st), Ino: st.Ino, Mtime: unix.TimespecToNsec(st.Mtim), Ctime: unix.TimespecToNsec(st.Ctim)}
 	t[rel] = e
+	if e.Type == "file" && st.Size > 0 {
+		// Every snapshot: a copy-up that fills a hole changes no time.
+		fd, err := unix.Openat(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			e.Err = "open: " + errnoName(err)
+			return
+		}
+		e.Sparse = hasHole(fd, st.Size)
+		unix.Close(fd)
+	}
 	if p := prev[rel]; p != nil && p.Err == "" && p.Type == e.Type && p.Ino == e.Ino && p.Size == e.Size && p.Mtime == e.Mtime && p.Ctime == e.Ctime {
 		// Nothing a snapshot reads changes without changing one of
 		// these on the reference; if allocfs changed it without, the
