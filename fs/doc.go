@@ -86,9 +86,11 @@
 // 6.9 or later), reads and writes never reach the daemon. NewMount reports
 // whether the kernel offered passthrough. HANDLE_KILLPRIV_V2 stops the
 // kernel from asking for security.capability before every write, and
-// leaves the set-id rule to us: a file with set-id bits is served by the
-// daemon, which clears them before an unprivileged write, truncate or
-// fallocate (killpriv.go). A lower file of a writable overlay is served by
+// leaves the set-id rule to us: the kernel says per request when the VFS
+// would clear the bits (a WRITE's kill flag, a SETATTR's, the empty
+// SETATTR of file_remove_privs), and the daemon clears the bits ext4
+// would (killpriv.go); a file with set-id bits is served by the daemon,
+// so that every write to it is seen. A lower file of a writable overlay is served by
 // the daemon too (the kernel binds one backing file to an inode, and a
 // copy-up must replace it), with its page cache kept across opens. The
 // kernel refuses passthrough and daemon-served handles of one inode at

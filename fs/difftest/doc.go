@@ -20,6 +20,15 @@
 // slots per side, so that an fd operation means the same on both sides;
 // an op on an empty slot answers EBADF on both without a call.
 //
+// Besides the calls with a name of their own, three ops stand for what
+// tasks do in several calls: mmap (a store through a shared mapping of a
+// slot's file, within its size, flushed by msync or left to munmap and
+// writeback; a fault on the mapping is an error, not a crash),
+// copy_file_range (from a path opened for it into a slot), and fifo (an
+// existing FIFO opened O_RDWR|O_NONBLOCK, with O_APPEND or
+// O_CREAT|O_TRUNC, into a slot, and written, often past what the pipe
+// holds).
+//
 // # What is compared
 //
 // For each operation: the errno (by name), the byte count, the bytes
@@ -77,10 +86,12 @@
 //     again from the seeded tree, as after a divergence, since the
 //     stamped times would differ in every later comparison.
 //   - A FIFO's mtime and ctime are not compared after a read or write
-//     through an fd: the kernel marks every FUSE inode but a regular file
-//     S_NOCMTIME (fs/fuse/inode.c, fuse_iget) and serves pipe I/O itself,
-//     so the server never learns of it and no FUSE filesystem can show
-//     it (kernel overlayfs cannot either: its inodes are S_NOCMTIME too).
+//     through an fd (a read, write or fifo op): the kernel marks every
+//     FUSE inode but a regular file S_NOCMTIME (fs/fuse/inode.c,
+//     fuse_iget) and serves pipe I/O itself, so the server never learns
+//     of it and no FUSE filesystem can show it (kernel overlayfs cannot
+//     either: its inodes are S_NOCMTIME too). TestFIFOTimesAreTheKernels
+//     in package fs measures it; docs/design/posix-limits.md says more.
 //   - An op whose path leads out of the side's root through a symbolic
 //     link (a target such as "../b"; openat2 RESOLVE_BENEATH answers EXDEV
 //     on the reference) has its result left uncompared: one root is an
