@@ -54,7 +54,15 @@ type Alloc struct {
 	// MigratedTo the one that took this one's.
 	Previous   string `json:"previous,omitempty"`
 	MigratedTo string `json:"migrated_to,omitempty"`
+	// Origin is OriginMount for an allocation made by a mkdir at the
+	// mount root (Nomad's client, with its alloc_dir on the mount), which
+	// the node never stops, destroys or collects itself; empty for one
+	// made through this API.
+	Origin string `json:"origin,omitempty"`
 }
+
+// OriginMount is Alloc.Origin of an allocation made through the mount.
+const OriginMount = "mount"
 
 // TaskNames returns the names of a's tasks in the order they were given.
 func (a *Alloc) TaskNames() []string {

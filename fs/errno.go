@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -29,8 +30,12 @@ func toErrno(logger hclog.Logger, err error) syscall.Errno {
 		return syscall.EACCES
 	case errors.Is(err, allocdir.ErrInvalidName), errors.Is(err, fs.ErrInvalid):
 		return syscall.EINVAL
-	case errors.Is(err, fs.ErrExist):
+	case errors.Is(err, fs.ErrExist), errors.Is(err, store.ErrExists):
 		return syscall.EEXIST
+	case errors.Is(err, store.ErrNotEmpty):
+		return syscall.ENOTEMPTY
+	case errors.Is(err, store.ErrPinned):
+		return syscall.EBUSY
 	}
 	if logger != nil {
 		logger.Error("unmapped error returned as EIO", "error", err)

@@ -147,6 +147,14 @@ func (s *slots) slot(alloc string, view uint64) (uint64, syscall.Errno) {
 	return n, 0
 }
 
+// peek returns the slot of view of alloc, or 0 for none, handing out
+// none.
+func (s *slots) peek(alloc string, view uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byKey[viewKey{alloc, view}]
+}
+
 // release frees the slots of a destroyed allocation.
 func (s *slots) release(alloc string) {
 	s.mu.Lock()

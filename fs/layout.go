@@ -52,11 +52,17 @@ var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocd
 
 // layoutChild is the layout directory name leads to from parent in the
 // allocation st, or placeNone: no such name (of placeAlloc or
-// placeShared), or an entry of the task's own volume (of placeTask).
+// placeShared), or an entry of the task's own volume (of placeTask). A
+// layout directory removed through the mount (a volume st has no more, a
+// directory st.Gone names) is no such name, as after an rmdir on a local
+// filesystem; a task's reserved names are never entries of its volume.
 func layoutChild(st *store.State, parent place, name string) place {
 	switch parent.kind {
 	case placeAlloc:
 		if name == allocdir.SharedAllocName {
+			if st.IsGone(store.DirShared) {
+				return place{}
+			}
 			return place{kind: placeShared}
 		}
 		if i := st.TaskIndex(name); i >= 0 {
@@ -64,38 +70,51 @@ func layoutChild(st *store.State, parent place, name string) place {
 		}
 	case placeShared:
 		if slices.Contains(allocdir.SharedAllocDirs, name) {
-			return place{kind: placeVolume, key: allocdir.SharedAllocName + "/" + name, view: parent.view}
+			key := allocdir.SharedAllocName + "/" + name
+			if st.Volumes[key] == nil {
+				return place{}
+			}
+			return place{kind: placeVolume, key: key, view: parent.view}
 		}
 	case placeTask:
+		task := st.Tasks[parent.task].Name
 		switch name {
 		case allocdir.SharedAllocName:
+			if st.IsGone(task + "/" + name) {
+				return place{}
+			}
 			return place{kind: placeShared, view: uint64(parent.task + 1)}
 		case allocdir.TaskLocal, allocdir.TmpDirName:
-			return place{kind: placeVolume, key: st.Tasks[parent.task].Name + "/" + name}
+			if st.Volumes[task+"/"+name] == nil {
+				return place{}
+			}
+			return place{kind: placeVolume, key: task + "/" + name}
 		case allocdir.TaskSecrets, allocdir.TaskPrivate:
+			if st.IsGone(task + "/" + name) {
+				return place{}
+			}
 			return place{kind: placeMemory, task: parent.task, name: name}
 		}
 	}
 	return place{}
 }
 
-// layoutNames are the layout children of parent, sorted; a task
-// directory shows its volume's entries besides them.
+// layoutNames are the layout children of parent that st has, sorted; a
+// task directory shows its volume's entries besides them.
 func layoutNames(st *store.State, parent place) []string {
+	var names []string
 	switch parent.kind {
 	case placeAlloc:
-		names := []string{allocdir.SharedAllocName}
+		names = append(names, allocdir.SharedAllocName)
 		for _, t := range st.Tasks {
 			names = append(names, t.Name)
 		}
-		sort.Strings(names)
-		return names
 	case placeShared:
-		names := append([]string(nil), allocdir.SharedAllocDirs...)
-		sort.Strings(names)
-		return names
+		names = append(names, allocdir.SharedAllocDirs...)
 	case placeTask:
-		return append([]string(nil), taskChildren...)
+		names = append(names, taskChildren...)
 	}
-	return nil
+	names = slices.DeleteFunc(names, func(n string) bool { return layoutChild(st, parent, n).kind == placeNone })
+	sort.Strings(names)
+	return names
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,6 +117,18 @@ type Mount struct {
 	// and writes the daemon serves (FileOpens).
 	passthroughOpens, daemonOpens atomic.Uint64
 
+	// deferred holds the allocations a request handler is changing
+	// (handlerChange), whose notifications wait until it returns, and
+	// the goroutines sending those.
+	deferred struct {
+		mu  sync.Mutex
+		ids map[string]int
+		wg  sync.WaitGroup
+	}
+	// rootTime is when an allocation last came or went through the
+	// mount, in Unix nanoseconds (0: never): the mount root's times.
+	rootTime atomic.Int64
+
 	stopHook    func()
 	unmountOnce sync.Once
 	unmountErr  error
@@ -140,6 +153,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		mem:     memRoots{roots: make(map[string]*memDir)},
 		roots:   layer.NewRootCache(rootCacheSize),
 	}
+	m.deferred.ids = make(map[string]int)
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
 	m.shared = m.agent
 	if o := allocdir.Nobody(); o != nil {
@@ -318,11 +332,21 @@ func (m *Mount) dataThroughDaemon(op string) {
 
 // invalidate makes the kernel forget what it cached about allocation
 // id, so that the next lookup sees the store's current record. It is the
-// store's OnChange hook: it runs on the goroutine that changed the store
-// (an API request, an AllocDir call), never inside a FUSE request handler,
-// where a notification can deadlock.
+// store's OnChange hook and runs on the goroutine that changed the store:
+// at once for an API request or an AllocDir call, after the handler
+// returns for a change a FUSE request made (handlerChange), since a
+// notification sent inside a handler can deadlock.
 func (m *Mount) invalidate(id string) {
-	if _, err := m.store.View(id); err != nil {
+	if m.fromHandler(id) {
+		m.later(func() { m.invalidateNow(id) })
+		return
+	}
+	m.invalidateNow(id)
+}
+
+func (m *Mount) invalidateNow(id string) {
+	st, err := m.store.View(id)
+	if err != nil {
 		m.dropMem(id)
 		m.slots.release(id)
 		if ch := m.root.GetChild(id); ch != nil {
@@ -331,13 +355,23 @@ func (m *Mount) invalidate(id string) {
 	}
 	// Also flushes a negative entry cached before the allocation existed.
 	m.root.NotifyEntry(id)
-	m.invalidateVolumes(id)
+	if st != nil {
+		m.invalidateVolumes(id, st)
+	}
 }
 
-// invalidateVolumes drops the kernel's entries for every volume mount
-// point of an allocation, so that the next lookup sees the layers its
-// record names now (after a remap, say).
-func (m *Mount) invalidateVolumes(id string) {
+// invalidateVolumes drops the kernel's entries of the volume roots of an
+// allocation that show what its record st no longer says (other layers
+// after a remap, a volume frozen by a seal, a volume removed, another
+// allocation's view of a volume renamed here), so that the next lookup
+// sees the layers the record names now. Dropped, not expired: a frozen
+// volume's root keeps its node ID, and only the node's FORGET, once the
+// entry is gone, retires the writable node. Entries that still show what
+// the record says are left alone: the kernel detaches the mounts below a
+// dropped entry, and Nomad mounts on the task directories and the
+// <task>/alloc views (nothing of Nomad's lies below a volume that
+// migrates).
+func (m *Mount) invalidateVolumes(id string, st *store.State) {
 	a := m.root.GetChild(id)
 	if a == nil {
 		return
@@ -352,11 +386,46 @@ func (m *Mount) invalidateVolumes(id string) {
 				if n.task != nil {
 					walk(ch)
 				}
-				dir.NotifyEntry(name)
+				if !m.showsRecord(n, st) {
+					m.dropEntry(dir, name)
+				}
 			}
 		}
 	}
 	walk(a)
+}
+
+// dropEntry drops the kernel's entry name of dir at once (DropEntry);
+// go-fuse's server has only the notification its Inode sends.
+func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
+	if s, ok := m.server.(ownServer); ok {
+		s.conn.DropEntry(inoOf(dir), name)
+		return
+	}
+	dir.NotifyEntry(name)
+}
+
+// showsRecord reports whether the volume root n shows the volume st
+// names at its key, in st's own slot for its view.
+func (m *Mount) showsRecord(n *volNode, st *store.State) bool {
+	v := st.Volumes[n.key]
+	if v == nil || n.ro != v.ReadOnly || n.slot != m.slots.peek(st.ID, n.view) {
+		return false
+	}
+	want := m.stackOf(v).Roots
+	return slices.Equal(n.st.Roots, want)
+}
+
+// stackOf is the stack of layers of the volume v, or nil for none.
+func (m *Mount) stackOf(v *store.Volume) *layer.Stack {
+	if v == nil {
+		return nil
+	}
+	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
+	for _, l := range v.Lowers {
+		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
+	}
+	return stack
 }
 
 // stableTimeouts sets the kernel cache lifetime of a skeleton entry.
@@ -365,19 +434,20 @@ func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
 	out.SetAttrTimeout(m.opts.StableTimeout)
 }
 
-// allocAttr is the attribute of <mount>/<allocID>: 0755, owned by the
-// agent.
+// allocAttr is the attribute of <mount>/<allocID>: what was set on it
+// through the mount, else 0755, owned by the agent.
 func (m *Mount) allocAttr(st *store.State) skeletonAttr {
-	return skeletonAttr{mode: 0o755, uid: m.agent.uid, gid: m.agent.gid, mtime: st.Created}
+	return skeletonOf(st, store.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
 }
 
 // fuseOwner is a uid/gid pair as FUSE attributes carry it.
 type fuseOwner struct{ uid, gid uint32 }
 
-// sharedAttr is the attribute of alloc/ and of task directories: 0777,
-// owned by nobody when running as root.
+// sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
+// what was set on it through the mount, else 0777, owned by nobody when
+// running as root.
 func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
-	return skeletonAttr{mode: 0o777, uid: m.shared.uid, gid: m.shared.gid, mtime: st.Created}
+	return skeletonOf(st, store.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
 }
 
 // sharedInode returns the alloc/ node of an allocation in a view.
@@ -424,7 +494,11 @@ func (m *Mount) Unmount() error {
 			}
 			return
 		}
-		m.unmountErr = errors.Join(m.server.Wait(), m.roots.Close(), m.dropTakeoverState())
+		werr := m.server.Wait()
+		// Notifications still being sent fail now that the connection
+		// is gone.
+		m.deferred.wg.Wait()
+		m.unmountErr = errors.Join(werr, m.roots.Close(), m.dropTakeoverState())
 	})
 	return m.unmountErr
 }

@@ -45,9 +45,14 @@ func syntheticIno(parts ...string) uint64 {
 
 // skeletonAttr describes a fixed directory of the layout.
 type skeletonAttr struct {
-	mode     uint32
-	uid, gid uint32
-	mtime    time.Time
+	mode                uint32
+	uid, gid            uint32
+	atime, mtime, ctime time.Time
+}
+
+// attrAt is a skeleton directory's attribute with all three times t.
+func attrAt(mode, uid, gid uint32, t time.Time) skeletonAttr {
+	return skeletonAttr{mode: mode, uid: uid, gid: gid, atime: t, mtime: t, ctime: t}
 }
 
 func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
@@ -57,7 +62,22 @@ func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
 	out.Nlink = 2
 	out.Size = 4096
 	out.Blksize = 4096
-	out.SetTimes(&a.mtime, &a.mtime, &a.mtime)
+	out.SetTimes(&a.atime, &a.mtime, &a.ctime)
+}
+
+// dirAttr is the record's form of a.
+func (a skeletonAttr) dirAttr() store.DirAttr {
+	return store.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
+}
+
+// skeletonOf is the attribute the record st sets on its skeleton
+// directory dir, or def when it sets none.
+func skeletonOf(st *store.State, dir string, def skeletonAttr) skeletonAttr {
+	a := st.Dirs[dir]
+	if a == nil {
+		return def
+	}
+	return skeletonAttr{mode: a.Mode, uid: a.UID, gid: a.GID, atime: a.Atime, mtime: a.Mtime, ctime: a.Ctime}
 }
 
 // rootNode is the mount root: one directory per allocation.
@@ -69,7 +89,7 @@ type rootNode struct {
 var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
 
 func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	skeletonAttr{mode: 0o755, mtime: r.m.started}.fill(&out.Attr, 1)
+	r.m.rootAttr().fill(&out.Attr, 1)
 	out.Ino = rootIno
 	return 0
 }
@@ -200,7 +220,11 @@ func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
 
 func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	names := layoutNames(nil, place{kind: placeShared})
+	st, err := s.m.store.View(s.id)
+	if err != nil {
+		return nil, toErrno(s.m.logger, err)
+	}
+	names := layoutNames(st, place{kind: placeShared})
 	entries := make([]fuse.DirEntry, 0, len(names))
 	for _, n := range names {
 		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
@@ -295,6 +319,19 @@ func (m *Mount) dropMem(allocID string) {
 	}
 	m.mem.mu.Unlock()
 	for _, d := range dropped {
+		dropMemVolume(d)
+	}
+}
+
+// dropMemRoot frees the memory-only directory name of a task, removed
+// through the mount.
+func (m *Mount) dropMemRoot(allocID, task, name string) {
+	key := allocID + "/" + task + "/" + name
+	m.mem.mu.Lock()
+	d := m.mem.roots[key]
+	delete(m.mem.roots, key)
+	m.mem.mu.Unlock()
+	if d != nil {
 		dropMemVolume(d)
 	}
 }

@@ -70,6 +70,11 @@ type volNode struct {
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
 	task *taskNode
+	// key and view are set on a volume's root: the volume it is
+	// (store.State.Volumes) and the view it shows it in, which a change
+	// of the record compares it with (Mount.invalidateVolumes).
+	key  string
+	view uint64
 }
 
 // volumeInode returns the root node of the volume at key ("alloc/data",
@@ -85,17 +90,13 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
 		return nil, errno
 	}
-	dir := m.store.LayerPath(v.Upper)
-	stack := &layer.Stack{Roots: []string{dir}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
-	for _, l := range v.Lowers {
-		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
-	}
+	stack := m.stackOf(v)
 	var rst syscall.Stat_t
 	if err := stack.Lstat(0, "", &rst); err != nil {
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
 		return nil, syscall.EIO
 	}
-	node := &volNode{m: m, st: stack, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}}
+	node := &volNode{m: m, st: stack, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}, key: key, view: view}
 	node.vroot = node.EmbeddedInode()
 	if len(v.Lowers) > 0 {
 		node.ovl = stack
@@ -173,8 +174,16 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 		return nil, 0, errno
 	}
 	defer ds.Close()
+	st, err := n.m.store.View(n.task.id)
+	if err != nil {
+		return nil, 0, toErrno(n.m.logger, err)
+	}
+	i := st.TaskIndex(n.task.task)
+	if i < 0 {
+		return nil, 0, syscall.ENOENT
+	}
 	var entries []fuse.DirEntry
-	for _, c := range taskChildren {
+	for _, c := range layoutNames(st, place{kind: placeTask, key: n.task.task, task: i}) {
 		entries = append(entries, fuse.DirEntry{Name: c, Mode: syscall.S_IFDIR})
 	}
 	for ds.HasNext() {
@@ -273,6 +282,9 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.ro {
 		return syscall.EROFS
 	}
+	if n.reserved(name) {
+		return n.task.rmdir(name)
+	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
@@ -312,6 +324,9 @@ var _ = (gofs.NodeMkdirer)((*volNode)(nil))
 func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.ro {
 		return nil, syscall.EROFS
+	}
+	if n.reserved(name) {
+		return n.task.mkdir(ctx, n.EmbeddedInode(), name, out)
 	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
@@ -399,10 +414,16 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if n.ro {
 		return syscall.EROFS
 	}
+	dst, ok := newParent.(*volNode)
+	if n.reserved(name) {
+		if !ok {
+			return syscall.EXDEV
+		}
+		return n.task.rename(name, dst, newName, flags)
+	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
-	dst, ok := newParent.(*volNode)
 	if !ok {
 		if len(newName) > maxNameLen {
 			return syscall.ENAMETOOLONG

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/fs/store"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
@@ -62,5 +63,40 @@ func TestNomadClientCollectsAnAllocation(t *testing.T) {
 	}
 	if err := nodes.GC("", nil); err != nil {
 		t.Errorf("Nodes().GC with nothing to collect: %v", err)
+	}
+}
+
+// TestMountAllocationsAreNomads: an allocation Nomad's client made
+// through the mount is not the node's to stop, destroy or collect: each
+// is refused as a conflict, with the reason, and the allocation stays;
+// the node's collection passes it by, and the wire says where it came
+// from.
+func TestMountAllocationsAreNomads(t *testing.T) {
+	s, svc, _ := newTestService(t)
+	ctx := context.Background()
+	if _, err := s.CreateFromMount("nomads", store.DirAttr{Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	for verb, call := range map[string]func() error{
+		"stop":    func() error { _, err := svc.Stop(ctx, "nomads"); return err },
+		"destroy": func() error { return svc.Destroy(ctx, "nomads") },
+		"collect": func() error { return svc.Collect(ctx, "nomads", "test") },
+	} {
+		if err := call(); !errors.Is(err, api.ErrConflict) || !errors.Is(err, store.ErrOwnedByMount) {
+			t.Errorf("%s of Nomad's allocation: %v, want a conflict saying it was made through the mount", verb, err)
+		}
+	}
+	if _, err := s.Stop("nomads"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := svc.CollectAll(ctx, "test"); err != nil || len(got) != 0 {
+		t.Errorf("a node GC collected %v (%v), want nothing", got, err)
+	}
+	if got := live(s); !slices.Equal(got, []string{"nomads"}) {
+		t.Errorf("the store holds %v, want [nomads]", got)
+	}
+	a, err := svc.Status(ctx, "nomads")
+	if err != nil || a.Origin != api.OriginMount {
+		t.Errorf("status: %+v, %v; want origin %q", a, err, api.OriginMount)
 	}
 }

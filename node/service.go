@@ -149,6 +149,9 @@ func (s *Service) Status(_ context.Context, id string) (*api.AllocStatus, error)
 
 // Stop makes allocation id terminal.
 func (s *Service) Stop(_ context.Context, id string) (*api.Alloc, error) {
+	if err := s.notNomads(id, "stop"); err != nil {
+		return nil, err
+	}
 	st, err := s.store.Stop(id)
 	if err != nil {
 		return nil, classify(err)
@@ -159,12 +162,33 @@ func (s *Service) Stop(_ context.Context, id string) (*api.Alloc, error) {
 // Destroy removes allocation id now, running or not; a pinned one is
 // refused.
 func (s *Service) Destroy(_ context.Context, id string) error {
+	if err := s.notNomads(id, "destroy"); err != nil {
+		return err
+	}
 	return classify(s.store.Destroy(id))
 }
 
 // Collect collects allocation id through the node's collector.
 func (s *Service) Collect(_ context.Context, id, reason string) error {
+	if err := s.notNomads(id, "collect"); err != nil {
+		return err
+	}
 	return classify(s.collector.CollectAlloc(id, reason))
+}
+
+// notNomads refuses to verb an allocation Nomad's client made through the
+// mount: Nomad does not hear of it, and would find its directory gone
+// while it still runs the allocation; it removes the directory itself
+// when it collects the allocation.
+func (s *Service) notNomads(id, verb string) error {
+	st, err := s.store.Get(id)
+	if err != nil {
+		return classify(err)
+	}
+	if st.Origin == store.OriginMount {
+		return classify(fmt.Errorf("cannot %s allocation %q: %w by Nomad's client, which removes it itself when it collects it", verb, id, store.ErrOwnedByMount))
+	}
+	return nil
 }
 
 // CollectAll collects every terminal, unpinned allocation through the

@@ -22,6 +22,7 @@ func wireAlloc(st *store.State) *api.Alloc {
 		Volumes:    make(map[string]api.Volume, len(st.Volumes)),
 		Previous:   st.Previous,
 		MigratedTo: st.MigratedTo,
+		Origin:     st.Origin,
 	}
 	for _, t := range st.Tasks {
 		a.Tasks = append(a.Tasks, api.Task{Name: t.Name, SecretsMB: t.SecretsMB, User: t.User})
@@ -46,7 +47,8 @@ func classify(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrNotTerminal), errors.Is(err, store.ErrPinned):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrNotTerminal), errors.Is(err, store.ErrPinned),
+		errors.Is(err, store.ErrOwnedByMount):
 		return api.Kind(api.ErrConflict, err)
 	case errors.Is(err, migrate.ErrPermissionDenied):
 		return api.Kind(api.ErrForbidden, err)

@@ -284,6 +284,15 @@ func printAllocStatus(e *env, st *api.AllocStatus) error {
 	fmt.Fprintf(tw, "Mount\t%s\n", st.Mount)
 	fmt.Fprintf(tw, "Passthrough\t%t\n", st.Passthrough)
 	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(st.TaskNames(), ", "))
+	if st.Origin == api.OriginMount {
+		fmt.Fprintf(tw, "Made by\tNomad's client, through the mount (it removes the allocation itself)\n")
+	}
+	if st.Previous != "" {
+		fmt.Fprintf(tw, "Previous\t%s\n", st.Previous)
+	}
+	if st.MigratedTo != "" {
+		fmt.Fprintf(tw, "Migrated to\t%s\n", st.MigratedTo)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

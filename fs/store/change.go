@@ -103,7 +103,13 @@ func (s *Store) commitWithLayers(op string, st *State, specs []volumeSpec) (err 
 		}
 	}()
 	for _, spec := range specs {
-		f, err := s.newLayer(spec.mode, "")
+		var f freshLayer
+		var err error
+		if spec.owner != nil {
+			f, err = s.newLayerOwned(spec.mode, "", spec.owner.UID, spec.owner.GID)
+		} else {
+			f, err = s.newLayer(spec.mode, "")
+		}
 		if err != nil {
 			return fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
 		}

@@ -218,6 +218,9 @@ func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) strin
 	var b strings.Builder
 	for _, st := range s.List() {
 		st.Created, st.Stopped = time.Time{}, time.Time{}
+		for _, a := range st.Dirs {
+			a.Atime, a.Mtime, a.Ctime = time.Time{}, time.Time{}, time.Time{}
+		}
 		for _, key := range sortedVolumeKeys(st) {
 			v := st.Volumes[key]
 			v.Upper = name(v.Upper)
@@ -417,6 +420,78 @@ func crashOps() []crashOp {
 			check: func(t *testing.T, s *Store, after bool) {
 				if after && (!volumeHas(s, "b", "alloc/data", "got.txt") || !volumeHas(s, "b", "web/local", "got.txt")) {
 					t.Errorf("b does not show what it received")
+				}
+			},
+		},
+		// Nomad's client through the mount: each syscall one change.
+		{
+			name:  "mount-mkdir-alloc",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.CreateFromMount("n", DirAttr{Mode: 0o755})
+				return err
+			},
+		},
+		{
+			name:  "mount-mkdir-task",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.AddTask("a", "db", 0o777, 0, 0, DirAttr{Mode: 0o755})
+				return err
+			},
+		},
+		{
+			name:  "mount-rmdir-volume",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &DirAttr{Mode: 0o777}) },
+		},
+		{
+			name: "mount-mkdir-volume",
+			setup: func(t *testing.T, s *Store) {
+				mustCreate(t, s, "a", "web")
+				must(t, s.DropVolume("a", "web/tmp", nil))
+			},
+			run: func(s *Store) error {
+				_, err := s.AddVolume("a", "web/tmp", nil)
+				return err
+			},
+		},
+		{
+			name:  "mount-rmdir-task",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run:   func(s *Store) error { return s.DropTask("a", "web", DirAttr{Mode: 0o755}) },
+		},
+		{
+			name:  "mount-rmdir-shared",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.SetGone("a", DirShared, true, &DirAttr{Mode: 0o755})
+				return err
+			},
+		},
+		{
+			name:  "mount-chmod",
+			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
+			run: func(s *Store) error {
+				_, err := s.SetDirAttr("a", DirShared, DirAttr{Mode: 0o777}, func(a *DirAttr) { a.Mode = 0o751 })
+				return err
+			},
+		},
+		{
+			// Nomad's Move, one volume at a time, the previous
+			// allocation still running.
+			name: "mount-rename-data",
+			setup: func(t *testing.T, s *Store) {
+				mustCreate(t, s, "a", "web")
+				putFile(t, s, "a", "alloc/data", "data.txt", "precious")
+				mustCreate(t, s, "b", "web")
+				must(t, s.DropVolume("b", "alloc/data", nil))
+			},
+			run: func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") },
+			check: func(t *testing.T, s *Store, after bool) {
+				inA, inB := volumeHas(s, "a", "alloc/data", "data.txt"), volumeHas(s, "b", "alloc/data", "data.txt")
+				if inA == inB || inB != after {
+					t.Errorf("the data is in a: %v, in b: %v; want it in exactly one, b after the change", inA, inB)
 				}
 			},
 		},

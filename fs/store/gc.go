@@ -267,7 +267,9 @@ func (c *Collector) pressure() (GCReason, string) {
 // first, and the IDs of the terminal ones a migration pins.
 func (c *Collector) terminal() (terminal []*State, pinned []string) {
 	for _, st := range c.store.List() {
-		if st.Status != StatusTerminal {
+		// Nomad's client removes what it made through the mount; it
+		// tells no one when an allocation stops.
+		if st.Status != StatusTerminal || st.Origin == OriginMount {
 			continue
 		}
 		c.store.mu.RLock()

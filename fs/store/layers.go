@@ -20,6 +20,16 @@ import (
 // names the layer describes it, and a replay makes it again if a power
 // cut lost it.
 func (s *Store) newLayer(mode os.FileMode, note string) (freshLayer, error) {
+	uid, gid := -1, -1
+	if s.owner != nil {
+		uid, gid = s.owner.UID, s.owner.GID
+	}
+	return s.newLayerOwned(mode, note, uid, gid)
+}
+
+// newLayerOwned is newLayer with a root owned by uid and gid (-1 leaves
+// the daemon's).
+func (s *Store) newLayerOwned(mode os.FileMode, note string, uid, gid int) (freshLayer, error) {
 	for range 8 {
 		id, err := newLayerID()
 		if err != nil {
@@ -31,10 +41,7 @@ func (s *Store) newLayer(mode os.FileMode, note string) (freshLayer, error) {
 		if dying {
 			continue
 		}
-		f := freshLayer{ID: id, Mode: mode, UID: -1, GID: -1, Note: note}
-		if s.owner != nil {
-			f.UID, f.GID = s.owner.UID, s.owner.GID
-		}
+		f := freshLayer{ID: id, Mode: mode, UID: uid, GID: gid, Note: note}
 		err = s.makeLayer(s.LayerPath(id), f)
 		if errors.Is(err, iofs.ErrExist) {
 			continue

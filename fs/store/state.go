@@ -67,6 +67,19 @@ type State struct {
 	// them away) that the allocation's views in the mount may still read
 	// through: they live as long as the allocation does.
 	Retained []string `json:"retained,omitempty"`
+	// Origin is OriginMount for an allocation made by a mkdir at the
+	// mount root (Nomad's client), empty for one made through the API or
+	// the allocdir contract (layout.go).
+	Origin string `json:"origin,omitempty"`
+	// Dirs are the attributes set through the mount on the skeleton
+	// directories: DirRoot (<mount>/<id>) and DirShared (alloc/). One
+	// without an entry shows the mount's defaults.
+	Dirs map[string]*DirAttr `json:"dirs,omitempty"`
+	// Gone are the layout directories removed through the mount and not
+	// made again: "alloc", "<task>/alloc", "<task>/secrets",
+	// "<task>/private", sorted. A removed volume leaves Volumes instead,
+	// a removed task Tasks.
+	Gone []string `json:"gone,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
@@ -81,6 +94,19 @@ func (s *State) Clone() *State {
 	}
 	if s.Retained != nil {
 		c.Retained = append([]string(nil), s.Retained...)
+	}
+	if s.Gone != nil {
+		c.Gone = append([]string(nil), s.Gone...)
+	}
+	if s.Dirs != nil {
+		c.Dirs = make(map[string]*DirAttr, len(s.Dirs))
+		for k, a := range s.Dirs {
+			if a != nil {
+				cp := *a
+				a = &cp
+			}
+			c.Dirs[k] = a
+		}
 	}
 	if s.Volumes != nil {
 		c.Volumes = make(map[string]*Volume, len(s.Volumes))
@@ -138,14 +164,17 @@ func (s *State) allLayerIDs() map[string]struct{} {
 type volumeSpec struct {
 	key  string
 	mode os.FileMode
+	// owner, when set, owns the fresh layer's root instead of the
+	// store's owner: the caller of a mkdir through the mount.
+	owner *allocdir.Owner
 }
 
 // allocVolumes are the volumes every allocation has, whatever its tasks.
 func allocVolumes() []volumeSpec {
 	return []volumeSpec{
-		{path.Join(allocdir.SharedAllocName, allocdir.SharedDataName), allocdir.SharedDirMode},
-		{path.Join(allocdir.SharedAllocName, allocdir.LogDirName), allocdir.SharedDirMode},
-		{path.Join(allocdir.SharedAllocName, allocdir.TmpDirName), allocdir.SharedDirMode},
+		{key: path.Join(allocdir.SharedAllocName, allocdir.SharedDataName), mode: allocdir.SharedDirMode},
+		{key: path.Join(allocdir.SharedAllocName, allocdir.LogDirName), mode: allocdir.SharedDirMode},
+		{key: path.Join(allocdir.SharedAllocName, allocdir.TmpDirName), mode: allocdir.SharedDirMode},
 	}
 }
 
@@ -156,9 +185,9 @@ func taskVolumes(task string) []volumeSpec {
 		// The task directory itself: drivers write there (executor.out,
 		// a chroot's /bin and /etc); the layout's own children are
 		// presented over it.
-		{task, allocdir.TaskDirMode},
-		{path.Join(task, allocdir.TaskLocal), allocdir.TaskDirMode},
-		{path.Join(task, allocdir.TmpDirName), allocdir.TaskTmpMode},
+		{key: task, mode: allocdir.TaskDirMode},
+		{key: path.Join(task, allocdir.TaskLocal), mode: allocdir.TaskDirMode},
+		{key: path.Join(task, allocdir.TmpDirName), mode: allocdir.TaskTmpMode},
 	}
 }
 
@@ -254,6 +283,12 @@ func (s *State) normalize() {
 	if len(s.Retained) == 0 {
 		s.Retained = nil
 	}
+	if len(s.Gone) == 0 {
+		s.Gone = nil
+	}
+	if len(s.Dirs) == 0 {
+		s.Dirs = nil
+	}
 }
 
 // validate checks what the store relies on in a state, whether it was read
@@ -287,6 +322,21 @@ func (s *State) validate() error {
 	for _, l := range s.Retained {
 		if err := allocdir.ValidName(l); err != nil {
 			return fmt.Errorf("retained layers: invalid layer ID: %w", err)
+		}
+	}
+	switch s.Origin {
+	case "", OriginMount:
+	default:
+		return fmt.Errorf("unknown origin %q", s.Origin)
+	}
+	for dir, a := range s.Dirs {
+		if dir != DirRoot && dir != DirShared || a == nil {
+			return fmt.Errorf("attributes of %q: not a skeleton directory", dir)
+		}
+	}
+	for _, dir := range s.Gone {
+		if err := s.validGone(dir); err != nil {
+			return fmt.Errorf("removed directories: %w", err)
 		}
 	}
 	return nil

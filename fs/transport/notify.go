@@ -15,8 +15,26 @@ import (
 // it must not be sent from a handler holding what the kernel's
 // invalidation waits for (go-fuse's fs.Inode documents the same rule).
 
-// EntryNotify drops the kernel's cached entry name in parent.
+// EntryNotify makes the kernel look the entry name in parent up again
+// before its next use. Where the kernel can (FUSE_HAS_EXPIRE_ONLY, Linux
+// 6.2), the entry only expires: dropping it from the dcache would detach
+// every mount below it (d_invalidate), and Nomad mounts tmpfs, binds and
+// proc on the directories of the mount. An expired entry whose lookup
+// answers the same node stays, mounts and all; one whose lookup answers
+// another node is replaced as a dropped one is.
 func (c *Conn) EntryNotify(parent uint64, name string) fuse.Status {
+	out := fuse.NotifyInvalEntryOut{Parent: parent, NameLen: uint32(len(name))}
+	if c.kernel.Flags64()&fuse.CAP_HAS_EXPIRE_ONLY != 0 {
+		out.Flags = fuse.EXPIRE_ONLY
+	}
+	return c.notify(fuse.NOTIFY_INVAL_ENTRY, unsafe.Pointer(&out), int(unsafe.Sizeof(out)), name)
+}
+
+// DropEntry drops the kernel's entry name in parent from the dcache at
+// once, and the mounts below it with it: for an entry whose node must go
+// although the next lookup answers the same node ID (a volume frozen in
+// place), which only the node's FORGET can retire.
+func (c *Conn) DropEntry(parent uint64, name string) fuse.Status {
 	out := fuse.NotifyInvalEntryOut{Parent: parent, NameLen: uint32(len(name))}
 	return c.notify(fuse.NOTIFY_INVAL_ENTRY, unsafe.Pointer(&out), int(unsafe.Sizeof(out)), name)
 }

@@ -1,0 +1,515 @@
+package fs
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Nomad's client on the mount. With client.alloc_dir on allocfs, Nomad
+// makes, migrates and removes allocations with plain syscalls, and the
+// skeleton reads its intent from them (docs/design/nomad-client.md):
+//
+//	mkdir <mount>/<id>                    an allocation (store.CreateFromMount)
+//	mkdir <id>/<task>                     a task, with its layout
+//	mkdir of a layout directory removed   that directory again
+//	rmdir of an empty layout directory    it goes: a volume and its layers,
+//	                                      secrets/, a task, the allocation
+//	rename <prev>/alloc/data <new>/...    the volume handed over in place
+//	rename <prev>/<task>/local <new>/...  (store.AdoptVolume): a remap
+//	chmod, chown, utimes of <id>, alloc/  kept in the record
+//
+// Every other rename of a layout directory is refused: EBUSY inside its
+// allocation, EXDEV across allocations, as for mount points. Each change
+// is one journaled change of the store, so a restart shows it.
+//
+// A change made from a request handler must not wait for the kernel: the
+// store's OnChange hook would invalidate entries while the kernel holds
+// locks for the very request being served (the parents of a rename, say).
+// handlerChange has the hook's notifications sent after the handler
+// returns; by then the kernel's own dcache already says what the request
+// did.
+
+// handlerChange runs change, a change of the store made by a FUSE request
+// handler about allocations ids, with the kernel notifications the
+// store's OnChange hook sends for them deferred until after the handler
+// returns.
+func (m *Mount) handlerChange(ids []string, change func() error) error {
+	m.deferred.mu.Lock()
+	for _, id := range ids {
+		m.deferred.ids[id]++
+	}
+	m.deferred.mu.Unlock()
+	defer func() {
+		m.deferred.mu.Lock()
+		for _, id := range ids {
+			if m.deferred.ids[id]--; m.deferred.ids[id] <= 0 {
+				delete(m.deferred.ids, id)
+			}
+		}
+		m.deferred.mu.Unlock()
+	}()
+	return change()
+}
+
+// fromHandler reports whether a change of allocation id comes from a
+// request handler (handlerChange), whose notifications must wait.
+func (m *Mount) fromHandler(id string) bool {
+	m.deferred.mu.Lock()
+	defer m.deferred.mu.Unlock()
+	return m.deferred.ids[id] > 0
+}
+
+// later runs fn on a goroutine of its own: a notification of the kernel
+// that must not be sent from the request handler that caused it.
+func (m *Mount) later(fn func()) {
+	m.deferred.wg.Add(1)
+	go func() {
+		defer m.deferred.wg.Done()
+		fn()
+	}()
+}
+
+// callerOwner is the uid and gid of the caller of a request.
+func callerOwner(ctx context.Context) (uint32, uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid
+	}
+	return 0, 0
+}
+
+// validMountID checks the name of a mkdir at the mount root: an
+// allocation ID (allocdir.ValidID, short enough for its state file), and
+// not a hidden name, which tools use for their own temporary files and no
+// orchestrator for an allocation.
+func validMountID(name string) syscall.Errno {
+	if len(name) > maxNameLen {
+		return syscall.ENAMETOOLONG
+	}
+	if allocdir.ValidID(name) != nil || strings.HasPrefix(name, ".") || len(name)+len(".json") > maxNameLen {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+var _ = (gofs.NodeMkdirer)((*rootNode)(nil))
+
+// Mkdir at the mount root creates an allocation, owned by the caller,
+// with its alloc-level layout in place.
+func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := validMountID(name); errno != 0 {
+		return nil, errno
+	}
+	uid, gid := callerOwner(ctx)
+	now := time.Now().UTC()
+	attr := store.DirAttr{Mode: mode & 0o7777, UID: uid, GID: gid, Atime: now, Mtime: now, Ctime: now}
+	if err := r.m.handlerChange([]string{name}, func() error {
+		_, err := r.m.store.CreateFromMount(name, attr)
+		return err
+	}); err != nil {
+		return nil, toErrno(r.m.logger, err)
+	}
+	r.m.touchRoot()
+	return r.Lookup(ctx, name, out)
+}
+
+var _ = (gofs.NodeRmdirer)((*rootNode)(nil))
+
+// Rmdir at the mount root destroys an allocation whose directory is
+// empty: its tasks and alloc/ removed first, as os.RemoveAll does it.
+func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	st, err := r.m.store.View(name)
+	if err != nil {
+		return toErrno(r.m.logger, err)
+	}
+	if len(layoutNames(st, place{kind: placeAlloc})) > 0 {
+		return syscall.ENOTEMPTY
+	}
+	if err := r.m.handlerChange([]string{name}, func() error { return r.m.store.Destroy(name) }); err != nil {
+		return toErrno(r.m.logger, err)
+	}
+	r.m.touchRoot()
+	return 0
+}
+
+var _ = (gofs.NodeRenamer)((*rootNode)(nil))
+
+// Rename of an allocation's directory is refused: its name is its ID.
+func (r *rootNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return syscall.EBUSY
+}
+
+// touchRoot stamps the mount root's times: an allocation came or went.
+func (m *Mount) touchRoot() {
+	m.rootTime.Store(time.Now().UnixNano())
+}
+
+// rootAttr is the mount root's attribute.
+func (m *Mount) rootAttr() skeletonAttr {
+	t := m.started
+	if ns := m.rootTime.Load(); ns != 0 {
+		t = time.Unix(0, ns)
+	}
+	return skeletonAttr{mode: 0o755, atime: m.started, mtime: t, ctime: t}
+}
+
+var _ = (gofs.NodeMkdirer)((*allocNode)(nil))
+
+// Mkdir in an allocation's root makes a task, with its layout, or alloc/
+// again after an rmdir.
+func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := a.m.store.View(a.id)
+	if err != nil {
+		return nil, toErrno(a.m.logger, err)
+	}
+	if len(name) > maxNameLen {
+		return nil, syscall.ENAMETOOLONG
+	}
+	parent := a.m.allocAttr(st).dirAttr()
+	switch {
+	case layoutChild(st, place{kind: placeAlloc}, name).kind != placeNone:
+		return nil, syscall.EEXIST
+	case name == allocdir.SharedAllocName:
+		err = a.m.handlerChange([]string{a.id}, func() error {
+			_, err := a.m.store.SetGone(a.id, store.DirShared, false, &parent)
+			return err
+		})
+	case allocdir.ValidTaskName(name) != nil:
+		return nil, syscall.EINVAL
+	default:
+		uid, gid := callerOwner(ctx)
+		err = a.m.handlerChange([]string{a.id}, func() error {
+			_, err := a.m.store.AddTask(a.id, name, mode&0o7777, uid, gid, parent)
+			return err
+		})
+	}
+	if err != nil {
+		return nil, toErrno(a.m.logger, err)
+	}
+	return a.Lookup(ctx, name, out)
+}
+
+var _ = (gofs.NodeRmdirer)((*allocNode)(nil))
+
+// Rmdir in an allocation's root removes alloc/ once its volumes are gone,
+// or a task whose directory is empty: its own entries, local/, tmp/,
+// secrets/, private/ and its alloc/ view removed first.
+func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	st, err := a.m.store.View(a.id)
+	if err != nil {
+		return toErrno(a.m.logger, err)
+	}
+	p := layoutChild(st, place{kind: placeAlloc}, name)
+	parent := a.m.allocAttr(st).dirAttr()
+	switch p.kind {
+	case placeShared:
+		if len(layoutNames(st, p)) > 0 {
+			return syscall.ENOTEMPTY
+		}
+		err = a.m.handlerChange([]string{a.id}, func() error {
+			_, err := a.m.store.SetGone(a.id, store.DirShared, true, &parent)
+			return err
+		})
+	case placeTask:
+		if len(layoutNames(st, p)) > 0 {
+			return syscall.ENOTEMPTY
+		}
+		if empty, errno := a.m.volumeEmpty(st, name); errno != 0 {
+			return errno
+		} else if !empty {
+			return syscall.ENOTEMPTY
+		}
+		err = a.m.handlerChange([]string{a.id}, func() error { return a.m.store.DropTask(a.id, name, parent) })
+	default:
+		return syscall.ENOENT
+	}
+	return toErrno(a.m.logger, err)
+}
+
+var _ = (gofs.NodeRenamer)((*allocNode)(nil))
+
+// Rename of alloc/ or of a task's directory is refused, as of a mount
+// point: they are the layout.
+func (a *allocNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if t, ok := newParent.(*allocNode); ok && t.id == a.id {
+		return syscall.EBUSY
+	}
+	return syscall.EXDEV
+}
+
+var _ = (gofs.NodeSetattrer)((*allocNode)(nil))
+
+// Setattr changes the allocation root's mode, owner or times, in its
+// record.
+func (a *allocNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return a.m.setSkeleton(a.id, store.DirRoot, a.m.allocAttr, in, out, a.StableAttr().Ino)
+}
+
+var _ = (gofs.NodeSetattrer)((*sharedNode)(nil))
+
+// Setattr changes alloc/'s mode, owner or times, in the record: every
+// <task>/alloc view shows them too.
+func (s *sharedNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return s.m.setSkeleton(s.id, store.DirShared, s.m.sharedAttr, in, out, s.StableAttr().Ino)
+}
+
+// setSkeleton applies SETATTR in to the skeleton directory dir of
+// allocation id, whose attribute attrOf gives, and answers the result.
+// The kernel has checked the caller's permission (default_permissions).
+func (m *Mount) setSkeleton(id, dir string, attrOf func(*store.State) skeletonAttr, in *fuse.SetAttrIn, out *fuse.AttrOut, ino uint64) syscall.Errno {
+	if _, ok := in.GetSize(); ok {
+		return syscall.EISDIR
+	}
+	st, err := m.store.View(id)
+	if err != nil {
+		return toErrno(m.logger, err)
+	}
+	now := time.Now().UTC()
+	pick := func(set, setNow uint32, sec uint64, nsec uint32, old time.Time) time.Time {
+		switch {
+		case in.Valid&setNow != 0:
+			return now
+		case in.Valid&set != 0:
+			return time.Unix(int64(sec), int64(nsec)).UTC()
+		}
+		return old
+	}
+	err = m.handlerChange([]string{id}, func() error {
+		var err error
+		st, err = m.store.SetDirAttr(id, dir, attrOf(st).dirAttr(), func(a *store.DirAttr) {
+			if mode, ok := in.GetMode(); ok {
+				a.Mode = mode & 0o7777
+			}
+			if uid, ok := in.GetUID(); ok {
+				a.UID = uid
+			}
+			if gid, ok := in.GetGID(); ok {
+				a.GID = gid
+			}
+			a.Atime = pick(fuse.FATTR_ATIME, fuse.FATTR_ATIME_NOW, in.Atime, in.Atimensec, a.Atime)
+			a.Mtime = pick(fuse.FATTR_MTIME, fuse.FATTR_MTIME_NOW, in.Mtime, in.Mtimensec, a.Mtime)
+			a.Ctime = now
+		})
+		return err
+	})
+	if err != nil {
+		return toErrno(m.logger, err)
+	}
+	attrOf(st).fill(&out.Attr, ino)
+	return 0
+}
+
+var _ = (gofs.NodeMkdirer)((*sharedNode)(nil))
+
+// Mkdir in alloc/ (or a <task>/alloc view) makes data/, logs/ or tmp/
+// again after an rmdir, with a fresh layer; alloc/ holds nothing else.
+func (s *sharedNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := s.m.store.View(s.id)
+	if err != nil {
+		return nil, toErrno(s.m.logger, err)
+	}
+	switch {
+	case len(name) > maxNameLen:
+		return nil, syscall.ENAMETOOLONG
+	case layoutChild(st, place{kind: placeShared}, name).kind != placeNone:
+		return nil, syscall.EEXIST
+	case !slices.Contains(allocdir.SharedAllocDirs, name):
+		return nil, syscall.EPERM
+	}
+	parent := s.m.sharedAttr(st).dirAttr()
+	if err := s.m.handlerChange([]string{s.id}, func() error {
+		_, err := s.m.store.AddVolume(s.id, allocdir.SharedAllocName+"/"+name, &parent)
+		return err
+	}); err != nil {
+		return nil, toErrno(s.m.logger, err)
+	}
+	return s.Lookup(ctx, name, out)
+}
+
+var _ = (gofs.NodeRmdirer)((*sharedNode)(nil))
+
+// Rmdir in alloc/ removes an empty data/, logs/ or tmp/ and its layers.
+func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	st, err := s.m.store.View(s.id)
+	if err != nil {
+		return toErrno(s.m.logger, err)
+	}
+	p := layoutChild(st, place{kind: placeShared}, name)
+	if p.kind != placeVolume {
+		return syscall.ENOENT
+	}
+	if empty, errno := s.m.volumeEmpty(st, p.key); errno != 0 {
+		return errno
+	} else if !empty {
+		return syscall.ENOTEMPTY
+	}
+	parent := s.m.sharedAttr(st).dirAttr()
+	return toErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.key, &parent) }))
+}
+
+var _ = (gofs.NodeRenamer)((*sharedNode)(nil))
+
+// Rename of <prev>/alloc/data onto <new>/alloc/data is Nomad's Move of a
+// sticky or migrating disk: the volume is handed over (adoptVolume).
+// Every other rename of a directory of alloc/ is refused: logs never
+// migrate.
+func (s *sharedNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	dst, ok := newParent.(*sharedNode)
+	switch {
+	case !ok:
+		return syscall.EXDEV
+	case dst.id == s.id:
+		return syscall.EBUSY
+	case name != allocdir.SharedDataName || newName != allocdir.SharedDataName:
+		return syscall.EXDEV
+	}
+	return s.m.adoptVolume(s.id, dst.id, allocdir.SharedAllocName+"/"+allocdir.SharedDataName, flags)
+}
+
+// adoptVolume hands the volume key of allocation prevID to newID, for a
+// rename whose target is that volume's place in newID: the target may be
+// missing (Nomad removed it) or an empty volume, replaced as a rename
+// replaces an empty directory.
+func (m *Mount) adoptVolume(prevID, newID, key string, flags uint32) syscall.Errno {
+	switch {
+	case flags&(renameExchange|renameWhiteout) != 0:
+		return syscall.EXDEV
+	}
+	prev, err := m.store.View(prevID)
+	if err != nil {
+		return toErrno(m.logger, err)
+	}
+	next, err := m.store.View(newID)
+	if err != nil {
+		return toErrno(m.logger, err)
+	}
+	if prev.Volumes[key] == nil {
+		return syscall.ENOENT
+	}
+	if next.Volumes[key] != nil {
+		if flags&renameNoReplace != 0 {
+			return syscall.EEXIST
+		}
+		empty, errno := m.volumeEmpty(next, key)
+		if errno != 0 {
+			return errno
+		}
+		if !empty {
+			return syscall.ENOTEMPTY
+		}
+	}
+	// The kernel moves its entry, and the node the previous allocation
+	// showed the volume with, to the new name; that node numbers inodes
+	// in the previous allocation's slot. The store's change hook, once
+	// the rename is answered, drops the entry (invalidateVolumes), and the
+	// next lookup gives the new allocation's own node.
+	return toErrno(m.logger, m.handlerChange([]string{prevID, newID}, func() error { return m.store.AdoptVolume(prevID, newID, key) }))
+}
+
+// volumeEmpty reports whether the volume key of st holds no entry, its
+// lower layers included; a task directory's volume is empty when it holds
+// nothing besides the layout.
+func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
+	stack := m.stackOf(st.Volumes[key])
+	if stack == nil {
+		return true, 0
+	}
+	entries, err := stack.List("", stack.All())
+	if err != nil {
+		return false, toErrno(m.logger, err)
+	}
+	return len(entries) == 0, 0
+}
+
+// taskMkdir makes the layout directory name of a task directory again
+// after an rmdir: local/ and tmp/ with a fresh layer, secrets/, private/
+// and the alloc/ view as they were made first.
+func (t *taskNode) mkdir(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := t.m.store.View(t.id)
+	if err != nil {
+		return nil, toErrno(t.m.logger, err)
+	}
+	i := st.TaskIndex(t.task)
+	if i < 0 {
+		return nil, syscall.ENOENT
+	}
+	if layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name).kind != placeNone {
+		return nil, syscall.EEXIST
+	}
+	err = t.m.handlerChange([]string{t.id}, func() error {
+		var err error
+		switch name {
+		case allocdir.TaskLocal, allocdir.TmpDirName:
+			_, err = t.m.store.AddVolume(t.id, t.task+"/"+name, nil)
+		default:
+			_, err = t.m.store.SetGone(t.id, t.task+"/"+name, false, nil)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, toErrno(t.m.logger, err)
+	}
+	return t.Lookup(ctx, parent, name, out)
+}
+
+// rmdir removes the layout directory name of a task directory when it is
+// empty: a volume with its layers; secrets/ or private/, whose memory
+// goes; the alloc/ view once alloc/'s volumes are gone.
+func (t *taskNode) rmdir(name string) syscall.Errno {
+	st, err := t.m.store.View(t.id)
+	if err != nil {
+		return toErrno(t.m.logger, err)
+	}
+	i := st.TaskIndex(t.task)
+	if i < 0 {
+		return syscall.ENOENT
+	}
+	p := layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name)
+	switch p.kind {
+	case placeVolume:
+		if empty, errno := t.m.volumeEmpty(st, p.key); errno != 0 {
+			return errno
+		} else if !empty {
+			return syscall.ENOTEMPTY
+		}
+		return toErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.key, nil) }))
+	case placeShared:
+		if len(layoutNames(st, p)) > 0 {
+			return syscall.ENOTEMPTY
+		}
+	case placeMemory:
+		if d := t.m.existingMemRoot(t.id, t.task, name); d != nil && len(d.Children()) > 0 {
+			return syscall.ENOTEMPTY
+		}
+	default:
+		return syscall.ENOENT
+	}
+	err = t.m.handlerChange([]string{t.id}, func() error {
+		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true, nil)
+		return err
+	})
+	if err == nil && p.kind == placeMemory {
+		t.m.dropMemRoot(t.id, t.task, name)
+	}
+	return toErrno(t.m.logger, err)
+}
+
+// rename handles a rename of the layout directory name of this task
+// directory: <prev>/<task>/local onto <new>/<task>/local is Nomad's Move
+// (adoptVolume); any other is refused, as of a mount point.
+func (t *taskNode) rename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+	if dst.task == nil || dst.task.id == t.id {
+		return syscall.EBUSY
+	}
+	if name != allocdir.TaskLocal || newName != allocdir.TaskLocal || dst.task.task != t.task {
+		return syscall.EXDEV
+	}
+	return t.m.adoptVolume(t.id, dst.task.id, t.task+"/"+allocdir.TaskLocal, flags)
+}

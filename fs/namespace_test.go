@@ -1,0 +1,372 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
+	"golang.org/x/sys/unix"
+)
+
+// records returns the store's records as JSON, for "nothing changed".
+func records(t *testing.T, s *store.Store) string {
+	t.Helper()
+	return mustJSON(t, s.List())
+}
+
+// wantErrno checks that err is errno.
+func wantErrno(t *testing.T, what string, err error, errno syscall.Errno) {
+	t.Helper()
+	if !errors.Is(err, errno) {
+		t.Errorf("%s: %v, want %v", what, err, errno)
+	}
+}
+
+// TestMountMkdirMakesAllocationsAndTasks: a mkdir at the mount root is an
+// allocation's create, with alloc/{data,logs,tmp} in place and owned by
+// the caller; a mkdir in its root a task's, with its layout; both are
+// records the store holds (Nomad's, not for the collector), and what a
+// chmod, chown or utimes of alloc/ sets stays in the record.
+func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
+	tm := newTestMount(t)
+	a := filepath.Join(tm.dir, "9f0c7c1e-0ac2-4f36-8d2a-0c3e1a2b3c4d")
+	must(t, os.Mkdir(a, 0o755))
+	for _, d := range []string{"alloc", "alloc/data", "alloc/logs", "alloc/tmp"} {
+		if fi, err := os.Stat(filepath.Join(a, d)); err != nil || !fi.IsDir() {
+			t.Fatalf("%s after the mkdir of the allocation: %v", d, err)
+		}
+	}
+	st := lstatT(t, a)
+	if st.Mode&0o7777 != 0o755 || st.Uid != 0 {
+		t.Errorf("the allocation's directory: mode %o uid %d, want 0755 and the caller's", st.Mode&0o7777, st.Uid)
+	}
+	id := filepath.Base(a)
+	rec := mustState(t, tm.store, id)
+	if rec.Origin != store.OriginMount || len(rec.Tasks) != 0 {
+		t.Errorf("the record: origin %q, tasks %v; want %q and none", rec.Origin, rec.Tasks, store.OriginMount)
+	}
+	// Build: alloc/ is chmodded 0777 and chowned to nobody.
+	must(t, os.Chmod(filepath.Join(a, "alloc"), 0o751))
+	must(t, os.Chown(filepath.Join(a, "alloc"), 4321, 4322))
+	must(t, unix.UtimesNano(filepath.Join(a, "alloc"), []unix.Timespec{unix.NsecToTimespec(1e18), unix.NsecToTimespec(2e18)}))
+	st = lstatT(t, filepath.Join(a, "alloc"))
+	if st.Mode&0o7777 != 0o751 || st.Uid != 4321 || st.Gid != 4322 || st.Mtim.Nano() != 2e18 {
+		t.Errorf("alloc/ after chmod, chown, utimes: mode %o owner %d:%d mtime %d", st.Mode&0o7777, st.Uid, st.Gid, st.Mtim.Nano())
+	}
+	if d := mustState(t, tm.store, id).Dirs[store.DirShared]; d == nil || d.Mode != 0o751 || d.UID != 4321 || d.Mtime.UnixNano() != 2e18 {
+		t.Errorf("the record keeps alloc/'s attribute as %+v", d)
+	}
+	// The task's view shows the same attribute.
+	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	for _, d := range []string{"web/local", "web/tmp", "web/secrets", "web/private", "web/alloc/data"} {
+		if fi, err := os.Stat(filepath.Join(a, d)); err != nil || !fi.IsDir() {
+			t.Errorf("%s after the mkdir of the task: %v", d, err)
+		}
+	}
+	if st := lstatT(t, filepath.Join(a, "web/alloc")); st.Mode&0o7777 != 0o751 {
+		t.Errorf("web/alloc shows mode %o, want alloc/'s 0751", st.Mode&0o7777)
+	}
+	if rec := mustState(t, tm.store, id); rec.TaskIndex("web") < 0 || rec.Volumes["web/local"] == nil {
+		t.Errorf("the record after the task's mkdir: %+v", rec)
+	}
+	// What Nomad writes in a task's root lands in its own layer.
+	must(t, os.WriteFile(filepath.Join(a, "web/executor.out"), []byte("x"), 0o644))
+	must(t, os.Mkdir(filepath.Join(a, "web/dev"), 0o755))
+	if _, err := os.Lstat(filepath.Join(tm.store.LayerPath(mustState(t, tm.store, id).Volumes["web"].Upper), "executor.out")); err != nil {
+		t.Errorf("executor.out is not in the task's layer: %v", err)
+	}
+	// The collector leaves it alone, stopped or not.
+	if _, err := tm.store.Stop(id); err != nil {
+		t.Fatal(err)
+	}
+	c := store.NewCollector(testLogger(t), tm.store, store.GCConfig{MaxAllocs: -1})
+	if got, _ := c.CollectAll("test"); len(got) != 0 {
+		t.Errorf("the collector took %v, an allocation Nomad made through the mount", got)
+	}
+}
+
+// TestMountMkdirRefusesBadNames: a name that is not an allocation ID, or
+// one the store holds, is refused with the errno a user expects, and
+// nothing is made.
+func TestMountMkdirRefusesBadNames(t *testing.T) {
+	tm := newTestMount(t)
+	must(t, os.Mkdir(filepath.Join(tm.dir, "a1"), 0o755))
+	before := records(t, tm.store)
+	for name, want := range map[string]syscall.Errno{
+		"a1":                     syscall.EEXIST,
+		".":                      syscall.EEXIST,
+		"..":                     syscall.EEXIST,
+		"with\nnewline":          syscall.EINVAL,
+		"with\x1b[31mescape":     syscall.EINVAL,
+		".hidden":                syscall.EINVAL,
+		strings.Repeat("x", 251): syscall.EINVAL,
+		strings.Repeat("x", 256): syscall.ENAMETOOLONG,
+		"not\xffutf8":            syscall.EINVAL,
+	} {
+		wantErrno(t, fmt.Sprintf("mkdir %q", name), unix.Mkdir(filepath.Join(tm.dir, name), 0o755), want)
+	}
+	a := filepath.Join(tm.dir, "a1")
+	for name, want := range map[string]syscall.Errno{
+		"alloc":         syscall.EEXIST,
+		"with\nnewline": syscall.EINVAL,
+	} {
+		wantErrno(t, fmt.Sprintf("mkdir a1/%q", name), unix.Mkdir(filepath.Join(a, name), 0o755), want)
+	}
+	wantErrno(t, "mkdir a1/alloc/other", unix.Mkdir(filepath.Join(a, "alloc/other"), 0o755), syscall.EPERM)
+	wantErrno(t, "mkdir a1/alloc/data", unix.Mkdir(filepath.Join(a, "alloc/data"), 0o755), syscall.EEXIST)
+	if after := records(t, tm.store); after != before {
+		t.Errorf("refused mkdirs changed the store:\n%s\nwant\n%s", after, before)
+	}
+	if ids := tm.store.IDs(); !slices.Equal(ids, []string{"a1"}) {
+		t.Errorf("the store holds %v, want [a1]", ids)
+	}
+}
+
+// TestMountRemoveAllDestroys: os.RemoveAll of an allocation, one unlink
+// and rmdir at a time as Nomad's GC does it, removes it from the store
+// with its layers; an rmdir of a directory that still holds entries says
+// ENOTEMPTY and changes nothing; each layout directory can be made again
+// after its rmdir.
+func TestMountRemoveAllDestroys(t *testing.T) {
+	tm := newTestMount(t)
+	a := filepath.Join(tm.dir, "a1")
+	must(t, os.Mkdir(a, 0o755))
+	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	must(t, os.WriteFile(filepath.Join(a, "alloc/data/f"), []byte("data"), 0o644))
+	must(t, os.WriteFile(filepath.Join(a, "web/local/l"), []byte("local"), 0o644))
+	must(t, os.WriteFile(filepath.Join(a, "web/secrets/token"), []byte("s3cret"), 0o600))
+	must(t, unix.Mkfifo(filepath.Join(a, "alloc/logs/.web.stdout.fifo"), 0o600))
+	must(t, os.Mkdir(filepath.Join(a, "web/etc"), 0o755))
+	layers := layerDirs(t, tm.store)
+
+	before := records(t, tm.store)
+	for _, d := range []string{"alloc/data", "web/local", "web/secrets", "web", "alloc", ""} {
+		wantErrno(t, "rmdir of a non-empty "+d, unix.Rmdir(filepath.Join(a, d)), syscall.ENOTEMPTY)
+	}
+	if after := records(t, tm.store); after != before {
+		t.Errorf("refused rmdirs changed the store")
+	}
+
+	// Made again after an rmdir.
+	must(t, os.Remove(filepath.Join(a, "alloc/tmp")))
+	wantErrno(t, "stat alloc/tmp after its rmdir", errOnly(os.Stat(filepath.Join(a, "alloc/tmp"))), syscall.ENOENT)
+	must(t, os.Mkdir(filepath.Join(a, "alloc/tmp"), 0o777))
+	must(t, os.Remove(filepath.Join(a, "web/private")))
+	names, _ := os.ReadDir(filepath.Join(a, "web"))
+	if slices.ContainsFunc(names, func(e os.DirEntry) bool { return e.Name() == "private" }) {
+		t.Errorf("web/ still lists private/ after its rmdir")
+	}
+	must(t, os.Mkdir(filepath.Join(a, "web/private"), 0o777))
+
+	if err := os.RemoveAll(a); err != nil {
+		t.Fatalf("os.RemoveAll of the allocation: %v", err)
+	}
+	if _, err := tm.store.Get("a1"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+		t.Errorf("the store after RemoveAll: %v, want the allocation gone", err)
+	}
+	if _, err := os.Lstat(a); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the allocation's directory after RemoveAll: %v", err)
+	}
+	for _, l := range layers {
+		if _, err := os.Lstat(filepath.Join(tm.store.DataDir(), "layers", l)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("layer %s outlived its allocation: %v", l, err)
+		}
+	}
+}
+
+// newAllocs makes allocations prev and new through the mount, with the
+// tasks, as Nomad's Build and task directories do.
+func newAllocs(t *testing.T, dir string, tasks ...string) (prev, next string) {
+	t.Helper()
+	prev, next = filepath.Join(dir, "prev"), filepath.Join(dir, "new")
+	for _, a := range []string{prev, next} {
+		must(t, os.Mkdir(a, 0o755))
+		for _, task := range tasks {
+			must(t, os.Mkdir(filepath.Join(a, task), 0o777))
+		}
+	}
+	return prev, next
+}
+
+// TestMountMoveIsARemap: Nomad's Move (os.Remove of the new allocation's
+// empty alloc/data and <task>/local, then os.Rename of the previous ones
+// onto them) hands the volumes over: the same layers, no byte copied, the
+// new allocation reads the data and writes it in place, the previous one
+// shows neither directory any more and keeps its logs; records say so.
+// A rename onto the empty directory, without the removal, does the same.
+func TestMountMoveIsARemap(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := newAllocs(t, tm.dir, "web", "db")
+	must(t, os.WriteFile(filepath.Join(prev, "alloc/data/f"), []byte("data"), 0o644))
+	must(t, os.WriteFile(filepath.Join(prev, "web/local/l"), []byte("web"), 0o644))
+	must(t, os.WriteFile(filepath.Join(prev, "db/local/l"), []byte("db"), 0o644))
+	must(t, os.WriteFile(filepath.Join(prev, "alloc/logs/web.stderr.0"), []byte("the log\n"), 0o644))
+	rec := mustState(t, tm.store, "prev")
+	dataLayer, webLayer := rec.Volumes["alloc/data"].Upper, rec.Volumes["web/local"].Upper
+
+	// The file keeps its inode across the move, as on ext4.
+	var before unix.Stat_t
+	must(t, unix.Stat(filepath.Join(tm.store.LayerPath(dataLayer), "f"), &before))
+	os.Remove(filepath.Join(next, "alloc/data"))
+	must(t, os.Rename(filepath.Join(prev, "alloc/data"), filepath.Join(next, "alloc/data")))
+	os.Remove(filepath.Join(next, "web/local"))
+	must(t, os.Rename(filepath.Join(prev, "web/local"), filepath.Join(next, "web/local")))
+	// No removal first: rename(2) onto the empty directory (os.Rename
+	// refuses an existing directory itself, which is why Nomad removes
+	// it first).
+	must(t, unix.Rename(filepath.Join(prev, "db/local"), filepath.Join(next, "db/local")))
+
+	for p, want := range map[string]string{"alloc/data/f": "data", "web/local/l": "web", "db/local/l": "db"} {
+		if got, err := os.ReadFile(filepath.Join(next, p)); err != nil || string(got) != want {
+			t.Errorf("new/%s: %q, %v; want %q", p, got, err, want)
+		}
+		if _, err := os.Lstat(filepath.Join(prev, filepath.Dir(p))); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("prev/%s after the move: %v, want it gone", filepath.Dir(p), err)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(prev, "alloc/logs/web.stderr.0")); err != nil || string(got) != "the log\n" {
+		t.Errorf("prev's log after the move: %q, %v", got, err)
+	}
+	rec = mustState(t, tm.store, "new")
+	if rec.Volumes["alloc/data"].Upper != dataLayer || rec.Volumes["web/local"].Upper != webLayer || rec.Previous != "prev" {
+		t.Errorf("new's record: %+v, want prev's layers %s and %s", rec, dataLayer, webLayer)
+	}
+	if old := mustState(t, tm.store, "prev"); old.Volumes["alloc/data"] != nil || old.Volumes["web/local"] != nil || old.MigratedTo != "new" {
+		t.Errorf("prev's record still has the moved volumes: %+v", old)
+	}
+	must(t, os.WriteFile(filepath.Join(next, "alloc/data/f"), []byte("written in place"), 0o644))
+	var after unix.Stat_t
+	must(t, unix.Stat(filepath.Join(tm.store.LayerPath(dataLayer), "f"), &after))
+	if after.Ino != before.Ino {
+		t.Errorf("the moved file's backing inode changed: %d, was %d (a copy)", after.Ino, before.Ino)
+	}
+	// Once the rename is answered, the moved name shows the new
+	// allocation's own node, with inode numbers in its own slot, as a
+	// name looked up anew does.
+	want := after.Ino ^ tm.mount.slots.peek("new", 0)<<viewShift
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st := lstatT(t, filepath.Join(next, "alloc/data/f")); st.Ino == want {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("new/alloc/data/f has st_ino %#x 5 s after the move, want %#x (the new allocation's slot)", st.Ino, want)
+		}
+	}
+}
+
+// TestMountRefusedRenames: every rename of a layout directory but the
+// Move is refused with the errno of a mount point, or ext4's for a
+// non-empty target, and changes nothing.
+func TestMountRefusedRenames(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := newAllocs(t, tm.dir, "web")
+	must(t, os.WriteFile(filepath.Join(next, "alloc/data/there"), []byte("x"), 0o644))
+	must(t, os.WriteFile(filepath.Join(prev, "alloc/data/f"), []byte("x"), 0o644))
+	before := records(t, tm.store)
+	for _, c := range []struct {
+		from, to string
+		flags    uint
+		want     syscall.Errno
+	}{
+		{"prev/alloc/logs", "new/alloc/logs", 0, syscall.EXDEV},
+		{"prev/alloc/tmp", "new/alloc/tmp", 0, syscall.EXDEV},
+		{"prev/alloc/data", "new/alloc/data", 0, syscall.ENOTEMPTY},
+		{"prev/alloc/data", "new/alloc/data", unix.RENAME_NOREPLACE, syscall.EEXIST},
+		{"prev/alloc/data", "new/alloc/data", unix.RENAME_EXCHANGE, syscall.EXDEV},
+		{"prev/alloc/data", "prev/alloc/logs", 0, syscall.EBUSY},
+		{"prev/alloc/data", "prev/web/local", 0, syscall.EXDEV},
+		{"prev/alloc/data", "new/alloc/other", 0, syscall.EXDEV},
+		{"prev/web/local", "new/web/tmp", 0, syscall.EXDEV},
+		{"prev/web/local", "prev/web/other", 0, syscall.EBUSY},
+		{"prev/web/secrets", "new/web/secrets", 0, syscall.EXDEV},
+		{"prev/web", "new/web2", 0, syscall.EXDEV},
+		{"prev/web", "prev/web2", 0, syscall.EBUSY},
+		{"prev", "other", 0, syscall.EBUSY},
+	} {
+		err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(tm.dir, c.from), unix.AT_FDCWD, filepath.Join(tm.dir, c.to), c.flags)
+		wantErrno(t, fmt.Sprintf("rename %s %s (flags %#x)", c.from, c.to, c.flags), err, c.want)
+	}
+	// Onto itself: nothing to do, as rename(2) says.
+	must(t, unix.Rename(filepath.Join(prev, "alloc/data"), filepath.Join(prev, "alloc/data")))
+	if after := records(t, tm.store); after != before {
+		t.Errorf("refused renames changed the store:\n%s\nwant\n%s", after, before)
+	}
+	if got, err := os.ReadFile(filepath.Join(prev, "alloc/data/f")); err != nil || string(got) != "x" {
+		t.Errorf("prev's data after the refused renames: %q, %v", got, err)
+	}
+}
+
+// TestMountMoveRacesAWriter: a task of the previous allocation appends to
+// its data while the Move happens; every byte it wrote is in the new
+// allocation's file afterwards, as across a rename on ext4.
+func TestMountMoveRacesAWriter(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := newAllocs(t, tm.dir)
+	p := filepath.Join(prev, "alloc/data/f")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	must(t, err)
+	var wg sync.WaitGroup
+	const writes = 2000
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range writes {
+			if _, err := f.Write([]byte("0123456789")); err != nil {
+				t.Errorf("a write during the move: %v", err)
+				return
+			}
+		}
+	}()
+	os.Remove(filepath.Join(next, "alloc/data"))
+	must(t, os.Rename(filepath.Join(prev, "alloc/data"), filepath.Join(next, "alloc/data")))
+	wg.Wait()
+	must(t, f.Close())
+	if got, err := os.ReadFile(filepath.Join(next, "alloc/data/f")); err != nil || len(got) != writes*10 {
+		t.Errorf("the new allocation's file: %d bytes, %v; want %d", len(got), err, writes*10)
+	}
+}
+
+// TestMountsOnTopSurviveChanges: what Nomad mounts on the mount's
+// directories (a tmpfs on secrets/, a bind of alloc/ onto a task's
+// alloc/) stays mounted across the store changes that invalidate the
+// kernel's entries: a chmod of alloc/, a task added, a Move into the
+// allocation.
+func TestMountsOnTopSurviveChanges(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := newAllocs(t, tm.dir, "web")
+	secrets := filepath.Join(next, "web/secrets")
+	must(t, unix.Mount("tmpfs", secrets, "tmpfs", unix.MS_NOEXEC, "size=1m"))
+	t.Cleanup(func() { unix.Unmount(secrets, unix.MNT_DETACH) })
+	must(t, os.WriteFile(filepath.Join(secrets, "token"), []byte("t"), 0o600))
+	view := filepath.Join(next, "web/alloc")
+	must(t, unix.Mount(filepath.Join(next, "alloc"), view, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { unix.Unmount(view, unix.MNT_DETACH) })
+
+	must(t, os.Chmod(filepath.Join(next, "alloc"), 0o777))
+	must(t, os.Mkdir(filepath.Join(next, "db"), 0o777))
+	os.Remove(filepath.Join(next, "alloc/data"))
+	must(t, os.Rename(filepath.Join(prev, "alloc/data"), filepath.Join(next, "alloc/data")))
+	// And a change through the API, which invalidates at once.
+	if _, err := tm.store.Update("new", func(st *store.State) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(secrets, "token")); err != nil || string(got) != "t" {
+		t.Errorf("the tmpfs on secrets/ after the changes: %q, %v", got, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(secrets, &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
+		t.Errorf("secrets/ is no longer the tmpfs: %#x, %v", sfs.Type, err)
+	}
+	must(t, os.WriteFile(filepath.Join(next, "alloc/data/g"), []byte("g"), 0o644))
+	if got, err := os.ReadFile(filepath.Join(view, "data/g")); err != nil || string(got) != "g" {
+		t.Errorf("the bind of alloc/ after the changes: %q, %v", got, err)
+	}
+}
