@@ -56,6 +56,11 @@ type MountOptions struct {
 	CopyUps layer.CopyUpObserver
 	// NegativeTimeout is how long a failed lookup is cached.
 	NegativeTimeout time.Duration
+	// ChrootEnv is Nomad's chroot_env: host paths by their place in a
+	// chroot (DefaultChrootEnv). A task directory Nomad builds a chroot
+	// in shows them, read-only, below its own layer (chroot.go); nil or
+	// empty shows none.
+	ChrootEnv map[string]string
 	// interpose, when set, wraps the request handler: tests use it to
 	// hold or delay a request as a busy or starved daemon thread would.
 	interpose func(fuse.RawFileSystem) fuse.RawFileSystem
@@ -128,6 +133,9 @@ type Mount struct {
 	// rootTime is when an allocation last came or went through the
 	// mount, in Unix nanoseconds (0: never): the mount root's times.
 	rootTime atomic.Int64
+	// chroot is the chroot environment task directories can show
+	// (chroot.go); nil for none.
+	chroot *chrootEnv
 
 	stopHook    func()
 	unmountOnce sync.Once
@@ -168,6 +176,9 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		return nil, fmt.Errorf("the process umask is %04o: a FUSE server must run with umask 0, or new files get the umask twice (the kernel applied the caller's); call syscall.Umask(0) first", u)
 	}
 
+	if err := m.setupChroot(opts.ChrootEnv); err != nil {
+		return nil, fmt.Errorf("failed to set up the chroot environment: %w", err)
+	}
 	m.root = &rootNode{m: m}
 	var generation uint32
 	if opts.adopt != nil {
@@ -412,18 +423,25 @@ func (m *Mount) showsRecord(n *volNode, st *store.State) bool {
 	if v == nil || n.ro != v.ReadOnly || n.slot != m.slots.peek(st.ID, n.view) {
 		return false
 	}
-	want := m.stackOf(v).Roots
+	want := m.volumeStack(st, n.key).Roots
 	return slices.Equal(n.st.Roots, want)
 }
 
-// stackOf is the stack of layers of the volume v, or nil for none.
-func (m *Mount) stackOf(v *store.Volume) *layer.Stack {
+// volumeStack is the stack of layers of the volume key of st, or nil for
+// none: its layers, and for a task directory of Nomad's the host layer of
+// the chroot environment at the bottom.
+func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
+	v := st.Volumes[key]
 	if v == nil {
 		return nil
 	}
-	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
+	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps, Identity: m.backingIno}
 	for _, l := range v.Lowers {
 		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
+	}
+	if m.hasHostLayer(st, key) {
+		stack.Host = m.hostLayer(st.ID, key)
+		stack.Roots = append(stack.Roots, stack.Host.Skeleton)
 	}
 	return stack
 }

@@ -417,7 +417,7 @@ func (m *Mount) adoptVolume(prevID, newID, key string, flags uint32) syscall.Err
 // lower layers included; a task directory's volume is empty when it holds
 // nothing besides the layout.
 func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
-	stack := m.stackOf(st.Volumes[key])
+	stack := m.volumeStack(st, key)
 	if stack == nil {
 		return true, 0
 	}

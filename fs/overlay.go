@@ -83,7 +83,7 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	if err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
-	ino := st.Ino
+	ino := n.m.backingIno(&st)
 	if layers[0] == 0 {
 		l, errno := n.at(0, name)
 		if errno != 0 {

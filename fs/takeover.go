@@ -246,6 +246,9 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 	}
 	layerID, rel, err := m.backingPath(st, ino)
 	if err != nil {
+		if paths := m.hostPaths(st, k.view, ino); paths != nil {
+			return paths, 0
+		}
 		m.logger.Debug("backing file of an inherited node not found", "node", id, "error", err)
 		return nil, syscall.ESTALE
 	}

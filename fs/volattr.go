@@ -132,6 +132,11 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	if n.ro {
 		return syscall.EROFS
 	}
+	if uid, ok := in.GetUID(); ok && n.task != nil && n.EmbeddedInode() == n.vroot {
+		if errno := n.m.maybeChroot(n, uid); errno != 0 {
+			return errno
+		}
+	}
 	h := attrHandle(f)
 	// Whether the node's name is gone matters for a copy-up and for a
 	// change that came without a handle; a plain volume's change through

@@ -90,7 +90,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
 		return nil, errno
 	}
-	stack := m.stackOf(v)
+	stack := m.volumeStack(st, key)
 	var rst syscall.Stat_t
 	if err := stack.Lstat(0, "", &rst); err != nil {
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
@@ -98,7 +98,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	}
 	node := &volNode{m: m, st: stack, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}, key: key, view: view}
 	node.vroot = node.EmbeddedInode()
-	if len(v.Lowers) > 0 {
+	if len(stack.Roots) > 1 {
 		node.ovl = stack
 		node.layers = stack.All()
 	}
@@ -158,22 +158,18 @@ var _ = (gofs.NodeOpendirHandler)((*volNode)(nil))
 // OpendirHandle lists a task directory as its layer's entries plus the
 // layout children; any other directory is the loopback's own.
 func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ovl != nil {
+	switch {
+	case n.task != nil:
+		return n.taskOpendir()
+	case n.ovl != nil:
 		return n.ovlOpendir()
 	}
-	if n.task == nil {
-		return n.openDir()
-	}
-	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
-	if err != nil {
-		return nil, 0, toErrno(n.m.logger, err)
-	}
-	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
-	if errno != 0 {
-		syscall.Close(fd)
-		return nil, 0, errno
-	}
-	defer ds.Close()
+	return n.openDir()
+}
+
+// taskOpendir lists a task directory: the layout children it has, and
+// the entries of its volume (merged with the host layer of a chroot).
+func (n *volNode) taskOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	st, err := n.m.store.View(n.task.id)
 	if err != nil {
 		return nil, 0, toErrno(n.m.logger, err)
@@ -186,6 +182,28 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 	for _, c := range layoutNames(st, place{kind: placeTask, key: n.task.task, task: i}) {
 		entries = append(entries, fuse.DirEntry{Name: c, Mode: syscall.S_IFDIR})
 	}
+	if n.ovl != nil {
+		merged, err := n.ovl.List(n.rel(), n.nodeLayers())
+		if err != nil {
+			return nil, 0, toErrno(n.m.logger, err)
+		}
+		for _, e := range merged {
+			if !n.reserved(e.Name) {
+				entries = append(entries, fuse.DirEntry{Name: e.Name, Mode: e.Mode})
+			}
+		}
+		return &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), entries)}, 0, 0
+	}
+	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
+	if err != nil {
+		return nil, 0, toErrno(n.m.logger, err)
+	}
+	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
+	if errno != 0 {
+		syscall.Close(fd)
+		return nil, 0, errno
+	}
+	defer ds.Close()
 	for ds.HasNext() {
 		e, errno := ds.Next()
 		if errno != 0 {

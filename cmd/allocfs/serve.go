@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -50,6 +51,7 @@ type serveArgs struct {
 	node                            nodeConfig
 	gc                              store.GCConfig
 	metricsUsageInterval            time.Duration
+	chrootEnv                       []string
 }
 
 // newServeFlags returns serve's flag set, parsing into a.
@@ -87,7 +89,37 @@ reload that changes them says so in the log.`)
 	fset.Float64Var(&a.gc.InodeUsagePercent, "gc-inode-usage-threshold", a.gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
 	fset.IntVar(&a.gc.MaxAllocs, "gc-max-allocs", a.gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
 	fset.DurationVar(&a.metricsUsageInterval, "metrics-usage-interval", metrics.DefaultUsageInterval, "how often the allocations' usage in /v1/metrics is measured again, by a walk of their layers (`duration`; the series are up to that old)")
+	fset.StringSliceVar(&a.chrootEnv, "chroot-env", defaultChrootEnv(), "Nomad's chroot_env: host `paths` (PATH, or HOST=DEST for another place) that a task directory Nomad builds a chroot in shows, read-only below the task's own files, so that Nomad copies none; the same list as the Nomad client's; empty for none")
 	return fset
+}
+
+// defaultChrootEnv is Nomad's default chroot_env, as --chroot-env takes it.
+func defaultChrootEnv() []string {
+	var out []string
+	for src := range fs.DefaultChrootEnv() {
+		out = append(out, src)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// chrootEnvMap turns --chroot-env's entries into Nomad's chroot_env map.
+func chrootEnvMap(entries []string) (map[string]string, error) {
+	env := make(map[string]string)
+	for _, e := range entries {
+		if e == "" {
+			continue
+		}
+		src, dest, ok := strings.Cut(e, "=")
+		if !ok {
+			dest = src
+		}
+		if !filepath.IsAbs(src) || !filepath.IsAbs(dest) {
+			return nil, fmt.Errorf("--chroot-env %q: host path and destination must be absolute", e)
+		}
+		env[src] = dest
+	}
+	return env, nil
 }
 
 // parseServeArgs parses serve's command line, and the file its --config
@@ -120,6 +152,9 @@ func parseServeArgs(e *env, args []string) (*serveArgs, error) {
 	}
 	if a.metricsUsageInterval <= 0 {
 		return nil, usageErrorf(serveCmd, "--metrics-usage-interval must be more than 0")
+	}
+	if _, err := chrootEnvMap(a.chrootEnv); err != nil {
+		return nil, usageErrorf(serveCmd, "%v", err)
 	}
 	if a.mountDir == "" {
 		a.mountDir = filepath.Join(a.dataDir, "mnt")
@@ -175,6 +210,7 @@ func runServe(e *env, args []string) error {
 	if err := resolveServePaths(a); err != nil {
 		return err
 	}
+	chrootEnv, _ := chrootEnvMap(a.chrootEnv)
 	logger := hclog.New(&hclog.LoggerOptions{
 		Name:       "allocfs",
 		Level:      hclog.LevelFromString(a.logLevel),
@@ -190,7 +226,7 @@ func runServe(e *env, args []string) error {
 		dataDir:       a.dataDir,
 		mountDir:      a.mountDir,
 		socket:        a.socket,
-		mount:         fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring},
+		mount:         fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring, ChrootEnv: chrootEnv},
 		live:          a.liveRestart && !a.debugFuse,
 		allowNonEmpty: a.allowNonEmpty,
 		stored:        stored,
@@ -338,6 +374,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.mount.Debug
 	opts.IOUring = cfg.mount.IOUring
+	opts.ChrootEnv = cfg.mount.ChrootEnv
 	opts.Requests = nodeMetrics.FUSE()
 	opts.CopyUps = nodeMetrics.CopyUps()
 	var m *fs.Mount

@@ -343,12 +343,15 @@ func openat2(dir int, rel string, flags int) (int, error) {
 // Loc names rel, a path inside the volume, in the layer at position i:
 // its directory opened beneath the layer's root. The caller closes it.
 func (s *Stack) Loc(i int, rel string) (Loc, error) {
-	root, done, err := s.root(i)
+	base, rel, err := s.where(i, rel)
+	if err != nil {
+		return Loc{Dir: -1}, &os.PathError{Op: "lookup", Path: s.Path(i, rel), Err: err}
+	}
+	root, done, err := s.rootAt(base)
 	if err != nil {
 		return Loc{Dir: -1}, err
 	}
-	rel = cleanRel(rel)
-	path := filepath.Join(s.Roots[i], rel)
+	path := filepath.Join(base, rel)
 	k := strings.LastIndexByte(rel, '/')
 	if k < 0 {
 		// An entry of the root: the root's own descriptor, pinned
@@ -366,14 +369,18 @@ func (s *Stack) Loc(i int, rel string) (Loc, error) {
 // Open opens rel, inside the volume, in the layer at position i, beneath
 // the layer's root (see openBeneath).
 func (s *Stack) Open(i int, rel string, flags int) (int, error) {
-	root, done, err := s.root(i)
+	base, rel, err := s.where(i, rel)
+	if err != nil {
+		return -1, &os.PathError{Op: "openat2", Path: s.Path(i, rel), Err: err}
+	}
+	root, done, err := s.rootAt(base)
 	if err != nil {
 		return -1, err
 	}
 	defer done()
-	fd, err := openBeneath(root, cleanRel(rel), flags)
+	fd, err := openBeneath(root, rel, flags)
 	if err != nil {
-		return -1, &os.PathError{Op: "openat2", Path: filepath.Join(s.Roots[i], rel), Err: err}
+		return -1, &os.PathError{Op: "openat2", Path: filepath.Join(base, rel), Err: err}
 	}
 	return fd, nil
 }
@@ -383,17 +390,4 @@ func (s *Stack) Open(i int, rel string, flags int) (int, error) {
 func cleanRel(rel string) string {
 	rel = strings.TrimPrefix(filepath.Clean("/"+rel), "/")
 	return rel
-}
-
-// root gives the descriptor of the layer at position i, from the
-// stack's cache when it has one, and the function that gives it back.
-func (s *Stack) root(i int) (int, func(), error) {
-	if s.Cache != nil {
-		return s.Cache.open(s.Roots[i])
-	}
-	fd, err := unix.Open(s.Roots[i], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, nil, &os.PathError{Op: "open layer", Path: s.Roots[i], Err: err}
-	}
-	return fd, func() { unix.Close(fd) }, nil
 }

@@ -209,7 +209,11 @@ func (s *Stack) EnsureUpperDir(rel string) error {
 // at from, whose lstat is st, to dst in the upper layer.
 func (s *Stack) copyEntry(from int, rel string, dst Loc, st *syscall.Stat_t) error {
 	perm := st.Mode & 07777
-	origin := strconv.FormatUint(st.Ino, 10)
+	ino := st.Ino
+	if s.Identity != nil {
+		ino = s.Identity(st)
+	}
+	origin := strconv.FormatUint(ino, 10)
 	src, err := s.Loc(from, rel)
 	if err != nil {
 		return err

@@ -25,6 +25,14 @@ type Stack struct {
 	Ctimes *Ctimes
 	// CopyUps, when set, is told of every entry copied up.
 	CopyUps CopyUpObserver
+	// Host, when set, makes the last layer a host layer (host.go): its
+	// root, Roots' last, is Host.Skeleton.
+	Host *HostLayer
+	// Identity, when set, is the inode number a lower entry is shown
+	// with, which its copy-up records as its origin; st.Ino when nil.
+	// The tree sets it to tell the host's filesystems apart from the
+	// data dir's.
+	Identity func(st *syscall.Stat_t) uint64
 }
 
 // CopyUpObserver is told of each entry a stack copied up into its upper

@@ -205,6 +205,7 @@ func (s *Store) DropTask(id, name string, parent DirAttr) error {
 			delete(st.Volumes, v.key)
 		}
 		st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return strings.HasPrefix(d, name+"/") })
+		st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == name })
 		stampDir(st, DirRoot, parent)
 		return nil
 	})
@@ -266,6 +267,26 @@ func (s *Store) SetGone(id, dir string, gone bool, parent *DirAttr) (*State, err
 		return nil
 	})
 }
+
+// SetChroot records that Nomad builds a chroot in the directory of the
+// task of allocation id: from then on it shows the node's chroot
+// environment below its own layer.
+func (s *Store) SetChroot(id, task string) (*State, error) {
+	return s.Update(id, func(st *State) error {
+		if st.TaskIndex(task) < 0 {
+			return fmt.Errorf("no task %q: %w", task, iofs.ErrNotExist)
+		}
+		if !slices.Contains(st.Chroots, task) {
+			st.Chroots = append(st.Chroots, task)
+			slices.Sort(st.Chroots)
+		}
+		return nil
+	})
+}
+
+// IsChroot reports whether the directory of task shows the node's chroot
+// environment.
+func (s *State) IsChroot(task string) bool { return slices.Contains(s.Chroots, task) }
 
 // SetDirAttr applies change to the attribute of the skeleton directory
 // dir (DirRoot, DirShared) of allocation id, starting from current (what

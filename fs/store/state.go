@@ -80,6 +80,10 @@ type State struct {
 	// "<task>/private", sorted. A removed volume leaves Volumes instead,
 	// a removed task Tasks.
 	Gone []string `json:"gone,omitempty"`
+	// Chroots are the tasks whose directory Nomad builds a chroot in:
+	// they show the node's chroot environment, read-only, below their
+	// own layer (the tree's host layer). Sorted.
+	Chroots []string `json:"chroots,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
@@ -97,6 +101,9 @@ func (s *State) Clone() *State {
 	}
 	if s.Gone != nil {
 		c.Gone = append([]string(nil), s.Gone...)
+	}
+	if s.Chroots != nil {
+		c.Chroots = append([]string(nil), s.Chroots...)
 	}
 	if s.Dirs != nil {
 		c.Dirs = make(map[string]*DirAttr, len(s.Dirs))
@@ -286,6 +293,9 @@ func (s *State) normalize() {
 	if len(s.Gone) == 0 {
 		s.Gone = nil
 	}
+	if len(s.Chroots) == 0 {
+		s.Chroots = nil
+	}
 	if len(s.Dirs) == 0 {
 		s.Dirs = nil
 	}
@@ -337,6 +347,11 @@ func (s *State) validate() error {
 	for _, dir := range s.Gone {
 		if err := s.validGone(dir); err != nil {
 			return fmt.Errorf("removed directories: %w", err)
+		}
+	}
+	for _, task := range s.Chroots {
+		if s.TaskIndex(task) < 0 {
+			return fmt.Errorf("chroots: no task %q", task)
 		}
 	}
 	return nil

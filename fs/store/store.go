@@ -38,11 +38,12 @@ const (
 	stateDirName   = "state"
 	layersDirName  = "layers"
 	stagingDirName = "staging"
+	chrootDirName  = "chroot"
 )
 
 // Dirs are the directories the store owns inside the data dir; a
 // mount point must not lie within them.
-var Dirs = []string{stateDirName, layersDirName, stagingDirName}
+var Dirs = []string{stateDirName, layersDirName, stagingDirName, chrootDirName}
 
 // Store is the backing store of the filesystem: the allocation records in
 // state/ and the layers they stack in layers/. Every byte an allocation
@@ -363,6 +364,13 @@ func (s *Store) LayerPath(layerID string) string {
 // nothing there may be referenced by a State.
 func (s *Store) StagingDir() string {
 	return filepath.Join(s.dataDir, stagingDirName)
+}
+
+// ChrootDir returns <dataDir>/chroot, where the mount keeps the skeleton
+// of its chroot environment (derived from its configuration, rebuilt as
+// needed, never named by a record).
+func (s *Store) ChrootDir() string {
+	return filepath.Join(s.dataDir, chrootDirName)
 }
 
 // Statfs reports the filesystem that holds the data dir, which is what

@@ -1,0 +1,233 @@
+package fs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
+	"golang.org/x/sys/unix"
+)
+
+// hostTree makes a small host tree for a chroot environment and returns
+// its root: bin/ with a program, etc/ with a nested directory, a symbolic
+// link leading out of it and a file only root may read, and a lone file.
+func hostTree(t *testing.T) string {
+	t.Helper()
+	h := filepath.Join(t.TempDir(), "host")
+	for _, d := range []string{"bin", "etc/ssl/certs", "usr/lib"} {
+		must(t, os.MkdirAll(filepath.Join(h, d), 0o755))
+	}
+	must(t, os.WriteFile(filepath.Join(h, "bin/tool"), []byte("#!/bin/sh\necho tool\n"), 0o755))
+	must(t, os.WriteFile(filepath.Join(h, "etc/ssl/certs/ca.pem"), []byte("certificate"), 0o644))
+	must(t, os.WriteFile(filepath.Join(h, "etc/shadow"), []byte("secret"), 0o600))
+	must(t, os.Symlink("/root/.ssh/id_rsa", filepath.Join(h, "etc/evil")))
+	must(t, os.WriteFile(filepath.Join(h, "resolv.conf"), []byte("nameserver 10.0.0.1\n"), 0o644))
+	must(t, os.Symlink("usr/lib", filepath.Join(h, "lib")))
+	return h
+}
+
+// treeSum is a digest of every name, mode, owner and byte of the tree at
+// root, for "the host is as it was".
+func treeSum(t *testing.T, root string) string {
+	t.Helper()
+	h := sha256.New()
+	must(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		h.Write([]byte(rel))
+		h.Write([]byte{byte(st.Mode), byte(st.Mode >> 8), byte(st.Mode >> 16), byte(st.Uid), byte(st.Gid)})
+		if d.Type().IsRegular() {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h.Write(b)
+		}
+		return nil
+	}))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// chrootMount is a mount whose chroot environment is the host tree h:
+// h/bin at /bin, h/etc at /etc, the lone file at /etc/resolv.conf... (a
+// file entry), h/lib (a link to usr/lib) at /lib, and a path the host
+// lacks.
+func chrootMount(t *testing.T, h string) *testMount {
+	t.Helper()
+	return newTestMountTuned(t, store.Options{}, func(o *MountOptions) {
+		o.ChrootEnv = map[string]string{
+			filepath.Join(h, "bin"):         "/bin",
+			filepath.Join(h, "etc"):         "/etc",
+			filepath.Join(h, "resolv.conf"): "/run/resolvconf/resolv.conf",
+			filepath.Join(h, "lib"):         "/lib",
+			filepath.Join(h, "missing"):     "/missing",
+		}
+	})
+}
+
+// nomadTask makes, as Nomad's client does through the mount, allocation
+// a1 and task's directory, given to nobody as Nomad's Build does.
+func nomadTask(t *testing.T, tm *testMount, task string) string {
+	t.Helper()
+	a := filepath.Join(tm.dir, "a1")
+	if _, err := os.Lstat(a); errors.Is(err, os.ErrNotExist) {
+		must(t, os.Mkdir(a, 0o755))
+	}
+	d := filepath.Join(a, task)
+	must(t, os.Mkdir(d, 0o777))
+	must(t, os.Chmod(d, 0o777))
+	must(t, os.Chown(d, 65534, 65534))
+	return d
+}
+
+// names lists dir.
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	must(t, err)
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestMountChrootOnlyWhereNomadBuildsOne: a task directory shows the
+// chroot environment once Nomad starts building a chroot in it (the chown
+// of the empty directory to root), and from then on for good, a restart
+// of the mount included; a raw_exec-like task directory, one its task
+// wrote into first, and a task of an allocation made through the API
+// never do.
+func TestMountChrootOnlyWhereNomadBuildsOne(t *testing.T) {
+	h := hostTree(t)
+	tm := chrootMount(t, h)
+	exec := nomadTask(t, tm, "exec")
+	raw := nomadTask(t, tm, "raw")
+	written := nomadTask(t, tm, "written")
+	layout := []string{"alloc", "local", "private", "secrets", "tmp"}
+	if got := names(t, exec); strings.Join(got, " ") != strings.Join(layout, " ") {
+		t.Fatalf("a task directory before the chroot build: %v, want only %v", got, layout)
+	}
+	must(t, os.WriteFile(filepath.Join(written, "mine"), []byte("x"), 0o644))
+	for _, d := range []string{exec, raw, written} {
+		if d != raw {
+			must(t, os.Chown(d, 0, 0))
+		}
+	}
+	want := append([]string{"bin", "etc", "lib"}, layout...)
+	want = append(want, "run")
+	sort.Strings(want)
+	if got := names(t, exec); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the chroot's task directory: %v, want %v", got, want)
+	}
+	for _, d := range []string{raw, written} {
+		if _, err := os.Lstat(filepath.Join(d, "bin")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s shows the host's bin/: %v", d, err)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(exec, "bin/tool")); err != nil || !strings.Contains(string(got), "echo tool") {
+		t.Errorf("bin/tool in the chroot: %q, %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(exec, "run/resolvconf/resolv.conf")); err != nil || string(got) != "nameserver 10.0.0.1\n" {
+		t.Errorf("a file entry in the chroot: %q, %v", got, err)
+	}
+	// A host symbolic link is shown as one; the daemon never follows it.
+	if target, err := os.Readlink(filepath.Join(exec, "etc/evil")); err != nil || target != "/root/.ssh/id_rsa" {
+		t.Errorf("etc/evil: %q, %v; want the host's link as it is", target, err)
+	}
+	// An entry that is a link on the host shows what it leads to, as
+	// Nomad's own os.Stat of the source sees it.
+	if fi, err := os.Lstat(filepath.Join(exec, "lib")); err != nil || !fi.IsDir() {
+		t.Errorf("lib (a link to usr/lib on the host): %v, %v; want a directory", fi, err)
+	}
+	if _, err := os.Lstat(filepath.Join(exec, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an entry the host lacks: %v, want none", err)
+	}
+	if !mustState(t, tm.store, "a1").IsChroot("exec") {
+		t.Errorf("the record does not say exec builds a chroot")
+	}
+
+	// An allocation made through the API never shows it.
+	if _, err := tm.store.Create("api", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	web := filepath.Join(tm.dir, "api/web")
+	must(t, os.Chown(web, 0, 0))
+	if _, err := os.Lstat(filepath.Join(web, "bin")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a task of an API allocation shows the host's bin/: %v", err)
+	}
+
+	// A new mount of the same store shows it again.
+	must(t, tm.mount.Unmount())
+	m, err := NewMount(testLogger(t), tm.store, tm.dir, MountOptions{StableTimeout: tm.mount.opts.StableTimeout, ChrootEnv: tm.mount.opts.ChrootEnv})
+	must(t, err)
+	t.Cleanup(func() { m.Unmount() })
+	if got, err := os.ReadFile(filepath.Join(exec, "etc/ssl/certs/ca.pem")); err != nil || string(got) != "certificate" {
+		t.Errorf("the chroot after a new mount: %q, %v", got, err)
+	}
+}
+
+// TestMountChrootNeverWritesTheHost: every change in a chroot, by a task
+// or by Nomad, copies up into the task's layer; the host tree stays as it
+// was, byte for byte, mode and owner.
+func TestMountChrootNeverWritesTheHost(t *testing.T) {
+	h := hostTree(t)
+	before := treeSum(t, h)
+	tm := chrootMount(t, h)
+	exec := nomadTask(t, tm, "exec")
+	must(t, os.Chown(exec, 0, 0))
+	must(t, os.WriteFile(filepath.Join(exec, "bin/tool"), []byte("replaced"), 0o755))
+	must(t, os.Chmod(filepath.Join(exec, "etc/ssl"), 0o700))
+	must(t, os.Chown(filepath.Join(exec, "etc/ssl/certs"), 4321, 4321))
+	must(t, os.Remove(filepath.Join(exec, "etc/shadow")))
+	must(t, os.Rename(filepath.Join(exec, "etc/ssl/certs/ca.pem"), filepath.Join(exec, "etc/ca.pem")))
+	must(t, os.WriteFile(filepath.Join(exec, "etc/new"), []byte("new"), 0o644))
+	must(t, os.RemoveAll(filepath.Join(exec, "lib")))
+	if got, err := os.ReadFile(filepath.Join(exec, "bin/tool")); err != nil || string(got) != "replaced" {
+		t.Errorf("bin/tool after a write: %q, %v", got, err)
+	}
+	if _, err := os.Lstat(filepath.Join(exec, "etc/shadow")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("etc/shadow after its unlink: %v", err)
+	}
+	if after := treeSum(t, h); after != before {
+		t.Errorf("the host tree changed under the chroot's writes")
+	}
+	if _, err := os.Lstat(filepath.Join(tm.store.LayerPath(mustState(t, tm.store, "a1").Volumes["exec"].Upper), "bin/tool")); err != nil {
+		t.Errorf("the write did not land in the task's layer: %v", err)
+	}
+}
+
+// TestHostEntriesRefuseBadConfigs: a chroot environment that would show
+// the host's root, put one entry inside another or replace the task
+// directory is refused with the entries named; an entry the host lacks is
+// left out, as Nomad leaves it out.
+func TestHostEntriesRefuseBadConfigs(t *testing.T) {
+	h := hostTree(t)
+	for name, env := range map[string]map[string]string{
+		"the host's root":         {"/": "/host"},
+		"an entry inside another": {filepath.Join(h, "etc"): "/etc", filepath.Join(h, "bin"): "/etc/bin"},
+		"the same place twice":    {filepath.Join(h, "etc"): "/etc", filepath.Join(h, "bin"): "/etc"},
+		"the task directory":      {filepath.Join(h, "etc"): "/"},
+	} {
+		tm := newTestMount(t)
+		if _, err := NewMount(testLogger(t), tm.store, t.TempDir(), MountOptions{ChrootEnv: env}); !errors.Is(err, layer.ErrChrootEntry) {
+			t.Errorf("%s: NewMount: %v, want a refusal of the chroot entry", name, err)
+		}
+	}
+}
