@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
@@ -54,11 +53,8 @@ type chrootEnv struct {
 	entries  []layer.HostEntry
 	skeleton string // the host layer's root: <data-dir>/chroot/<hash>/root
 	empty    string // what an off host layer shows: <data-dir>/chroot/<hash>/empty
-	// dataDev is the data dir's device; devs numbers every other one
-	// an entry lies on, from 1 (identity.go, backingIno).
-	dataDev uint64
-	mu      sync.Mutex
-	devs    map[uint64]uint64
+	// devs are the devices of the entries' sources, by entry.
+	devs []uint64
 }
 
 // setupChroot resolves env (Nomad's chroot_env) and makes its skeleton
@@ -74,19 +70,18 @@ func (m *Mount) setupChroot(env map[string]string) error {
 	if err != nil {
 		return err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(m.store.DataDir(), &st); err != nil {
-		return err
+	if len(entries) > maxHostEntries {
+		return fmt.Errorf("%w: %d entries, at most %d", layer.ErrChrootEntry, len(entries), maxHostEntries)
 	}
-	c := &chrootEnv{entries: entries, dataDev: st.Dev, devs: make(map[uint64]uint64)}
+	c := &chrootEnv{entries: entries}
 	h := sha256.New()
 	for _, e := range entries {
 		fmt.Fprintf(h, "%s\x00%s\x00%t\x00", e.Dest, e.Source, e.Dir)
-		// Numbered in the order of the entries, so that a daemon taking
-		// the mount over numbers them as this one did.
-		if err := unix.Stat(e.Source, &st); err == nil {
-			c.devOf(st.Dev)
+		var st unix.Stat_t
+		if err := unix.Stat(e.Source, &st); err != nil {
+			return err
 		}
+		c.devs = append(c.devs, st.Dev)
 	}
 	name := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(m.store.ChrootDir(), name)
@@ -124,21 +119,6 @@ func (m *Mount) setupChroot(env map[string]string) error {
 	return nil
 }
 
-// devOf numbers a device other than the data dir's.
-func (c *chrootEnv) devOf(dev uint64) uint64 {
-	if dev == c.dataDev {
-		return 0
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n, ok := c.devs[dev]
-	if !ok {
-		n = uint64(len(c.devs) + 1)
-		c.devs[dev] = n
-	}
-	return n
-}
-
 // hostLayer is the host layer of task's directory in allocation id: on
 // while its record says Nomad builds a chroot there.
 func (m *Mount) hostLayer(id, task string) *layer.HostLayer {
@@ -160,25 +140,37 @@ func (m *Mount) hasHostLayer(st *store.State, key string) bool {
 	return m.chroot != nil && st.Origin == store.OriginMount && st.TaskIndex(key) >= 0
 }
 
-// foreignShift places the number of a host filesystem other than the
-// data dir's in a backing inode number, whose bits below it hold the
-// inode number there: inode numbers of two filesystems must never meet
-// in one volume, which go-fuse would take for one node.
-const foreignShift = 40
+// hostShift places the number of a host layer's entry in the inode
+// number of a host file shown below it (identity), whose bits below it
+// hold the file's inode number on its filesystem. One host file may show
+// at two places of a chroot (/lib is /usr/lib on a merged-/usr host, and
+// Nomad's chroot_env names both) and its filesystem need not be the data
+// dir's: either way it must be another node at each place, and never
+// meet a layer's file, which go-fuse would take for one node.
+const hostShift = 40
 
-// backingIno is the inode number the mount shows for the backing entry
-// st, before the view's slot is mixed in: its own on the data dir's
-// filesystem, on another (a chroot entry's host path) its number there
-// with that filesystem's in the bits from foreignShift up.
-func (m *Mount) backingIno(st *syscall.Stat_t) uint64 {
-	if m.chroot == nil {
+// maxHostEntries is how many entries the bits from hostShift up to the
+// view's slot number, the top one left for a host file of another
+// filesystem than its entry's source (a mount inside it).
+const maxHostEntries = 1<<(viewShift-hostShift-1) - 1
+
+// identity is the inode number the mount shows for the entry rel of the
+// layer at position i of stack, whose lstat is st, before the view's
+// slot is mixed in: a layer's file's own, a host file's numbered by the
+// entry it lies in (hostShift).
+func (m *Mount) identity(stack *layer.Stack, i int, rel string, st *syscall.Stat_t) uint64 {
+	if !stack.IsHost(i) {
 		return st.Ino
 	}
-	n := m.chroot.devOf(st.Dev)
+	n := stack.Host.EntryOf(rel)
 	if n == 0 {
 		return st.Ino
 	}
-	return st.Ino&(1<<foreignShift-1) | n<<foreignShift
+	ino := st.Ino&(1<<hostShift-1) | uint64(n)<<hostShift
+	if st.Dev != m.chroot.devs[n-1] {
+		ino |= 1 << (viewShift - 1)
+	}
+	return ino
 }
 
 // maybeChroot turns on the host layer of task root n when the chown in
@@ -211,28 +203,28 @@ func (m *Mount) maybeChroot(n *volNode, uid uint32) syscall.Errno {
 }
 
 // hostPaths returns where in the mount the host entry of backing inode
-// number ino (backingIno) may be: in the directory of each task of st
-// that shows the chroot environment, at the entry's place; nil when ino
-// is no host entry's. A daemon taking the mount over resolves the nodes
+// number ino (identity), shown in view, may be: in the directory of
+// the task of st the view is (taskRootView), at the entry's place; nil
+// when ino is no host entry's. A daemon taking the mount over resolves the nodes
 // the kernel holds for a chroot's files so (takeover.go).
 func (m *Mount) hostPaths(st *store.State, view, ino uint64) [][]string {
-	if m.chroot == nil || view != 0 || len(st.Chroots) == 0 {
+	if m.chroot == nil || view < taskRootView || view-taskRootView >= uint64(len(st.Tasks)) {
 		return nil
 	}
-	n, raw := ino>>foreignShift, ino&(1<<foreignShift-1)
+	task := st.Tasks[view-taskRootView].Name
+	if !st.IsChroot(task) {
+		return nil
+	}
+	n, raw := ino>>hostShift, ino&(1<<hostShift-1)
 	var p string
 	var err error
-	if n == 0 {
+	switch {
+	case n == 0:
 		p, err = openByIno(m.store.DataDir(), ino)
-	} else {
-		err = os.ErrNotExist
-		for _, e := range m.chroot.entries {
-			var st unix.Stat_t
-			if unix.Stat(e.Source, &st) == nil && m.chroot.devOf(st.Dev) == n {
-				p, err = openByIno(e.Source, raw)
-				break
-			}
-		}
+	case n <= uint64(len(m.chroot.entries)):
+		p, err = openByIno(m.chroot.entries[n-1].Source, raw)
+	default:
+		return nil
 	}
 	if err != nil {
 		return nil
@@ -241,11 +233,7 @@ func (m *Mount) hostPaths(st *store.State, view, ino uint64) [][]string {
 	if !ok {
 		return nil
 	}
-	var out [][]string
-	for _, task := range st.Chroots {
-		out = append(out, append([]string{st.ID, task}, rel...))
-	}
-	return out
+	return [][]string{append([]string{st.ID, task}, rel...)}
 }
 
 // destOf is the place in a task directory of the host path p: below an

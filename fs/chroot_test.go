@@ -118,6 +118,7 @@ func TestMountChrootOnlyWhereNomadBuildsOne(t *testing.T) {
 	h := hostTree(t)
 	tm := chrootMount(t, h)
 	exec := nomadTask(t, tm, "exec")
+	exec2 := nomadTask(t, tm, "exec2")
 	raw := nomadTask(t, tm, "raw")
 	written := nomadTask(t, tm, "written")
 	layout := []string{"alloc", "local", "private", "secrets", "tmp"}
@@ -125,10 +126,21 @@ func TestMountChrootOnlyWhereNomadBuildsOne(t *testing.T) {
 		t.Fatalf("a task directory before the chroot build: %v, want only %v", got, layout)
 	}
 	must(t, os.WriteFile(filepath.Join(written, "mine"), []byte("x"), 0o644))
-	for _, d := range []string{exec, raw, written} {
+	for _, d := range []string{exec, exec2, raw, written} {
 		if d != raw {
 			must(t, os.Chown(d, 0, 0))
 		}
+	}
+	// Two chroots of one allocation show the same host files, each its
+	// own nodes.
+	for _, d := range []string{exec, exec2} {
+		if got, err := os.ReadFile(filepath.Join(d, "bin/tool")); err != nil || !strings.Contains(string(got), "echo tool") {
+			t.Errorf("%s/bin/tool: %q, %v", d, got, err)
+		}
+		must(t, os.Chown(filepath.Join(d, "etc/ssl"), 4321, 4321))
+	}
+	if a, b := lstatT(t, filepath.Join(exec, "etc/ssl/certs")), lstatT(t, filepath.Join(exec2, "etc/ssl/certs")); a.Ino == b.Ino {
+		t.Errorf("two chroots show etc/ssl/certs with one inode number %#x", a.Ino)
 	}
 	want := append([]string{"bin", "etc", "lib"}, layout...)
 	want = append(want, "run")

@@ -27,6 +27,13 @@ import (
 // including, syntheticBit.
 const maxSlot = uint64(1)<<(63-viewShift) - 1
 
+// taskRootView is the first view of the directories of the tasks that
+// stack a host layer (chroot.go): taskRootView+i is the view of the i-th
+// task's directory, since the chroot environment's host files show in
+// every such task of an allocation, and one node of theirs must not be in
+// two of them.
+const taskRootView = 1 << 20
+
 // viewKey names one place an allocation's volumes are shown: view 0 is the
 // allocation's own alloc/ and task directories, view n its n-th task's
 // alloc/.

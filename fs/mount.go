@@ -435,13 +435,14 @@ func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
 	if v == nil {
 		return nil
 	}
-	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps, Identity: m.backingIno}
+	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
 	for _, l := range v.Lowers {
 		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
 	}
 	if m.hasHostLayer(st, key) {
 		stack.Host = m.hostLayer(st.ID, key)
 		stack.Roots = append(stack.Roots, stack.Host.Skeleton)
+		stack.Identity = func(i int, rel string, st *syscall.Stat_t) uint64 { return m.identity(stack, i, rel, st) }
 	}
 	return stack
 }

@@ -83,7 +83,7 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	if err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
-	ino := n.m.backingIno(&st)
+	ino := n.m.identity(n.ovl, layers[0], filepath.Join(n.rel(), name), &st)
 	if layers[0] == 0 {
 		l, errno := n.at(0, name)
 		if errno != 0 {

@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/allocfs/allocfs/fs/transport"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -43,13 +44,14 @@ func (s goFuseServer) Wait() error {
 
 // newHandler makes what serves the mount's requests: the node tree behind
 // go-fuse's bridge, with the write flags passed on (killpriv.go), the
-// release ordering and the counts around it.
+// attributes a SETATTR answers cached (setattrTimeout), the release
+// ordering and the counts around it.
 // A daemon of a later generation than 0 took the connection over, and
 // resolves what the kernel got from earlier ones (takeover.go); one whose
 // connection can be taken over records the outcome of namespace requests
 // (outcomes.go), for the next.
 func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) *countingFS {
-	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: killFlags{gofs.NewNodeFS(m.root, fopts)}}
+	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killFlags{gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
 		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
 		h = m.takeover
@@ -84,4 +86,22 @@ func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
 	}
 	m.passthrough.Store(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
 	return nil
+}
+
+// setattrTimeout has the kernel cache the attributes a SETATTR answers
+// for as long as those a GETATTR or a LOOKUP answers: go-fuse's bridge
+// leaves their timeout at 0, so every chmod or chown would cost the next
+// stat of the file a GETATTR. The change went through the kernel, which
+// keeps what it caches right, as for every other change.
+type setattrTimeout struct {
+	fuse.RawFileSystem
+	timeout time.Duration
+}
+
+func (s setattrTimeout) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := s.RawFileSystem.SetAttr(cancel, in, out)
+	if st == fuse.OK && out.Timeout() == 0 {
+		out.SetTimeout(s.timeout)
+	}
+	return st
 }

@@ -284,6 +284,8 @@ func volumePath(st *store.State, key string, view uint64) ([]string, bool) {
 		return append([]string{st.ID}, strings.Split(key, "/")...), true
 	case ok && view <= uint64(len(st.Tasks)):
 		return []string{st.ID, st.Tasks[view-1].Name, allocdir.SharedAllocName, shared}, true
+	case !ok && view >= taskRootView && view-taskRootView < uint64(len(st.Tasks)) && st.Tasks[view-taskRootView].Name == key:
+		return []string{st.ID, key}, true
 	}
 	return nil, false
 }

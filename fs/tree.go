@@ -155,7 +155,11 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	case placeShared:
 		return m.sharedInode(ctx, parent, st, p.view, out)
 	case placeTask:
-		return m.volumeInode(ctx, parent, st, p.key, 0, &taskNode{m: m, id: st.ID, task: p.key}, out)
+		view := uint64(0)
+		if m.hasHostLayer(st, p.key) {
+			view = taskRootView + uint64(p.task)
+		}
+		return m.volumeInode(ctx, parent, st, p.key, view, &taskNode{m: m, id: st.ID, task: p.key}, out)
 	case placeVolume:
 		return m.volumeInode(ctx, parent, st, p.key, p.view, nil, out)
 	case placeMemory:

@@ -137,6 +137,9 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 			return errno
 		}
 	}
+	if n.hostUnchanged(in, out) {
+		return 0
+	}
 	h := attrHandle(f)
 	// Whether the node's name is gone matters for a copy-up and for a
 	// change that came without a handle; a plain volume's change through
@@ -342,4 +345,43 @@ func (n *volNode) finishStatx(out *fuse.StatxOut) {
 		out.Nlink = attr.Nlink
 	}
 	out.Ino = n.StableAttr().Ino
+}
+
+// hostUnchanged reports whether SETATTR in would change nothing of the
+// node, an entry shown from the host layer of a chroot: a chmod to its
+// mode, a chown to its owner. Nomad's chroot build gives every directory
+// it re-creates its host counterpart's owner, once for each level below
+// it; copied up, each would cost a directory in the task's layer and a
+// round of copy-up work, for a change only the change time would show. So
+// such a change is answered from the host entry as it is, its ctime
+// included (chroot.go), filled into out.
+func (n *volNode) hostUnchanged(in *fuse.SetAttrIn, out *fuse.AttrOut) bool {
+	if n.ovl == nil || n.ovl.Host == nil || in.Valid&^(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER|fuse.FATTR_KILL_SUIDGID) != 0 {
+		return false
+	}
+	if !n.lowerOnly() || !n.ovl.IsHost(n.shownLayer()) {
+		return false
+	}
+	var st syscall.Stat_t
+	if err := n.ovl.Lstat(n.shownLayer(), n.rel(), &st); err != nil {
+		return false
+	}
+	if mode, ok := in.GetMode(); ok && mode&0o7777 != st.Mode&0o7777 {
+		return false
+	}
+	if uid, ok := in.GetUID(); ok && uid != st.Uid {
+		return false
+	}
+	if gid, ok := in.GetGID(); ok && gid != st.Gid {
+		return false
+	}
+	// A chown that kills: the set-id bits it would clear must be
+	// there to clear.
+	if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 && st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+		return false
+	}
+	out.FromStat(&st)
+	out.Ino = n.StableAttr().Ino
+	n.mergedNlink(n.rel(), n.nodeLayers(), &out.Attr)
+	return true
 }

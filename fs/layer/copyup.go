@@ -211,7 +211,7 @@ func (s *Stack) copyEntry(from int, rel string, dst Loc, st *syscall.Stat_t) err
 	perm := st.Mode & 07777
 	ino := st.Ino
 	if s.Identity != nil {
-		ino = s.Identity(st)
+		ino = s.Identity(from, rel, st)
 	}
 	origin := strconv.FormatUint(ino, 10)
 	src, err := s.Loc(from, rel)

@@ -156,6 +156,18 @@ func (h *HostLayer) place(rel string) (string, string, error) {
 	return h.Skeleton, rel, nil
 }
 
+// EntryOf numbers the entry rel lies at or below, from 1 in the order of
+// Entries; 0 for a path of the skeleton.
+func (h *HostLayer) EntryOf(rel string) int {
+	rel = cleanRel(rel)
+	for i, e := range h.Entries {
+		if rel == e.Dest || strings.HasPrefix(rel, e.Dest+"/") {
+			return i + 1
+		}
+	}
+	return 0
+}
+
 // where is the root, and the path beneath it, that rel in the layer at
 // position i is reached by: the layer's own root, but for a host layer.
 func (s *Stack) where(i int, rel string) (string, string, error) {

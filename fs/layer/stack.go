@@ -28,11 +28,12 @@ type Stack struct {
 	// Host, when set, makes the last layer a host layer (host.go): its
 	// root, Roots' last, is Host.Skeleton.
 	Host *HostLayer
-	// Identity, when set, is the inode number a lower entry is shown
-	// with, which its copy-up records as its origin; st.Ino when nil.
-	// The tree sets it to tell the host's filesystems apart from the
-	// data dir's.
-	Identity func(st *syscall.Stat_t) uint64
+	// Identity, when set, is the inode number the entry rel of the
+	// layer at position i, whose lstat is st, is shown with, which its
+	// copy-up records as its origin; st.Ino when nil. The tree sets it
+	// to number a host layer's entries apart from the data dir's files,
+	// and from each other.
+	Identity func(i int, rel string, st *syscall.Stat_t) uint64
 }
 
 // CopyUpObserver is told of each entry a stack copied up into its upper
