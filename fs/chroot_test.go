@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -240,6 +241,31 @@ func TestHostEntriesRefuseBadConfigs(t *testing.T) {
 		tm := newTestMount(t)
 		if _, err := NewMount(testLogger(t), tm.store, t.TempDir(), MountOptions{ChrootEnv: env}); !errors.Is(err, layer.ErrChrootEntry) {
 			t.Errorf("%s: NewMount: %v, want a refusal of the chroot entry", name, err)
+		}
+	}
+}
+
+// TestMountExecsLowerFiles: a program the mount shows from a layer below
+// the volume's own (a chroot's host file, a snapshot migration's lower
+// layer) runs; execve's open carries the kernel's FMODE_EXEC, which no
+// backing open may pass on.
+func TestMountExecsLowerFiles(t *testing.T) {
+	h := hostTree(t)
+	tm := chrootMount(t, h)
+	box := nomadTask(t, tm, "box")
+	must(t, os.Chown(box, 0, 0))
+	if out, err := exec.Command(filepath.Join(box, "bin/tool")).CombinedOutput(); err != nil || string(out) != "tool\n" {
+		t.Errorf("a host program in a chroot task: %q, %v", out, err)
+	}
+
+	prev, next := migrationFixture(t, tm)
+	must(t, os.WriteFile(filepath.Join(tm.dir, prev, "alloc/data/run.sh"), []byte("#!/bin/sh\necho migrated\n"), 0o755))
+	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
+		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
+	}
+	for _, id := range []string{prev, next} {
+		if out, err := exec.Command(filepath.Join(tm.dir, id, "alloc/data/run.sh")).CombinedOutput(); err != nil || string(out) != "migrated\n" {
+			t.Errorf("a migrated program in %s's alloc/data: %q, %v", id, out, err)
 		}
 	}
 }

@@ -18,7 +18,9 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 	if n.lowerOnly() {
 		if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) == 0 {
 			// Reading a lower file needs no copy: open it where it is.
-			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT)))
+			// The kernel's own FMODE_EXEC of an execve is no open(2)
+			// flag: openat2 refuses it.
+			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT | fuse.FMODE_EXEC)))
 			if err != nil {
 				return nil, 0, toErrno(n.m.logger, err)
 			}
