@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -268,4 +269,39 @@ func TestMountExecsLowerFiles(t *testing.T) {
 			t.Errorf("a migrated program in %s's alloc/data: %q, %v", id, out, err)
 		}
 	}
+}
+
+// TestMountRemovalKeepsLinkCounts: removing, one by one, the entries of a
+// directory shown from a lower layer (Nomad's os.RemoveAll of a chroot)
+// leaves the directory's link count right after every removal: two, and
+// one per subdirectory left.
+func TestMountRemovalKeepsLinkCounts(t *testing.T) {
+	h := hostTree(t)
+	for i := range 6 {
+		must(t, os.Mkdir(filepath.Join(h, "etc", fmt.Sprintf("d%d", i)), 0o755))
+		must(t, os.WriteFile(filepath.Join(h, "etc", fmt.Sprintf("f%d", i)), nil, 0o644))
+	}
+	tm := chrootMount(t, h)
+	box := nomadTask(t, tm, "box")
+	must(t, os.Chown(box, 0, 0))
+	etc := filepath.Join(box, "etc")
+	for _, name := range names(t, etc) {
+		if name == "ssl" {
+			must(t, os.RemoveAll(filepath.Join(etc, name)))
+		} else {
+			must(t, os.Remove(filepath.Join(etc, name)))
+		}
+		dirs := 0
+		for _, e := range names(t, etc) {
+			if fi, err := os.Lstat(filepath.Join(etc, e)); err == nil && fi.IsDir() {
+				dirs++
+			}
+		}
+		var st unix.Stat_t
+		must(t, unix.Lstat(etc, &st))
+		if int(st.Nlink) != 2+dirs {
+			t.Errorf("etc/ after removing %s: nlink %d, want %d", name, st.Nlink, 2+dirs)
+		}
+	}
+	must(t, os.Remove(etc))
 }
