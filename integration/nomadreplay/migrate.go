@@ -126,7 +126,8 @@ func (c *Client) Receive(prevID string, r io.Reader) error {
 			if err != nil {
 				return fmt.Errorf("migrate: %w", err)
 			}
-			if err := f.Chmod(mode); err == nil {
+			err = f.Chmod(mode)
+			if err == nil {
 				err = f.Chown(h.Uid, h.Gid)
 			}
 			if err == nil {
