@@ -20,7 +20,6 @@
 // FS keeps the root open O_RDONLY (fsmount's own descriptor is an O_PATH
 // one, which open_by_handle_at refuses, so a takeover could not find a
 // node again through it). The root is reached as /proc/self/fd/<fd>
-// (FS.Path), which the kernel
-// resolves to the mount's root without any mount table, and which every
-// *at system call can start from.
+// (FS.Path), which the kernel resolves to the mount's root without any
+// mount table, and which every *at system call can start from.
 package tmpfs
