@@ -258,6 +258,17 @@ func (r *replay) start(id string) nomadreplay.EmbedStats {
 	}
 	r.runChroot()
 	r.runImage()
+	// A restart of the chroot task builds its directory again: every
+	// file of the embed is found where it is, nothing linked or copied,
+	// and what the task wrote stays.
+	again, err := r.c.BuildTask(id, "box", nomadreplay.Chroot, 1000)
+	r.must(err, "BuildTask of the restarted chroot task")
+	if again.Linked != 0 || again.Copied != 0 || again.Skipped != embed.Linked+embed.Copied+embed.Skipped+embed.Symlinks {
+		t.Errorf("the chroot build of a restarted task: %+v, want every file skipped (%+v the first time)", again, embed)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "box/local/out")); err != nil || string(b) != "from-chroot\n" {
+		t.Errorf("the chroot task's local/ after its restart: %q, %v", b, err)
+	}
 	return embed
 }
 
