@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"os"
 	"path"
 	"slices"
 	"sort"
@@ -281,9 +282,17 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 			layers = append(layers, allocdir.NewBeneathFS(fd))
 			roots = append(roots, root)
 		}
+		stack := &layer.Stack{Roots: roots}
+		if f.a.mount != nil && f.a.mount.hasHostLayer(f.st, key) {
+			// A chroot task's directory shows the host's files below
+			// its own, as the mount does.
+			stack.Host = f.a.mount.hostLayer(f.st.ID, key)
+			stack.Roots = append(stack.Roots, stack.Host.Skeleton)
+			layers = append(layers, stackLayerFS{s: stack, i: len(stack.Roots) - 1})
+		}
 		vfs = layers[0]
 		if len(layers) > 1 {
-			vfs = &ovlReadFS{ovl: &layer.Stack{Roots: roots}, layers: layers}
+			vfs = &ovlReadFS{ovl: stack, layers: layers}
 		}
 		if f.volumes == nil {
 			f.volumes = make(map[string]allocdir.ReadFS)
@@ -577,6 +586,77 @@ func (o *ovlReadFS) ReadDir(name string) ([]iofs.DirEntry, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+		out = append(out, iofs.FileInfoToDirEntry(fi))
+	}
+	return out, nil
+}
+
+// stackLayerFS reads the layer at position i of a stack through the
+// stack, which knows where each path of a host layer lies (its entry's
+// source, or the skeleton): every open stays beneath that root and
+// follows no link.
+type stackLayerFS struct {
+	s *layer.Stack
+	i int
+}
+
+func (l stackLayerFS) loc(op, name string) (layer.Loc, error) {
+	if !iofs.ValidPath(name) {
+		return layer.Loc{Dir: -1}, &iofs.PathError{Op: op, Path: name, Err: iofs.ErrInvalid}
+	}
+	at, err := l.s.Loc(l.i, ovlRel(name))
+	if err != nil {
+		return layer.Loc{Dir: -1}, &iofs.PathError{Op: op, Path: name, Err: err}
+	}
+	return at, nil
+}
+
+func (l stackLayerFS) Open(name string) (iofs.File, error) {
+	at, err := l.loc("open", name)
+	if err != nil {
+		return nil, err
+	}
+	defer at.Close()
+	fd, err := at.Open(unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+func (l stackLayerFS) Lstat(name string) (iofs.FileInfo, error) {
+	var st syscall.Stat_t
+	if err := l.s.Lstat(l.i, ovlRel(name), &st); err != nil {
+		return nil, &iofs.PathError{Op: "lstat", Path: name, Err: err}
+	}
+	return allocdir.NewStatInfo(path.Base(name), &st), nil
+}
+
+func (l stackLayerFS) ReadLink(name string) (string, error) {
+	at, err := l.loc("readlink", name)
+	if err != nil {
+		return "", err
+	}
+	defer at.Close()
+	target, err := at.Readlink()
+	if err != nil {
+		return "", &iofs.PathError{Op: "readlink", Path: name, Err: err}
+	}
+	return target, nil
+}
+
+func (l stackLayerFS) ReadDir(name string) ([]iofs.DirEntry, error) {
+	entries, err := l.s.List(ovlRel(name), []int{l.i})
+	if err != nil {
+		return nil, &iofs.PathError{Op: "readdir", Path: name, Err: err}
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
+	out := make([]iofs.DirEntry, 0, len(entries))
+	for _, e := range entries {
+		fi, err := l.Lstat(path.Join(name, e.Name))
+		if err != nil {
+			continue
 		}
 		out = append(out, iofs.FileInfoToDirEntry(fi))
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -304,4 +305,59 @@ func TestMountRemovalKeepsLinkCounts(t *testing.T) {
 		}
 	}
 	must(t, os.Remove(etc))
+}
+
+// TestReadSideShowsTheChroot: the API's read side (List, Stat, ReadAt)
+// shows a chroot task's host files below its own, as the mount does, and
+// a task directory without a chroot shows none; a link in the host tree
+// that leads out of the allocation is not followed.
+func TestReadSideShowsTheChroot(t *testing.T) {
+	h := hostTree(t)
+	tm := chrootMount(t, h)
+	box := nomadTask(t, tm, "box")
+	must(t, os.Chown(box, 0, 0))
+	nomadTask(t, tm, "raw")
+	must(t, os.WriteFile(filepath.Join(box, "etc/mine"), []byte("the task's"), 0o644))
+	ad := NewAllocDir(tm.mount.logger, tm.store, tm.mount, tm.dir, "a1")
+	list := func(p string) []string {
+		t.Helper()
+		infos, err := ad.List(p)
+		must(t, err)
+		var out []string
+		for _, fi := range infos {
+			out = append(out, fi.Name)
+		}
+		sort.Strings(out)
+		return out
+	}
+	if got, want := list("box/etc"), names(t, filepath.Join(box, "etc")); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("List(box/etc): %v; the mount shows %v", got, want)
+	}
+	for _, p := range []string{"box/bin", "box/etc/ssl/certs/ca.pem", "box/run/resolvconf/resolv.conf"} {
+		if _, err := ad.Stat(p); err != nil {
+			t.Errorf("Stat(%s): %v", p, err)
+		}
+	}
+	for p, want := range map[string]string{"box/etc/ssl/certs/ca.pem": "certificate", "box/etc/mine": "the task's", "box/bin/tool": "#!/bin/sh\necho tool\n"} {
+		r, err := ad.ReadAt(p, 0)
+		if err != nil {
+			t.Errorf("ReadAt(%s): %v", p, err)
+			continue
+		}
+		b, _ := io.ReadAll(r)
+		r.Close()
+		if string(b) != want {
+			t.Errorf("ReadAt(%s): %q, want %q", p, b, want)
+		}
+	}
+	if r, err := ad.ReadAt("box/etc/evil", 0); err == nil {
+		b, _ := io.ReadAll(r)
+		r.Close()
+		t.Errorf("ReadAt of a host link leading out of the allocation: %q, want a refusal", b)
+	}
+	for _, name := range list("raw") {
+		if name == "bin" || name == "etc" {
+			t.Errorf("a task directory without a chroot lists %s", name)
+		}
+	}
 }
