@@ -18,8 +18,6 @@ import (
 	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
-	gofs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -223,9 +221,12 @@ type where struct {
 	rest     string // path inside the volume
 	// upperRoot is the host path of the volume's upper layer.
 	upperRoot string
-	mem       *memDir
-	memRest   []string
-	base      string // the path's last component
+	// memory is set for a path in a memory volume, which is never
+	// opened for reading; layerFS reads its metadata when the volume
+	// has been made, and without it the volume shows empty.
+	memory  bool
+	memRest []string
+	base    string // the path's last component
 }
 
 func (f *storeFS) locate(name string) (*where, error) {
@@ -247,7 +248,7 @@ func (f *storeFS) locate(name string) (*where, error) {
 		case placeVolume:
 			return f.volume(next.key, comps[i+1:], base)
 		case placeMemory:
-			return &where{mem: f.memRoot(f.st.Tasks[next.task], next.name), memRest: comps[i+1:], base: base}, nil
+			return f.memory(f.st.Tasks[next.task], next.name, comps[i+1:], base)
 		}
 		at = next
 	}
@@ -306,13 +307,25 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 	return &where{layerFS: vfs, rest: r, base: base, upperRoot: f.a.store.LayerPath(v.Upper)}, nil
 }
 
-// memRoot returns the live memory directory of a task, or nil when there
-// is no mount (then it shows as an empty directory).
-func (f *storeFS) memRoot(task allocdir.Task, name string) *memDir {
+// memory says where a path in a task's memory volume is: in the volume
+// the mount made, read beneath a descriptor of it, or in one not made
+// yet, an empty directory (as also without a mount).
+func (f *storeFS) memory(task allocdir.Task, name string, rest []string, base string) (*where, error) {
+	w := &where{memory: true, memRest: rest, base: base}
 	if f.a.mount == nil {
-		return nil
+		return w, nil
 	}
-	return f.a.mount.existingMemRoot(f.st.ID, task.Name, name)
+	fd, err := f.a.mount.memoryRoot(f.st.ID, task.Name, name)
+	if err != nil || fd < 0 {
+		return w, err
+	}
+	f.fds = append(f.fds, fd)
+	w.layerFS = allocdir.NewBeneathFS(fd)
+	w.rest = path.Join(rest...)
+	if w.rest == "" {
+		w.rest = "."
+	}
+	return w, nil
 }
 
 func (f *storeFS) skeletonInfo(name string, mode iofs.FileMode) iofs.FileInfo {
@@ -325,7 +338,7 @@ func (f *storeFS) Open(name string) (iofs.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if w.layerFS == nil {
+	if w.layerFS == nil || w.memory {
 		return nil, &iofs.PathError{Op: "open", Path: name, Err: syscall.EACCES}
 	}
 	return w.layerFS.Open(w.rest)
@@ -376,7 +389,8 @@ func (f *storeFS) ReadDir(name string) ([]iofs.DirEntry, error) {
 		}
 		return out, nil
 	}
-	return memReadDir(w)
+	_, err = memEmpty(w)
+	return nil, err
 }
 
 // Lstat implements iofs.ReadLinkFS.
@@ -402,7 +416,7 @@ func (f *storeFS) Lstat(name string) (iofs.FileInfo, error) {
 		}
 		return f.skeletonInfo(w.base, mode), nil
 	}
-	return memLstat(w)
+	return memEmpty(w)
 }
 
 // ReadLink implements iofs.ReadLinkFS.
@@ -414,14 +428,6 @@ func (f *storeFS) ReadLink(name string) (string, error) {
 	switch {
 	case w.layerFS != nil:
 		return w.layerFS.ReadLink(w.rest)
-	case w.mem != nil:
-		n, err := memWalk(w)
-		if err != nil {
-			return "", err
-		}
-		if l, ok := n.Operations().(*memLink); ok {
-			return string(l.readlink()), nil
-		}
 	}
 	return "", &iofs.PathError{Op: "readlink", Path: name, Err: iofs.ErrInvalid}
 }
@@ -449,67 +455,12 @@ type renamedInfo struct {
 
 func (r renamedInfo) Name() string { return r.name }
 
-// memWalk finds the memory node a path names.
-func memWalk(w *where) (*gofs.Inode, error) {
-	if w.mem == nil {
-		if len(w.memRest) == 0 {
-			return nil, nil
-		}
+// memEmpty answers for a memory volume not made yet: an empty directory.
+func memEmpty(w *where) (iofs.FileInfo, error) {
+	if len(w.memRest) > 0 {
 		return nil, &iofs.PathError{Op: "lookup", Path: strings.Join(w.memRest, "/"), Err: iofs.ErrNotExist}
 	}
-	n := w.mem.EmbeddedInode()
-	for _, c := range w.memRest {
-		n = n.GetChild(c)
-		if n == nil {
-			return nil, &iofs.PathError{Op: "lookup", Path: strings.Join(w.memRest, "/"), Err: iofs.ErrNotExist}
-		}
-	}
-	return n, nil
-}
-
-func memInfo(name string, n *gofs.Inode) iofs.FileInfo {
-	var out fuse.AttrOut
-	if g, ok := n.Operations().(gofs.NodeGetattrer); ok {
-		g.Getattr(context.Background(), nil, &out)
-	}
-	return &synthInfo{
-		name:  name,
-		mode:  allocdir.UnixMode(out.Mode),
-		mtime: time.Unix(int64(out.Mtime), int64(out.Mtimensec)),
-		size:  int64(out.Size),
-	}
-}
-
-func memLstat(w *where) (iofs.FileInfo, error) {
-	n, err := memWalk(w)
-	if err != nil {
-		return nil, err
-	}
-	if n == nil {
-		return &synthInfo{name: w.base, mode: iofs.ModeDir | 0o777}, nil
-	}
-	return memInfo(w.base, n), nil
-}
-
-func memReadDir(w *where) ([]iofs.DirEntry, error) {
-	n, err := memWalk(w)
-	if err != nil || n == nil {
-		return nil, err
-	}
-	if !n.IsDir() {
-		return nil, &iofs.PathError{Op: "readdir", Path: w.base, Err: syscall.ENOTDIR}
-	}
-	children := n.Children()
-	names := make([]string, 0, len(children))
-	for name := range children {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	out := make([]iofs.DirEntry, 0, len(names))
-	for _, name := range names {
-		out = append(out, iofs.FileInfoToDirEntry(memInfo(name, children[name])))
-	}
-	return out, nil
+	return &synthInfo{name: w.base, mode: iofs.ModeDir | 0o777}, nil
 }
 
 // ovlReadFS is the read side's view of a volume with lower layers: the

@@ -185,8 +185,10 @@ func (n *volNode) backingMknod(ctx context.Context, name string, mode, rdev uint
 	if err := l.Mknod(mode&^0o7000, int(rdev)); err != nil {
 		return nil, toErrno(n.m.logger, err)
 	}
-	if mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 {
+	if mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 && n.st.Held == nil {
 		// The task's own device 0/0, never to be taken for a whiteout.
+		// A memory volume is never stacked on, and its tmpfs would
+		// charge the mark to the task's entry cap.
 		if err := layer.MarkRealDevice(l); err != nil {
 			n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
 			n.unmake(l)

@@ -61,6 +61,15 @@ type MountOptions struct {
 	// in shows them, read-only, below its own layer (chroot.go); nil or
 	// empty shows none.
 	ChrootEnv map[string]string
+	// Memory, when set, keeps the memory volumes' descriptors while no
+	// daemon runs (memvol.go); without one they end with this process.
+	Memory MemoryKeeper
+	// HeldMemory are the descriptors of memory volumes that Memory kept
+	// for the previous daemon, by key; the mount takes them.
+	HeldMemory map[string]int
+	// MemoryInodes, when set, gives the entry cap of a memory volume of
+	// a byte cap instead of defaultMemInodes.
+	MemoryInodes func(size int64) int64
 	// interpose, when set, wraps the request handler: tests use it to
 	// hold or delay a request as a busy or starved daemon thread would.
 	interpose func(fuse.RawFileSystem) fuse.RawFileSystem
@@ -100,7 +109,8 @@ type Mount struct {
 	// agent owns allocation roots; shared owns alloc/ and task dirs
 	// (nobody when root, the agent otherwise). Both are fixed at mount.
 	agent, shared fuseOwner
-	mem           memRoots
+	mem           memVolumes
+	noSwapOnce    sync.Once
 	slots         slots
 	// links finds the names of hard-linked lower files for copy-up;
 	// ctimes hides copy-ups from change times.
@@ -158,7 +168,6 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		dir:     dir,
 		opts:    opts,
 		started: time.Now(),
-		mem:     memRoots{roots: make(map[string]*memDir)},
 		roots:   layer.NewRootCache(rootCacheSize),
 	}
 	m.deferred.ids = make(map[string]int)
@@ -176,6 +185,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		return nil, fmt.Errorf("the process umask is %04o: a FUSE server must run with umask 0, or new files get the umask twice (the kernel applied the caller's); call syscall.Umask(0) first", u)
 	}
 
+	m.startMemory(opts.HeldMemory)
 	if err := m.setupChroot(opts.ChrootEnv); err != nil {
 		return nil, fmt.Errorf("failed to set up the chroot environment: %w", err)
 	}
@@ -394,6 +404,11 @@ func (m *Mount) invalidateVolumes(id string, st *store.State) {
 			case *sharedNode:
 				walk(ch)
 			case *volNode:
+				if n.mem != nil {
+					// A memory volume is no record's: it goes with
+					// the allocation or task (dropMemory).
+					continue
+				}
 				if n.task != nil {
 					walk(ch)
 				}
@@ -517,7 +532,7 @@ func (m *Mount) Unmount() error {
 		// Notifications still being sent fail now that the connection
 		// is gone.
 		m.deferred.wg.Wait()
-		m.unmountErr = errors.Join(werr, m.roots.Close(), m.dropTakeoverState())
+		m.unmountErr = errors.Join(werr, m.roots.Close(), m.closeMemory(), m.dropTakeoverState())
 	})
 	return m.unmountErr
 }

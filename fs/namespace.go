@@ -485,8 +485,12 @@ func (t *taskNode) rmdir(name string) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	case placeMemory:
-		if d := t.m.existingMemRoot(t.id, t.task, name); d != nil && len(d.Children()) > 0 {
-			return syscall.ENOTEMPTY
+		if v := t.m.existingMemVolume(t.id, t.task, name); v != nil {
+			if empty, err := v.empty(); err != nil {
+				return toErrno(t.m.logger, err)
+			} else if !empty {
+				return syscall.ENOTEMPTY
+			}
 		}
 	default:
 		return syscall.ENOENT

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,26 +198,6 @@ func (m *Mount) Park(timeout time.Duration) error {
 	return s.conn.Park(timeout)
 }
 
-// MemoryInUse names the memory volumes (<alloc>/<task>/secrets or
-// private) that hold anything: their content lives in this process, and
-// a daemon taking the mount over starts them empty.
-func (m *Mount) MemoryInUse() []string {
-	m.mem.mu.Lock()
-	defer m.mem.mu.Unlock()
-	var names []string
-	for key, d := range m.mem.roots {
-		v := d.v
-		v.mu.Lock()
-		used := v.used > 0 || v.freeEntry < (v.inodes-1)*memEntrySpace
-		v.mu.Unlock()
-		if used {
-			names = append(names, key)
-		}
-	}
-	sort.Strings(names)
-	return names
-}
-
 // adoption is what NewMount needs to serve a connection it did not mount.
 type adoption struct {
 	fd      int
@@ -243,6 +222,9 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 	st, err := m.store.View(k.alloc)
 	if err != nil {
 		return nil, syscall.ESTALE
+	}
+	if i, name, ok := memoryPlace(k.view); ok {
+		return m.memoryPaths(st, i, name, ino)
 	}
 	layerID, rel, err := m.backingPath(st, ino)
 	if err != nil {
@@ -307,11 +289,6 @@ func (m *Mount) skeletonPath(id uint64) ([]string, bool) {
 		for i, t := range st.Tasks {
 			if syntheticIno("shared", allocID, strconv.Itoa(i+1)) == id {
 				return []string{allocID, t.Name, allocdir.SharedAllocName}, true
-			}
-			for _, name := range []string{allocdir.TaskSecrets, allocdir.TaskPrivate} {
-				if syntheticIno("mem", allocID+"/"+t.Name+"/"+name) == id {
-					return []string{allocID, t.Name, name}, true
-				}
 			}
 		}
 	}

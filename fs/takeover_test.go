@@ -49,10 +49,58 @@ func (h *holdLookups) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name strin
 	return st
 }
 
+// sockKeeper keeps memory volumes as the holder does, in another
+// process: each Keep sends the key with a copy of the descriptor over a
+// unix socket, and Drop sends "drop <key>".
+type sockKeeper int
+
+func (k sockKeeper) Keep(key string, fd int) error {
+	return unix.Sendmsg(int(k), []byte(key), unix.UnixRights(fd), nil, 0)
+}
+
+func (k sockKeeper) Drop(key string) error {
+	return unix.Sendmsg(int(k), []byte("drop "+key), nil, nil, 0)
+}
+
+// receiveKept reads what a sockKeeper sent on sock without waiting:
+// the descriptors it keeps, by key.
+func receiveKept(t *testing.T, sock int) map[string]int {
+	t.Helper()
+	kept := make(map[string]int)
+	for {
+		buf, oob := make([]byte, 512), make([]byte, unix.CmsgSpace(4))
+		n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_DONTWAIT)
+		if err == unix.EAGAIN {
+			return kept
+		}
+		if err != nil {
+			t.Fatalf("receiving kept memory volumes: %v", err)
+		}
+		key := string(buf[:n])
+		if k, ok := strings.CutPrefix(key, "drop "); ok {
+			if fd, ok := kept[k]; ok {
+				unix.Close(fd)
+				delete(kept, k)
+			}
+			continue
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil || len(msgs) != 1 {
+			t.Fatalf("a kept memory volume %q came without its descriptor: %v", key, err)
+		}
+		fds, err := unix.ParseUnixRights(&msgs[0])
+		if err != nil || len(fds) != 1 {
+			t.Fatalf("a kept memory volume %q came without its descriptor: %v", key, err)
+		}
+		kept[key] = fds[0]
+	}
+}
+
 // TestTakeoverHelper is not a test: run as a child process by
 // TestAdoptMountAfterKill, it serves the data dir at the mount point its
 // environment names, sends its /dev/fuse descriptor over the unix socket
-// it has as fd 3, and holds every lookup of "held" until it is killed.
+// it has as fd 3 and its memory volumes' over fd 4, and holds every
+// lookup of "held" until it is killed.
 func TestTakeoverHelper(t *testing.T) {
 	env := os.Getenv(takeoverHelperEnv)
 	if env == "" {
@@ -68,6 +116,7 @@ func TestTakeoverHelper(t *testing.T) {
 	opts := DefaultMountOptions()
 	opts.IOUring = false
 	opts.interpose = func(h fuse.RawFileSystem) fuse.RawFileSystem { return &holdLookups{RawFileSystem: h, fd: sock} }
+	opts.Memory = sockKeeper(sock + 1)
 	m, err := NewMount(logger, s, mnt, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -120,15 +169,22 @@ func TestAdoptMountAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(pair[0])
+	memPair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(memPair[0])
+	memSock := os.NewFile(uintptr(memPair[1]), "helper's keeper socket")
 	childSock := os.NewFile(uintptr(pair[1]), "helper socket")
 	helper := exec.Command(os.Args[0], "-test.run=^TestTakeoverHelper$")
 	helper.Env = append(os.Environ(), takeoverHelperEnv+"="+dataDir+" "+mnt)
-	helper.ExtraFiles = []*os.File{childSock}
+	helper.ExtraFiles = []*os.File{childSock, memSock}
 	helper.Stderr = os.Stderr
 	if err := helper.Start(); err != nil {
 		t.Fatal(err)
 	}
 	childSock.Close()
+	memSock.Close()
 	t.Cleanup(func() {
 		helper.Process.Kill()
 		helper.Wait()
@@ -178,6 +234,24 @@ func TestAdoptMountAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shell.Process.Kill()
+	// A task's secret, and a descriptor of another held open.
+	secret := filepath.Join(mnt, "a1/web/secrets/token")
+	if err := os.WriteFile(secret, []byte("s3cr3t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	openSecret, err := os.OpenFile(filepath.Join(mnt, "a1/web/secrets/open"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer openSecret.Close()
+	io.WriteString(openSecret, "before\n")
+	if err := os.WriteFile(filepath.Join(mnt, "a1/web/private/key"), []byte("k"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kept := receiveKept(t, memPair[0])
+	if len(kept) != 2 {
+		t.Fatalf("the keeper got %v, want web's secrets and private", kept)
+	}
 	held := make(chan error, 1)
 	var heldSt unix.Stat_t
 	go func() { held <- unix.Stat(filepath.Join(mnt, "a1/alloc/data/held"), &heldSt) }()
@@ -195,7 +269,9 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	helper.Wait()
 
 	s := openTestStore(t, dataDir, store.Options{})
-	m, err := AdoptMount(testLogger(t), s, fds[0], DefaultMountOptions())
+	opts := DefaultMountOptions()
+	opts.HeldMemory = kept
+	m, err := AdoptMount(testLogger(t), s, fds[0], opts)
 	if err != nil {
 		t.Fatalf("AdoptMount: %v", err)
 	}
@@ -270,18 +346,22 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	if b, err := os.ReadFile(moved); err != nil || string(b) != "before\nafter\nmoved\n" {
 		t.Errorf("the renamed log file: %q, %v", b, err)
 	}
-	// A memory volume's nodes are numbered in a range of this daemon's
-	// own: no number the dead one handed out can name one of them.
-	secret := filepath.Join(mnt, "a1/web/secrets/token")
-	if err := os.WriteFile(secret, []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
+	// The memory volumes outlived the daemon: the secrets are there, the
+	// open descriptor reads and writes.
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "s3cr3t" {
+		t.Errorf("the secret after the takeover: %q, %v", b, err)
 	}
-	var sst unix.Stat_t
-	if err := unix.Stat(secret, &sst); err != nil {
-		t.Fatal(err)
+	if _, err := io.WriteString(openSecret, "after\n"); err != nil {
+		t.Errorf("a write to a secret opened before the kill: %v", err)
 	}
-	if gen := (sst.Ino &^ syntheticBit) >> 40; gen != 1 {
-		t.Errorf("a memory file made after the takeover has inode %#x, of generation %d's range; want 1's", sst.Ino, gen)
+	if b, err := os.ReadFile(openSecret.Name()); err != nil || string(b) != "before\nafter\n" {
+		t.Errorf("the open secret after the takeover: %q, %v", b, err)
+	}
+	if fi, err := openSecret.Stat(); err != nil || fi.Size() != int64(len("before\nafter\n")) {
+		t.Errorf("fstat of a secret opened before the kill: %v, %v", fi, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "a1/web/private/key")); err != nil || string(b) != "k" {
+		t.Errorf("the private file after the takeover: %q, %v", b, err)
 	}
 	if n := m.takeover.resolved.Load(); n == 0 {
 		t.Errorf("no inherited node was resolved")

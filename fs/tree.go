@@ -3,8 +3,6 @@ package fs
 import (
 	"context"
 	"hash/fnv"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -163,11 +161,7 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	case placeVolume:
 		return m.volumeInode(ctx, parent, st, p.key, p.view, nil, out)
 	case placeMemory:
-		d := m.memRoot(ctx, parent, st.ID, st.Tasks[p.task], p.name)
-		var attrOut fuse.AttrOut
-		d.Getattr(ctx, nil, &attrOut)
-		out.Attr = attrOut.Attr
-		return d.EmbeddedInode(), 0
+		return m.memoryInode(ctx, parent, st, p.task, p.name, out)
 	}
 	return nil, syscall.ENOENT
 }
@@ -256,96 +250,6 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 		return nil, syscall.ENOENT
 	}
 	return t.m.layoutInode(ctx, parent, st, layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name), out)
-}
-
-// memRoots holds the memory-only directories of every task: they live as
-// long as the daemon (or until the allocation is destroyed), like a tmpfs
-// lives as long as the machine.
-type memRoots struct {
-	mu    sync.Mutex
-	roots map[string]*memDir // key: allocID/task/name
-	// inodes gives the entry cap of a volume of a byte cap; nil means
-	// defaultMemInodes. Tests set it before the first lookup.
-	inodes func(size int64) int64
-}
-
-// memRoot returns the memory-only directory name (secrets or private) of a
-// task, creating it on first use.
-func (m *Mount) memRoot(ctx context.Context, parent *gofs.Inode, allocID string, task allocdir.Task, name string) *memDir {
-	key := allocID + "/" + task.Name + "/" + name
-	m.mem.mu.Lock()
-	defer m.mem.mu.Unlock()
-	if d, ok := m.mem.roots[key]; ok {
-		return d
-	}
-	limit := task.SecretsBytes()
-	if name == allocdir.TaskPrivate {
-		limit = task.PrivateBytes()
-	}
-	attr := memAttr{mtime: m.started, atime: m.started, ctime: m.started}
-	o, mode, err := allocdir.SecretsOwner(task)
-	if err != nil {
-		// Fail closed: without its user, the directory is the agent's
-		// alone rather than nobody's.
-		m.logger.Error("task user not found; its secrets are the agent's only", "alloc_id", allocID, "task", task.Name, "user", task.User, "error", err)
-		o, mode = nil, 0o700
-	}
-	attr.mode = syscall.S_IFDIR | uint32(mode.Perm())
-	attr.uid, attr.gid = m.agent.uid, m.agent.gid
-	if o != nil {
-		attr.uid, attr.gid = uint32(o.UID), uint32(o.GID)
-	}
-	inodes := defaultMemInodes(limit)
-	if m.mem.inodes != nil {
-		inodes = m.mem.inodes(limit)
-	}
-	v := newMemVolume(limit, inodes)
-	// The root is an entry too, as a tmpfs's root takes one of its
-	// nr_inodes; a fresh volume always has room for it.
-	v.charge(0, memEntrySpace)
-	d := newMemDir(v, attr)
-	parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: syntheticIno("mem", key)})
-	m.mem.roots[key] = d
-	return d
-}
-
-// dropMem frees the memory-only directories of an allocation: forgetting
-// them is not enough, as go-fuse's tree, and the kernel, still hold their
-// nodes.
-func (m *Mount) dropMem(allocID string) {
-	var dropped []*memDir
-	m.mem.mu.Lock()
-	for key, d := range m.mem.roots {
-		if strings.HasPrefix(key, allocID+"/") {
-			delete(m.mem.roots, key)
-			dropped = append(dropped, d)
-		}
-	}
-	m.mem.mu.Unlock()
-	for _, d := range dropped {
-		dropMemVolume(d)
-	}
-}
-
-// dropMemRoot frees the memory-only directory name of a task, removed
-// through the mount.
-func (m *Mount) dropMemRoot(allocID, task, name string) {
-	key := allocID + "/" + task + "/" + name
-	m.mem.mu.Lock()
-	d := m.mem.roots[key]
-	delete(m.mem.roots, key)
-	m.mem.mu.Unlock()
-	if d != nil {
-		dropMemVolume(d)
-	}
-}
-
-// existingMemRoot returns a task's memory-only directory if it has been
-// created (by a lookup through the mount), or nil.
-func (m *Mount) existingMemRoot(allocID, task, name string) *memDir {
-	m.mem.mu.Lock()
-	defer m.mem.mu.Unlock()
-	return m.mem.roots[allocID+"/"+task+"/"+name]
 }
 
 // statfs reports the backing store's real numbers, so that df on the

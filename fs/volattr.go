@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"strings"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
@@ -287,7 +288,18 @@ func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.E
 		return 0, errno
 	}
 	defer l.Close()
-	sz, err := layer.ListShownXattrs(l, dest)
+	// The kernel lists trusted.* to CAP_SYS_ADMIN only; the daemon,
+	// which has it, answers for a caller that may not.
+	checked, admin := false, false
+	sz, err := layer.ListShownXattrs(l, dest, func(name string) bool {
+		if !strings.HasPrefix(name, "trusted.") {
+			return false
+		}
+		if !checked {
+			checked, admin = true, callerHasCap(ctx, capSysAdmin)
+		}
+		return !admin
+	})
 	if err != nil {
 		return 0, toErrno(n.m.logger, err)
 	}

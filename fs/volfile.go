@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -40,6 +41,11 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		}
 	}
 	lf, errno := n.backingOpen(0, flags)
+	if errno == syscall.ENOENT {
+		// A file whose last name is gone, opened again through
+		// /proc/<pid>/fd: its open handles still reach it.
+		lf, errno = n.reopenUnlinked(flags)
+	}
 	if errno != 0 {
 		return nil, 0, errno
 	}
@@ -137,6 +143,25 @@ func (n *volNode) openFile() gofs.FileHandle {
 		return lf
 	}
 	return nil
+}
+
+// reopenUnlinked opens the node's file through one of its open handles,
+// for a node whose name is gone; ENOENT when it has none.
+func (n *volNode) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
+	h := n.openFile()
+	if h == nil {
+		return nil, syscall.ENOENT
+	}
+	fd, ok := handleFd(h)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	flags &^= syscall.O_APPEND | syscall.O_CREAT | syscall.O_EXCL | syscall.O_NOFOLLOW | fuse.FMODE_EXEC
+	nfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), int(flags)|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, toErrno(n.m.logger, err)
+	}
+	return gofs.NewLoopbackFile(nfd).(*gofs.LoopbackFile), 0
 }
 
 // trackedFile is a loopback handle served without passthrough wrapping

@@ -75,6 +75,8 @@ type volNode struct {
 	// of the record compares it with (Mount.invalidateVolumes).
 	key  string
 	view uint64
+	// mem is set on a memory volume's root (memvol.go).
+	mem *memVolume
 }
 
 // volumeInode returns the root node of the volume at key ("alloc/data",

@@ -182,6 +182,9 @@ func (s *Stack) where(i int, rel string) (string, string, error) {
 // host layer's source), from the stack's cache when it has one, and the
 // function that gives it back.
 func (s *Stack) rootAt(root string) (int, func(), error) {
+	if s.Held != nil && root == s.Roots[0] {
+		return s.Held.Root()
+	}
 	if s.Cache != nil {
 		return s.Cache.open(root)
 	}

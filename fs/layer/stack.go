@@ -34,6 +34,18 @@ type Stack struct {
 	// to number a host layer's entries apart from the data dir's files,
 	// and from each other.
 	Identity func(i int, rel string, st *syscall.Stat_t) uint64
+	// Held, when set, gives the descriptor of the upper layer's root,
+	// Roots[0] being then only its name: a detached mount (a memory
+	// volume's tmpfs) has no path, and the /proc/self/fd name of its
+	// descriptor would name another file once that is closed.
+	Held HeldRoot
+}
+
+// HeldRoot gives a root that is reached by descriptor only.
+type HeldRoot interface {
+	// Root returns a descriptor of the root, valid until release is
+	// called, or an error once the root is gone.
+	Root() (fd int, release func(), err error)
 }
 
 // CopyUpObserver is told of each entry a stack copied up into its upper

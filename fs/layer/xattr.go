@@ -44,15 +44,15 @@ func FormatXattr(stored string) bool {
 
 // ListShownXattrs answers listxattr(2) for the backing entry l: the names
 // a task may see, NUL-terminated, into dest, or the size needed when dest
-// is empty.
-func ListShownXattrs(l Loc, dest []byte) (uint32, error) {
+// is empty; hide, when set, leaves out the names it reports.
+func ListShownXattrs(l Loc, dest []byte, hide func(shown string) bool) (uint32, error) {
 	names, err := ListXattrs(l)
 	if err != nil {
 		return 0, err
 	}
 	var out []byte
 	for _, n := range names {
-		if shown, ok := ShownXattr(n); ok {
+		if shown, ok := ShownXattr(n); ok && (hide == nil || !hide(shown)) {
 			out = append(append(out, shown...), 0)
 		}
 	}

@@ -460,10 +460,36 @@ var memPosixCases = map[string]func(t *testing.T, dir string) *transcript{
 	},
 }
 
-// TestMemVolumeUnlinkedFileKeepsItsCharge checks, on allocfs alone, what
-// statfs cannot show exactly (names count against allocfs's byte cap):
-// a file unlinked while open keeps its pages charged, and its entry,
-// until its last close, and they all come back then.
+// pageSize is tmpfs's page.
+const pageSize = 4096
+
+// memUsed is what statfs of a memory volume says is used: bytes and
+// entries (the root's not counted).
+func memUsed(t *testing.T, dir string) (bytes int64, entries int64) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, int64(st.Files-st.Ffree) - 1
+}
+
+// waitMemUsed waits (without asserting how long) until statfs of dir
+// shows bytes used, for a release the kernel sends after close returns.
+func waitMemUsed(t *testing.T, dir string, bytes int64) (int64, int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, e := memUsed(t, dir)
+		if b == bytes || time.Now().After(deadline) {
+			return b, e
+		}
+	}
+}
+
+// TestMemVolumeUnlinkedFileKeepsItsCharge: a file unlinked while open
+// keeps its pages and its entry until its last close, and they all come
+// back then, as on tmpfs: the daemon holds no descriptor of it past the
+// task's.
 func TestMemVolumeUnlinkedFileKeepsItsCharge(t *testing.T) {
 	tm := newTestMount(t)
 	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
@@ -475,37 +501,27 @@ func TestMemVolumeUnlinkedFileKeepsItsCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.Write(make([]byte, 3*memPageSize)); err != nil {
+	if _, err := f.Write(make([]byte, 3*pageSize)); err != nil {
 		t.Fatal(err)
 	}
-	v := tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets).v
-	budget := func() (used, freeEntry int64) {
-		v.mu.Lock()
-		defer v.mu.Unlock()
-		return v.used, v.freeEntry
-	}
-	emptyEntries := (v.inodes - 1) * memEntrySpace
-	if used, free := budget(); used != 3*memPageSize+1 || free != emptyEntries-memEntrySpace {
-		t.Fatalf("budget with the file: %d bytes used, %d of the entry budget free; want %d and %d", used, free, 3*memPageSize+1, emptyEntries-memEntrySpace)
+	if b, e := memUsed(t, dir); b != 3*pageSize || e != 1 {
+		t.Fatalf("with the file: %d bytes and %d entries used; want %d and 1", b, e, 3*pageSize)
 	}
 	if err := os.Remove(filepath.Join(dir, "f")); err != nil {
 		t.Fatal(err)
 	}
-	// The name goes at once; the pages and the entry stay.
-	if used, free := budget(); used != 3*memPageSize || free != emptyEntries-memEntrySpace {
-		t.Errorf("budget after the unlink: %d bytes used, %d of the entry budget free; want %d and %d", used, free, 3*memPageSize, emptyEntries-memEntrySpace)
+	if b, e := memUsed(t, dir); b != 3*pageSize || e != 1 {
+		t.Errorf("after the unlink: %d bytes and %d entries used; want %d and 1", b, e, 3*pageSize)
+	}
+	buf := make([]byte, 3*pageSize)
+	if n, err := f.ReadAt(buf, 0); err != nil || n != len(buf) {
+		t.Errorf("read of the unlinked file: %d bytes, %v", n, err)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// The kernel sends the release after close returns.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if used, _ := budget(); used == 0 {
-			break
-		}
-	}
-	if used, free := budget(); used != 0 || free != emptyEntries {
-		t.Errorf("budget after the last close: %d bytes used, %d of the entry budget free; want 0 and %d", used, free, emptyEntries)
+	if b, e := waitMemUsed(t, dir, 0); b != 0 || e != 0 {
+		t.Errorf("after the last close: %d bytes and %d entries used; want none", b, e)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "f")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("lstat of the unlinked name: got %v, want not-exist", err)
@@ -525,10 +541,10 @@ func (l *lateReleases) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	l.RawFileSystem.Release(cancel, in)
 }
 
-// TestMemVolumeFreesAFileClosedBeforeItsUnlink checks that "close,
-// unlink" frees a memory file by the time unlink returns, as tmpfs does,
-// even when the close's RELEASE reaches the daemon after the UNLINK; and
-// that a file still open through a dup'd descriptor keeps its charge.
+// TestMemVolumeFreesAFileClosedBeforeItsUnlink: "close, unlink" frees a
+// memory file once the close's RELEASE is in, even when it reaches the
+// daemon after the UNLINK; a file still open through another descriptor
+// keeps its pages.
 func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
 	tm := newTestMountTuned(t, store.Options{}, func(o *MountOptions) {
 		o.interpose = func(h fuse.RawFileSystem) fuse.RawFileSystem {
@@ -539,20 +555,14 @@ func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")
-	if err := os.WriteFile(filepath.Join(dir, "closed"), make([]byte, 3*memPageSize), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "closed"), make([]byte, 3*pageSize), 0o600); err != nil {
 		t.Fatal(err)
-	}
-	v := tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets).v
-	used := func() int64 {
-		v.mu.Lock()
-		defer v.mu.Unlock()
-		return v.used
 	}
 	if err := os.Remove(filepath.Join(dir, "closed")); err != nil {
 		t.Fatal(err)
 	}
-	if got := used(); got != 0 {
-		t.Errorf("after close and unlink: %d bytes used, want 0", got)
+	if b, e := waitMemUsed(t, dir, 0); b != 0 || e != 0 {
+		t.Errorf("after close and unlink: %d bytes and %d entries used, want none", b, e)
 	}
 
 	f, err := os.Create(filepath.Join(dir, "kept"))
@@ -560,7 +570,7 @@ func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.Write(make([]byte, memPageSize)); err != nil {
+	if _, err := f.Write(make([]byte, pageSize)); err != nil {
 		t.Fatal(err)
 	}
 	dup, err := unix.Dup(int(f.Fd()))
@@ -574,11 +584,12 @@ func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "kept")); err != nil {
 		t.Fatal(err)
 	}
-	if got := used(); got != memPageSize {
-		t.Errorf("after unlink of a file still open: %d bytes used, want %d", got, memPageSize)
+	time.Sleep(100 * time.Millisecond)
+	if b, _ := memUsed(t, dir); b != pageSize {
+		t.Errorf("after unlink of a file still open: %d bytes used, want %d", b, pageSize)
 	}
-	buf := make([]byte, memPageSize)
-	if n, err := f.ReadAt(buf, 0); err != nil || n != memPageSize {
+	buf := make([]byte, pageSize)
+	if n, err := f.ReadAt(buf, 0); err != nil || n != pageSize {
 		t.Errorf("read of the unlinked file: %d bytes, %v", n, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -70,10 +70,9 @@ type memBackend struct {
 func memBackends(t *testing.T) []memBackend {
 	t.Helper()
 	requireRoot(t, "mounting the reference tmpfs")
-	tm := newTestMount(t)
-	tm.mount.mem.mu.Lock()
-	tm.mount.mem.inodes = func(int64) int64 { return memTestInodes }
-	tm.mount.mem.mu.Unlock()
+	tm := newTestMountTuned(t, store.Options{}, func(o *MountOptions) {
+		o.MemoryInodes = func(int64) int64 { return memTestInodes }
+	})
 	next := 0
 	return []memBackend{
 		{name: "tmpfs", fresh: func(t *testing.T) string { return mountTmpfs(t, memTestSize, memTestInodes) }},
@@ -353,14 +352,62 @@ var memCases = map[string]func(t *testing.T, dir string) *transcript{
 	},
 }
 
+// memKnownDiff is a line where a memory volume still differs from tmpfs.
+type memKnownDiff struct {
+	tmpfs, allocfs, why string
+	// sometimes is set for a difference that depends on when the kernel
+	// sends a request.
+	sometimes bool
+}
+
+// memKnownDiffs are the known differences by case. Each is the FUSE
+// layer's, which disk volumes share; none loses data. A case whose
+// allocfs line stops showing fails (unless it shows only sometimes), so
+// that the entry goes once fixed.
+var memKnownDiffs = map[string][]memKnownDiff{
+	"SizesPastTheCap": {{
+		"truncate to the same size -> ok [f - nlink=1]",
+		"truncate to the same size -> ok [f mc nlink=1]",
+		"the kernel sends truncate(2) to a FUSE server with FATTR_MTIME_NOW (fuse_do_setattr), which the daemon applies; tmpfs alone leaves the times of a truncate that keeps the size",
+		false,
+	}},
+	"HardLinks": {{
+		"unlink p2 -> ok\nstatfs -> ok files=100 ffree=97",
+		"unlink p2 -> ok\nstatfs -> ok files=100 ffree=96",
+		"an unlinked FIFO, socket or device keeps its inode until the kernel forgets the node: the daemon holds it (holdSpecial) to answer fstat of an instance the kernel opened without telling it",
+		true,
+	}},
+	"RenameTimesAndErrors": {{
+		"[d/h c nlink=0]",
+		"d/h:ENOENT",
+		"fstat of an O_PATH descriptor of a file renamed over, when no handle of it is open: the daemon holds no descriptor of every node the kernel knows",
+		false,
+	}},
+	"DirectoryLinksAndSize": {{
+		"[a/c c nlink=0]",
+		"a/c:ENOENT",
+		"fstat of an O_PATH descriptor of a directory renamed over, when no handle of it is open: as above",
+		false,
+	}},
+}
+
 // TestMemVolumeLikeTmpfs runs every case against a real tmpfs and against
-// allocfs's secrets/ with the same caps, and wants the same results.
+// allocfs's secrets/ with the same caps, and wants the same results but
+// for memKnownDiffs.
 func TestMemVolumeLikeTmpfs(t *testing.T) {
 	backends := memBackends(t)
 	for name, run := range memCases {
 		t.Run(name, func(t *testing.T) {
 			want := run(t, backends[0].fresh(t)).String()
 			got := run(t, backends[1].fresh(t)).String()
+			for _, d := range memKnownDiffs[name] {
+				switch {
+				case strings.Contains(got, d.allocfs):
+					want = strings.Replace(want, d.tmpfs, d.allocfs, 1)
+				case !d.sometimes:
+					t.Errorf("the known difference %q is gone: take it out of memKnownDiffs", d.why)
+				}
+			}
 			if got != want {
 				t.Errorf("allocfs differs from tmpfs:\n--- tmpfs\n%s\n--- allocfs\n%s", want, got)
 			} else {
@@ -408,9 +455,8 @@ func TestMemVolumeXattrErrnos(t *testing.T) {
 }
 
 // TestMemVolumeDataCap writes past the byte cap on both backends: each
-// accepts a short write and then refuses with ENOSPC. allocfs stops at
-// most a page earlier, for the name it also counts; freeing the data gives
-// the room back.
+// accepts a short write and then refuses with ENOSPC, at the same byte;
+// freeing the data gives the room back.
 func TestMemVolumeDataCap(t *testing.T) {
 	written := map[string]int{}
 	for _, b := range memBackends(t) {
@@ -450,86 +496,8 @@ func TestMemVolumeDataCap(t *testing.T) {
 		})
 	}
 	ref, got := written["tmpfs"], written["allocfs"]
-	if ref != memTestSize || got > ref || got < ref-memPageSize {
-		t.Errorf("bytes written before ENOSPC: tmpfs %d, allocfs %d; want tmpfs %d and allocfs at most a page less", ref, got, memTestSize)
-	}
-}
-
-// TestMemVolumeCountsNamesAndXattrs checks allocfs's own accounting, which
-// tmpfs does not have: names, link targets and xattrs count against the
-// byte cap, shown by statfs, and a name that does not fit is refused
-// with ENOSPC and leaves nothing behind.
-func TestMemVolumeCountsNamesAndXattrs(t *testing.T) {
-	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(tm.dir, "a1/web/secrets")
-	free := func() int64 {
-		t.Helper()
-		var st unix.Statfs_t
-		if err := unix.Statfs(dir, &st); err != nil {
-			t.Fatal(err)
-		}
-		return int64(st.Bfree)
-	}
-	limit := allocdir.Task{}.SecretsBytes()
-	if got, want := free(), limit/memPageSize; got != want {
-		t.Fatalf("free blocks of an empty volume: got %d, want %d", got, want)
-	}
-	used := int64(0)
-	check := func(what string) {
-		t.Helper()
-		if got, want := free(), (limit-used)/memPageSize; got != want {
-			t.Errorf("free blocks after %s: got %d, want %d (%d bytes used)", what, got, want, used)
-		}
-	}
-	// Fill the data to a page short of the cap, then eat into that page.
-	data := make([]byte, limit-2*memPageSize)
-	if err := os.WriteFile(filepath.Join(dir, "data"), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	used += int64(len(data)) + int64(len("data"))
-	check("a file")
-	if err := unix.Setxattr(filepath.Join(dir, "data"), "user.note", make([]byte, 3000), 0); err != nil {
-		t.Fatal(err)
-	}
-	used += memXattrOverhead + int64(len("user.note")) + 3000
-	check("an xattr")
-	target := strings.Repeat("t", 900)
-	if err := os.Symlink(target, filepath.Join(dir, "link")); err != nil {
-		t.Fatal(err)
-	}
-	used += int64(len("link") + len(target))
-	check("a symlink")
-	// What is left is less than a long name.
-	left := limit - used
-	for i := 0; left >= maxNameLen; i++ {
-		name := fmt.Sprintf("%03d%s", i, strings.Repeat("n", maxNameLen-3))
-		if err := os.Mkdir(filepath.Join(dir, name), 0o700); err != nil {
-			t.Fatalf("mkdir %d with %d bytes left: %v", i, left, err)
-		}
-		used += maxNameLen
-		left -= maxNameLen
-	}
-	before, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	long := strings.Repeat("L", maxNameLen)
-	if err := os.Mkdir(filepath.Join(dir, long), 0o700); !errors.Is(err, unix.ENOSPC) {
-		t.Errorf("mkdir of a name past the byte cap: got %v, want ENOSPC", err)
-	}
-	if _, err := os.Lstat(filepath.Join(dir, long)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("refused name: got %v, want not-exist", err)
-	}
-	after, err := os.ReadDir(dir)
-	if err != nil || len(after) != len(before) {
-		t.Errorf("entries after the refusal: got %d (%v), want %d", len(after), err, len(before))
-	}
-	check("the refusal")
-	if err := os.Mkdir(filepath.Join(dir, "s"), 0o700); err != nil {
-		t.Errorf("a short name still fits: %v", err)
+	if ref != memTestSize || got != ref {
+		t.Errorf("bytes written before ENOSPC: tmpfs %d, allocfs %d; want %d on both", ref, got, memTestSize)
 	}
 }
 
@@ -597,13 +565,6 @@ func TestMemVolumeReturnsWhatItCharged(t *testing.T) {
 	if st.Bfree != empty.Bfree || st.Ffree != empty.Ffree || st.Bfree != st.Blocks || st.Ffree != st.Files-1 {
 		t.Errorf("statfs after removing everything: got bfree=%d ffree=%d, want %d and %d as when empty (blocks=%d files=%d)", st.Bfree, st.Ffree, empty.Bfree, empty.Ffree, st.Blocks, st.Files)
 	}
-	v := tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets).v
-	v.mu.Lock()
-	used, freeEntry := v.used, v.freeEntry
-	v.mu.Unlock()
-	if used != 0 || freeEntry != (v.inodes-1)*memEntrySpace {
-		t.Errorf("volume budget after removing everything: %d bytes used, %d of the entry budget free; want 0 and %d", used, freeEntry, (v.inodes-1)*memEntrySpace)
-	}
 }
 
 // heapBytes is the live heap after a full collection.
@@ -620,15 +581,14 @@ func heapBytes() int64 {
 // reader goroutine, and starts more readers when requests pile up.
 const heapNoise = 4 << 20
 
-// TestMemVolumeManyEntries is the bad input: a task that tries to
-// make a million directories with long names in secrets/, after writing
-// some data. The default entry cap of a 10 MiB volume stops it with
-// ENOSPC, nothing else changes, the daemon's heap grows by no more than
-// the byte cap and a KiB per entry, and destroying the allocation gives
-// that memory back.
+// TestMemVolumeManyEntries is the bad input of a task that fills its
+// secrets/: 48 MiB of data, then a million directories with long names.
+// The data cap and the default entry cap stop it with ENOSPC, nothing
+// else changes (its private/ has its own caps, alloc/data takes files),
+// and the daemon's heap holds none of the data: the kernel's tmpfs does.
 func TestMemVolumeManyEntries(t *testing.T) {
 	tm := newTestMount(t)
-	task := allocdir.Task{Name: "web", SecretsMB: 10}
+	task := allocdir.Task{Name: "web", SecretsMB: 64}
 	if _, err := tm.store.Create("a1", []allocdir.Task{task}); err != nil {
 		t.Fatal(err)
 	}
@@ -637,8 +597,14 @@ func TestMemVolumeManyEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := heapBytes()
-	if err := os.WriteFile(filepath.Join(dir, "data"), bytes.Repeat([]byte("d"), 6<<20), 0o600); err != nil {
+	const data = 48 << 20
+	if err := os.WriteFile(filepath.Join(dir, "data"), bytes.Repeat([]byte("d"), data), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	grown := heapBytes() - base
+	t.Logf("heap grew by %d bytes for %d MiB of data", grown, data>>20)
+	if grown > heapNoise {
+		t.Errorf("heap grew by %d bytes for a memory volume holding %d bytes; want at most the noise, %d", grown, data, heapNoise)
 	}
 	inodes := defaultMemInodes(task.SecretsBytes())
 	name := func(i int) string { return fmt.Sprintf("%07d%s", i, strings.Repeat("x", 233)) }
@@ -660,46 +626,33 @@ func TestMemVolumeManyEntries(t *testing.T) {
 	if err := unix.Statfs(dir, &st); err != nil || st.Files != uint64(inodes) || st.Ffree != 0 {
 		t.Errorf("statfs at the cap: got files=%d ffree=%d (%v), want %d and 0", st.Files, st.Ffree, err, inodes)
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != made+1 {
-		t.Errorf("entries: got %d (%v), want %d", len(entries), err, made+1)
+	if data, err := os.ReadFile(filepath.Join(dir, "data")); err != nil || len(data) != 48<<20 {
+		t.Errorf("data file after the refusal: got %d bytes (%v), want %d", len(data), err, 48<<20)
 	}
-	entries = nil
-	if data, err := os.ReadFile(filepath.Join(dir, "data")); err != nil || len(data) != 6<<20 {
-		t.Errorf("data file after the refusal: got %d bytes (%v), want %d", len(data), err, 6<<20)
+	if err := os.WriteFile(filepath.Join(dir, "more"), nil, 0o600); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("a file in a volume at its entry cap: got %v, want ENOSPC", err)
 	}
-	// The task's other memory volume has its own budget.
+	// The task's other memory volume, and its disk, have their own caps.
 	if err := os.WriteFile(filepath.Join(tm.dir, "a1/web/private/p"), []byte("x"), 0o600); err != nil {
 		t.Errorf("private/ next to a full secrets/: %v", err)
 	}
-	grown := heapBytes() - base
-	t.Logf("heap grew by %d bytes: 6 MiB of data and %d entries, %d per entry with its 240-byte name", grown, made, (grown-6<<20)/int64(made))
-	if limit := task.SecretsBytes() + inodes*memEntrySpace + heapNoise; grown > limit {
-		t.Errorf("heap grew by %d bytes for a volume capped at %d bytes and %d entries; want at most %d", grown, task.SecretsBytes(), inodes, limit)
+	if err := os.WriteFile(filepath.Join(tm.dir, "a1/alloc/data/d"), []byte("x"), 0o600); err != nil {
+		t.Errorf("alloc/data next to a full secrets/: %v", err)
 	}
-	if grown < 2*heapNoise {
-		t.Fatalf("heap grew by only %d bytes: too little to tell its return from noise", grown)
-	}
-
-	if err := tm.store.Destroy("a1"); err != nil {
-		t.Fatal(err)
-	}
-	// The kernel forgets the nodes it held in its own time; the volume's
-	// content is freed at once. Wait (without asserting how long) until
-	// the heap is back near where it was.
-	left := heapBytes() - base
-	for deadline := time.Now().Add(30 * time.Second); left > heapNoise && time.Now().Before(deadline); left = heapBytes() - base {
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Logf("heap after destroy: %d bytes above the baseline", left)
-	if left > heapNoise {
-		t.Errorf("after destroying the allocation the heap is %d bytes above its baseline (it grew by %d); want at most %d", left, grown, heapNoise)
+	// What stays is go-fuse's node of each entry the kernel holds, as
+	// for any volume: a KiB at most each.
+	grown = heapBytes() - base
+	t.Logf("heap grew by %d bytes with %d entries, %d per entry", grown, made, grown/int64(made))
+	if limit := inodes<<10 + heapNoise; grown > limit {
+		t.Errorf("heap grew by %d bytes for %d entries; want at most %d", grown, made, limit)
 	}
 }
 
 // TestMemVolumeAfterDestroy checks what the nodes the kernel still holds
-// after a destroy do: an open file reads empty and cannot grow, a held
-// directory gains no entries, and the volume is gone from the read side.
+// after a destroy do: the mount lets go of the instance at once, a held
+// directory gains no entries, the volume is gone from the read side, and
+// a file the task still holds open is the task's until it closes it, as
+// on a tmpfs detached while in use.
 func TestMemVolumeAfterDestroy(t *testing.T) {
 	tm := newTestMount(t)
 	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
@@ -722,21 +675,25 @@ func TestMemVolumeAfterDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	v := tm.mount.existingMemVolume("a1", "web", allocdir.TaskSecrets)
 	if err := tm.store.Destroy("a1"); err != nil {
 		t.Fatal(err)
 	}
-	if tm.mount.existingMemRoot("a1", "web", allocdir.TaskSecrets) != nil {
+	if tm.mount.existingMemVolume("a1", "web", allocdir.TaskSecrets) != nil {
 		t.Error("the destroyed volume is still known to the mount")
 	}
-	buf := make([]byte, 16)
-	if n, err := f.ReadAt(buf, 0); n != 0 {
-		t.Errorf("read through a file held across the destroy: got %q (%v), want nothing", buf[:n], err)
-	}
-	if _, err := f.Write([]byte("more")); !errors.Is(err, unix.ENOSPC) {
-		t.Errorf("write through a file held across the destroy: got %v, want ENOSPC", err)
+	v.mu.Lock()
+	closed := v.dropped && v.fs.Fd() < 0
+	v.mu.Unlock()
+	if !closed {
+		t.Error("the mount still holds the destroyed volume's descriptor")
 	}
 	if err := unix.Mkdirat(int(d.Fd()), "new", 0o700); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("mkdir in a directory held across the destroy: got %v, want ENOENT", err)
+	}
+	buf := make([]byte, 16)
+	if n, _ := f.ReadAt(buf, 0); string(buf[:n]) != "s3cr3t" {
+		t.Errorf("read through a file held across the destroy: got %q", buf[:n])
 	}
 }
 
