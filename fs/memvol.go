@@ -170,6 +170,8 @@ func (v *memVolume) empty() (bool, error) {
 type memVolumes struct {
 	mu   sync.Mutex
 	vols map[string]*memVolume
+	// keeper keeps the descriptors beyond this process; nil for none.
+	keeper MemoryKeeper
 	// kept are the keys whose descriptor the keeper has: only those
 	// survive this daemon.
 	kept map[string]bool
@@ -215,6 +217,7 @@ func (m *Mount) startMemory(held map[string]int) {
 	mv := &m.mem
 	mv.vols = make(map[string]*memVolume)
 	mv.kept = make(map[string]bool)
+	mv.keeper = m.opts.Memory
 	mv.file = memoryPath(m.store.DataDir())
 	var rec memoryFile
 	if b, err := os.ReadFile(mv.file); err == nil {
@@ -277,10 +280,13 @@ func (m *Mount) memoryKeyLive(key string) bool {
 }
 
 func (m *Mount) dropKept(key string) {
-	if m.opts.Memory == nil {
+	m.mem.mu.Lock()
+	k := m.mem.keeper
+	m.mem.mu.Unlock()
+	if k == nil {
 		return
 	}
-	if err := m.opts.Memory.Drop(key); err != nil {
+	if err := k.Drop(key); err != nil {
 		m.logger.Warn("the keeper did not drop a memory volume", "volume", key, "error", err)
 	}
 }
@@ -328,14 +334,44 @@ func (m *Mount) memVolumeOf(st *store.State, task allocdir.Task, name string) (*
 	if err := mv.saveLocked(); err != nil {
 		m.logger.Error("failed to record the memory volumes: a daemon taking over will not tell which it lost", "error", err)
 	}
-	if m.opts.Memory != nil {
-		if err := m.opts.Memory.Keep(key, f.Fd()); err != nil {
+	if mv.keeper != nil {
+		if err := mv.keeper.Keep(key, f.Fd()); err != nil {
 			m.logger.Error("the keeper refused a memory volume: its files end with this daemon", "volume", key, "error", err)
 		} else {
 			mv.kept[key] = true
 		}
 	}
 	return v, nil
+}
+
+// KeepMemory makes k the keeper of the memory volumes, and hands it every
+// live one: a keeper that starts after the mount (a holder started for a
+// new mount, one that replaced a holder that died) keeps them from then
+// on. It returns the volumes k refused.
+func (m *Mount) KeepMemory(k MemoryKeeper) error {
+	mv := &m.mem
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	mv.keeper = k
+	var errs []error
+	for key, v := range mv.vols {
+		mv.kept[key] = false
+		if k == nil {
+			continue
+		}
+		v.mu.Lock()
+		var err error
+		if !v.dropped {
+			err = k.Keep(key, v.fs.Fd())
+		}
+		v.mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		mv.kept[key] = true
+	}
+	return errors.Join(errs...)
 }
 
 // existingMemVolume returns a task's memory volume if it has been made,

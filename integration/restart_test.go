@@ -2,7 +2,9 @@ package integration
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -191,7 +193,8 @@ func startStallProbe(dir string) *stallProbe {
 // that file, a shell with its working directory in <task>/local runs ls
 // every 100 ms, a process reads a 64 MiB file through a mapping, and a
 // process in another mount namespace reads through a bind mount of the
-// allocation's alloc/. Then serve is started again on the same mount (an
+// allocation's alloc/; the task's secrets/ and private/ hold a file each.
+// Then serve is started again on the same mount (an
 // upgrade), and the daemon is killed with SIGKILL and started again. No
 // process may see an error; the log has every line once and in order,
 // and tail -F printed them all.
@@ -202,6 +205,16 @@ func TestLiveRestart(t *testing.T) {
 	}
 	n := startNode(t)
 	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")
+	secrets := secretFiles("a1")
+	for p := range secrets {
+		if strings.HasPrefix(p, "a1/api/") {
+			delete(secrets, p)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(n.mnt, p), []byte(secrets[p]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	data := filepath.Join(n.mnt, "a1/alloc/data")
 	big := filepath.Join(data, "big")
 	page := make([]byte, 4096)
@@ -307,6 +320,11 @@ func TestLiveRestart(t *testing.T) {
 			t.Errorf("%s saw errors:\n%s", k.name, k.err.String())
 		}
 	}
+	for p, content := range secrets {
+		if b, err := os.ReadFile(filepath.Join(n.mnt, p)); err != nil || string(b) != content {
+			t.Errorf("%s after an upgrade and a crash: %q, %v; want %q", p, b, err, content)
+		}
+	}
 	probe.mu.Lock()
 	if len(probe.errs) > 0 {
 		t.Errorf("lookups failed: %v", probe.errs)
@@ -359,29 +377,12 @@ func serveOnce(t *testing.T, n *node) (int, string) {
 }
 
 // TestUpgradeRefusals: a serve started on a running daemon's mount does
-// not get it when the running one keeps secrets in memory (an upgrade
-// must not cost a task its secrets), nor when the recorded session is
-// of a version it cannot take over; each time the running daemon serves
-// on, unchanged.
+// not get it when the recorded session is of a version it cannot take
+// over; the running daemon serves on, unchanged.
 func TestUpgradeRefusals(t *testing.T) {
 	fstest.RequireFUSE(t)
 	n := startNode(t)
 	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")
-	secret := filepath.Join(n.mnt, "a1/web/secrets/token")
-	if err := os.WriteFile(secret, []byte("s3cr3t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, out := serveOnce(t, n)
-	if code == 0 || !strings.Contains(out, "refused to hand over") || !strings.Contains(out, "a1/web/secrets") {
-		t.Errorf("serve while secrets are held: exit %d, want a refusal naming a1/web/secrets:\n%s", code, out)
-	}
-	if b, err := os.ReadFile(secret); err != nil || string(b) != "s3cr3t" {
-		t.Errorf("the secret after the refused hand-over: %q, %v", b, err)
-	}
-	if err := os.Remove(secret); err != nil {
-		t.Fatal(err)
-	}
-
 	session := filepath.Join(n.dataDir, "fuse/session.json")
 	b, err := os.ReadFile(session)
 	if err != nil {
@@ -390,7 +391,7 @@ func TestUpgradeRefusals(t *testing.T) {
 	if err := os.WriteFile(session, []byte(strings.Replace(string(b), `"Version":1`, `"Version":99`, 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, out = serveOnce(t, n)
+	code, out := serveOnce(t, n)
 	if code == 0 || !strings.Contains(out, "keeps serving") || !strings.Contains(out, "version 99") {
 		t.Errorf("serve over a session of another version: exit %d, want a refusal:\n%s", code, out)
 	}
@@ -540,7 +541,8 @@ func (s *notifications) expect(t *testing.T, want ...string) []int {
 // connection (FDSTORE=1, named fuse) on NOTIFY_SOCKET; after a SIGKILL
 // the next serve, started with that descriptor as LISTEN_FDS, takes the
 // mount over; a reload says RELOADING=1 then READY=1; a full stop says
-// STOPPING=1 and takes the descriptor back out of the store. The unit
+// STOPPING=1 and takes the descriptor back out of the store. A task's
+// secrets/ goes to the store as well, and is there after the SIGKILL. The unit
 // itself passes systemd-analyze verify.
 func TestSystemdKeepsTheConnection(t *testing.T) {
 	fstest.RequireFUSE(t)
@@ -586,6 +588,20 @@ func TestSystemdKeepsTheConnection(t *testing.T) {
 	if err := os.WriteFile(f, []byte("kept by systemd"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A memory volume goes to the store as it is made, named by a hash
+	// of its key (cmd/allocfs/memkeep.go).
+	secret := filepath.Join(n.mnt, "a1/web/secrets/token")
+	if err := os.WriteFile(secret, []byte("s3cr3t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("a1/web/secrets"))
+	memName := "mem-" + hex.EncodeToString(sum[:16])
+	memFds := sd.expect(t, "FDSTORE=1", "FDPOLL=0", "FDNAME="+memName)
+	if len(memFds) != 1 {
+		t.Fatalf("the memory volume's FDSTORE=1 carried %d descriptors, want 1", len(memFds))
+	}
+	memStored := os.NewFile(uintptr(memFds[0]), memName)
+	defer memStored.Close()
 
 	n.kill9(t)
 	waited := make(chan error, 1)
@@ -597,11 +613,14 @@ func TestSystemdKeepsTheConnection(t *testing.T) {
 	// named in LISTEN_FDNAMES, with LISTEN_PID the new process's.
 	n.Daemon = harness.StartDaemon(t, &harness.Daemon{DataDir: n.dataDir, Mount: n.mnt, Socket: n.socket,
 		Prefix:     []string{"sh", "-c", `export LISTEN_PID=$$; exec "$@"`, "sh"},
-		Env:        []string{"NOTIFY_SOCKET=" + sd.path, "LISTEN_FDS=1", "LISTEN_FDNAMES=fuse"},
-		ExtraFiles: []*os.File{stored}})
+		Env:        []string{"NOTIFY_SOCKET=" + sd.path, "LISTEN_FDS=2", "LISTEN_FDNAMES=fuse:" + memName},
+		ExtraFiles: []*os.File{stored, memStored}})
 	waitLog(t, n.Daemon, "took the mount over")
 	if err := <-waited; err != nil {
 		t.Errorf("a read made while no daemon ran: %v", err)
+	}
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "s3cr3t" {
+		t.Errorf("the secret after a SIGKILL, kept by systemd: %q, %v", b, err)
 	}
 	for _, fd := range sd.expect(t, "FDSTORE=1", "FDNAME=fuse") {
 		unix.Close(fd)
@@ -616,6 +635,7 @@ func TestSystemdKeepsTheConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	sd.expect(t, "STOPPING=1")
+	sd.expect(t, "FDSTOREREMOVE=1", "FDNAME="+memName)
 	sd.expect(t, "FDSTOREREMOVE=1", "FDNAME=fuse")
 	if code := n.Wait(t); code != 0 {
 		t.Errorf("serve after SIGUSR1: exit %d", code)

@@ -61,8 +61,8 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 	if err != nil {
 		return nil, fmt.Errorf("%w (pid %d): it keeps no holder of its mount, so it cannot hand over; stop it first", store.ErrLocked, pid)
 	}
-	if want := fmt.Sprintf("allocfs-holder %d", holderProtocol); version != want {
-		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q", pid, version, want)
+	if holderProtocolOf(version) == 0 {
+		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q and earlier", pid, version, holderVersion(holderProtocol))
 	}
 	if _, err := fs.HeldSession(cfg.dataDir); err != nil {
 		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: %w", pid, err)
@@ -107,20 +107,20 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 	}
 }
 
-// takeHeld returns the connection a holder keeps for cfg's data dir, and
-// the holder's PID; -1 when no holder runs.
-func takeHeld(cfg serveConfig) (int, int, error) {
-	fd, pid, err := heldConnection(cfg.dataDir)
+// takeHeld returns the connection a holder keeps for cfg's data dir, the
+// holder's PID and its protocol; -1 when no holder runs.
+func takeHeld(cfg serveConfig) (int, int, int, error) {
+	fd, pid, v, err := heldConnection(cfg.dataDir)
 	if errors.Is(err, errNoHolder) {
-		return -1, 0, nil
+		return -1, 0, 0, nil
 	}
 	if err != nil {
-		return -1, 0, err
+		return -1, 0, 0, err
 	}
 	if err := checkHeld(cfg, fd, fmt.Sprintf("the holder (pid %d)", pid)); err != nil {
-		return -1, 0, err
+		return -1, 0, 0, err
 	}
-	return fd, pid, nil
+	return fd, pid, v, nil
 }
 
 // checkHeld checks that the connection fd, which keeper kept, is the one

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs"
@@ -19,7 +20,7 @@ import (
 // stats its own mount from a request can wait on itself.
 func nodeHealth(m *fs.Mount, s *store.Store) func() []api.HealthCheck {
 	return func() []api.HealthCheck {
-		return []api.HealthCheck{mountHealth(m, mountinfoPath), passthroughHealth(m), storeHealth(s)}
+		return []api.HealthCheck{mountHealth(m, mountinfoPath), passthroughHealth(m), storeHealth(s), memoryHealth(m, s)}
 	}
 }
 
@@ -120,5 +121,28 @@ func storeHealth(s *store.Store) api.HealthCheck {
 		}
 	}
 	c.OK, c.Detail = true, "the data dir "+s.DataDir()+" takes writes"
+	return c
+}
+
+// memoryHealth fails while a task runs whose memory volumes were lost
+// before this daemon started (their keeper died with the daemon), or
+// holds data in one that only this process keeps.
+func memoryHealth(m *fs.Mount, s *store.Store) api.HealthCheck {
+	c := api.HealthCheck{Name: "memory", OK: true, Detail: "every memory volume is kept beyond this daemon"}
+	var lost []string
+	for _, key := range m.LostMemory() {
+		id, _, _ := strings.Cut(key, "/")
+		if _, err := s.View(id); err == nil {
+			lost = append(lost, key)
+		}
+	}
+	switch unkept := m.MemoryInUse(); {
+	case len(lost) > 0:
+		c.OK = false
+		c.Detail = "lost before this daemon started, their tasks finding them empty: " + strings.Join(lost, ", ") + " (what kept them while no daemon ran was gone)"
+	case len(unkept) > 0:
+		c.OK = false
+		c.Detail = "kept by this daemon only, and lost if it stops: " + strings.Join(unkept, ", ")
+	}
 	return c
 }

@@ -198,7 +198,7 @@ func readConfigFile(path string) ([]string, error) {
 func runServe(e *env, args []string) error {
 	// Taken before anything else: the variables describe this process's
 	// descriptors as it started.
-	stored := listenedFuse()
+	stored, storedMem := listenedFds()
 	a, err := parseServeArgs(e, args)
 	if err != nil {
 		return err
@@ -230,6 +230,7 @@ func runServe(e *env, args []string) error {
 		live:          a.liveRestart && !a.debugFuse,
 		allowNonEmpty: a.allowNonEmpty,
 		stored:        stored,
+		storedMem:     storedMem,
 		node:          a.node,
 		secrets:       secrets,
 		gc:            a.gc,
@@ -253,6 +254,9 @@ type serveConfig struct {
 	// stored is the FUSE connection systemd passed from its descriptor
 	// store (systemd.go), or -1.
 	stored int
+	// storedMem are the memory volumes' descriptors systemd passed with
+	// it, by their names in the store (memkeep.go).
+	storedMem map[string]int
 	// node is what other machines reach over TCP, and secrets what its
 	// files held at the start.
 	node    nodeConfig
@@ -341,15 +345,31 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	// A connection systemd or a holder keeps (a restart, a crash) is
 	// taken over; only without one is the mount point prepared for a new
 	// mount.
-	heldFd, holderPid := cfg.stored, 0
+	heldFd, holderPid, holderV := cfg.stored, 0, 0
+	var heldMem map[string]int
 	if heldFd >= 0 {
 		if err := checkHeld(cfg, heldFd, "systemd's descriptor store"); err != nil {
+			closeAll(cfg.storedMem)
 			return err
 		}
-	} else if cfg.live {
-		heldFd, holderPid, err = takeHeld(cfg)
-		if err != nil {
-			return err
+		heldMem = storedMemory(s, cfg.storedMem)
+	} else {
+		// Memory volumes without their connection are of a mount that
+		// is gone.
+		for name, fd := range cfg.storedMem {
+			unix.Close(fd)
+			sdNotify("FDSTOREREMOVE=1\nFDNAME=" + name)
+		}
+		if cfg.live {
+			heldFd, holderPid, holderV, err = takeHeld(cfg)
+			if err != nil {
+				return err
+			}
+		}
+		if heldFd >= 0 && holderV >= 2 {
+			if heldMem, err = heldMemory(holderSocket(cfg.dataDir)); err != nil {
+				logger.Error("the holder did not hand its memory volumes over: the tasks find secrets/ and private/ empty", "error", err)
+			}
 		}
 	}
 	// Only the holder of the data dir's lock may touch the mount point:
@@ -379,11 +399,26 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	opts.CopyUps = nodeMetrics.CopyUps()
 	var m *fs.Mount
 	if heldFd >= 0 {
+		opts.HeldMemory = heldMem
+		switch {
+		case cfg.stored >= 0:
+			opts.Memory = systemdKeeper{}
+		case holderV >= 2:
+			opts.Memory = holderKeeper{holderSocket(cfg.dataDir)}
+		}
 		m, err = fs.AdoptMount(logger, s, heldFd, opts)
 		if err != nil {
 			unix.Close(heldFd)
+			closeAll(heldMem)
 			ln.Close()
 			return fmt.Errorf("%w; the mount stays kept for the next serve", err)
+		}
+		if holderPid != 0 && holderV < 2 {
+			// A holder of version 1 keeps no memory volume: a new one
+			// takes its place.
+			if holderPid, err = replaceHolder(cfg.dataDir, m); err != nil {
+				logger.Error("the mount will not survive a crash of this daemon", "error", err)
+			}
 		}
 	} else {
 		if m, err = fs.NewMount(logger, s, cfg.mountDir, opts); err != nil {
@@ -393,14 +428,18 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		if fd, ok := m.FuseFd(); ok && cfg.live && !underSystemd() {
 			if holderPid, err = startHolder(cfg.dataDir, fd); err != nil {
 				logger.Error("the mount will not survive a crash of this daemon", "error", err)
+			} else if err := m.KeepMemory(holderKeeper{holderSocket(cfg.dataDir)}); err != nil {
+				logger.Error("the holder did not take every memory volume: those end with this daemon", "error", err)
 			}
 		}
 	}
 	// keeper is what keeps the connection while no daemon runs.
 	keeper := ""
+	stopWatch := func() {}
 	if holderPid != 0 {
 		keeper = "holder"
 		logger.Info("the FUSE connection's holder runs", "holder_pid", holderPid)
+		stopWatch = watchHolder(logger, cfg.dataDir, m, holderPid)
 	}
 	if fd, ok := m.FuseFd(); ok && cfg.live && underSystemd() {
 		// One entry, whatever systemd kept of the last start's.
@@ -410,6 +449,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		} else {
 			keeper = "systemd"
 			logger.Info("the FUSE connection is in systemd's descriptor store")
+			if err := m.KeepMemory(systemdKeeper{}); err != nil {
+				logger.Error("systemd did not take every memory volume: those end with this daemon", "error", err)
+			}
 		}
 	}
 
@@ -514,7 +556,7 @@ wait:
 				reason := ""
 				if held := m.MemoryInUse(); len(held) > 0 {
 					// An upgrade must not cost a task its secrets.
-					reason = fmt.Sprintf("memory volumes hold data that lives in this process only and would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
+					reason = fmt.Sprintf("memory volumes hold data that nothing but this process keeps, which would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
 				}
 				if keeper == "" {
 					reason = "nothing keeps its FUSE connection (--live-restart=false, or the holder died): the mount would end with it"
@@ -542,6 +584,9 @@ wait:
 			break wait
 		}
 	}
+	// The holder, from now on, is left as it is: kept for the next
+	// daemon, or stopped with the mount.
+	stopWatch()
 	// A second signal means "now": leave at once, detaching the mount
 	// unless it stays with its holder. Another hand-over request (two
 	// upgrades racing) changes nothing.

@@ -58,26 +58,37 @@ func monotonicUsec() int64 {
 	return ts.Nano() / int64(time.Microsecond)
 }
 
-// listenedFuse returns the FUSE connection systemd passed this process
-// from its descriptor store, or -1. The LISTEN_* variables are for this
-// process only (LISTEN_PID), and are removed, as sd_listen_fds(3) does.
-func listenedFuse() int {
+// listenedFds returns the FUSE connection systemd passed this process
+// from its descriptor store, or -1, and the other descriptors it passed
+// (the memory volumes', memkeep.go), by name. The LISTEN_* variables are
+// for this process only (LISTEN_PID), and are removed, as
+// sd_listen_fds(3) does.
+func listenedFds() (int, map[string]int) {
 	pid, _ := strconv.Atoi(os.Getenv("LISTEN_PID"))
 	count, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
 	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
 	for _, v := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
 		os.Unsetenv(v)
 	}
+	others := make(map[string]int)
 	if pid != os.Getpid() || count <= 0 {
-		return -1
+		return -1, others
 	}
 	const first = 3 // SD_LISTEN_FDS_START
 	fd := -1
 	for i := range count {
 		unix.CloseOnExec(first + i)
-		if i < len(names) && names[i] == fuseFDName && fd < 0 {
+		switch {
+		case i < len(names) && names[i] == fuseFDName && fd < 0:
 			fd = first + i
+		case i < len(names) && strings.HasPrefix(names[i], "mem-"):
+			if old, ok := others[names[i]]; ok {
+				unix.Close(old)
+			}
+			others[names[i]] = first + i
+		default:
+			unix.Close(first + i)
 		}
 	}
-	return fd
+	return fd, others
 }
