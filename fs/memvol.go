@@ -388,6 +388,9 @@ func (m *Mount) memoryInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	v, err := m.memVolumeOf(st, st.Tasks[i], name)
 	if err != nil {
 		m.logger.Error("failed to make a memory volume", "error", err)
+		if errors.Is(err, syscall.EPERM) {
+			return nil, syscall.EPERM
+		}
 		return nil, syscall.EIO
 	}
 	view := memoryViewOf(i, name)

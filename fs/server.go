@@ -54,6 +54,7 @@ func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool
 	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killFlags{gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
 		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
+		m.takeover.found = m.unnameUnlinked
 		h = m.takeover
 	}
 	if takeable {

@@ -214,6 +214,9 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 		}
 		return [][]string{p}, 0
 	}
+	if paths := m.unlinkedPaths(id); paths != nil {
+		return paths, 0
+	}
 	slot, ino := id>>viewShift, id&(1<<viewShift-1)
 	k, ok := m.slots.view(slot)
 	if !ok {

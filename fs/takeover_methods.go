@@ -20,6 +20,8 @@ type takeoverFS struct {
 	log hclog.Logger
 	// paths says where an inherited node may be (Mount.pathsOfNode).
 	paths func(id uint64) ([][]string, syscall.Errno)
+	// found, when set, is told the path an inherited node was found at.
+	found func(path []string)
 	// gen is this daemon's generation, in the high 32 bits of every
 	// handle it hands out.
 	gen uint64
@@ -110,6 +112,9 @@ func (t *takeoverFS) resolve(cancel <-chan struct{}, id uint64) fuse.Status {
 		}
 		if node == id {
 			t.resolved.Add(1)
+			if t.found != nil {
+				t.found(p)
+			}
 			return fuse.OK
 		}
 	}

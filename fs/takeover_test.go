@@ -132,7 +132,8 @@ func TestTakeoverHelper(t *testing.T) {
 // and its working directory in the mount; a new daemon takes the
 // connection over (AdoptMount), and every one of them carries on: the
 // lookup is answered, the open file takes more writes and an fsync, the
-// listing goes on, and the shell lists its working directory.
+// listing goes on, and the shell lists its working directory; the
+// memory volumes are kept, and files unlinked while open still answer.
 func TestAdoptMountAfterKill(t *testing.T) {
 	fstest.RequireFUSE(t)
 	root, err := filepath.EvalSymlinks(t.TempDir())
@@ -248,6 +249,20 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "a1/web/private/key"), []byte("k"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Files unlinked while open, in a memory volume and on disk.
+	var gone []*os.File
+	for _, p := range []string{"a1/web/private/gone", "a1/alloc/data/gone"} {
+		g, err := os.OpenFile(filepath.Join(mnt, p), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		io.WriteString(g, "unnamed")
+		if err := os.Remove(g.Name()); err != nil {
+			t.Fatal(err)
+		}
+		gone = append(gone, g)
+	}
 	kept := receiveKept(t, memPair[0])
 	if len(kept) != 2 {
 		t.Fatalf("the keeper got %v, want web's secrets and private", kept)
@@ -362,6 +377,35 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(mnt, "a1/web/private/key")); err != nil || string(b) != "k" {
 		t.Errorf("the private file after the takeover: %q, %v", b, err)
+	}
+	for _, g := range gone {
+		fi, err := g.Stat()
+		if err != nil || fi.Size() != int64(len("unnamed")) {
+			t.Errorf("fstat of %s, unlinked while open, after the takeover: %v, %v", g.Name(), fi, err)
+		}
+		if _, err := g.WriteAt([]byte("+more"), 7); err != nil {
+			t.Errorf("a write to %s, unlinked while open, after the takeover: %v", g.Name(), err)
+		}
+		if err := g.Chmod(0o640); err != nil {
+			t.Errorf("fchmod of %s, unlinked while open, after the takeover: %v", g.Name(), err)
+		}
+		b := make([]byte, 32)
+		if n, _ := g.ReadAt(b, 0); string(b[:n]) != "unnamed+more" {
+			t.Errorf("read of %s, unlinked while open, after the takeover: %q", g.Name(), b[:n])
+		}
+		again, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", g.Fd()))
+		if err != nil {
+			t.Errorf("%s, unlinked while open, opened again through /proc after the takeover: %v", g.Name(), err)
+		} else {
+			n, _ := again.Read(b)
+			again.Close()
+			if string(b[:n]) != "unnamed+more" {
+				t.Errorf("%s opened again through /proc reads %q", g.Name(), b[:n])
+			}
+		}
+		if fi, err := g.Stat(); err != nil || fi.Mode().Perm() != 0o640 {
+			t.Errorf("fstat of %s after its fchmod: %v, %v", g.Name(), fi, err)
+		}
 	}
 	if n := m.takeover.resolved.Load(); n == 0 {
 		t.Errorf("no inherited node was resolved")

@@ -148,7 +148,8 @@ func (n *volNode) copyUpUnlinked() gofs.FileHandle {
 
 var _ = (gofs.NodeOnForgetter)((*volNode)(nil))
 
-// OnForget closes what holdSpecial and copyUpUnlinked kept.
+// OnForget closes what holdSpecial and copyUpUnlinked kept, and drops
+// the record of a file unlinked while open.
 func (n *volNode) OnForget() {
 	n.mu.Lock()
 	fd := n.heldFd
@@ -158,7 +159,12 @@ func (n *volNode) OnForget() {
 	if orphan != nil {
 		delete(n.openFiles, orphan)
 	}
+	recorded := n.recorded
+	n.recorded = false
 	n.mu.Unlock()
+	if recorded {
+		n.dropUnlinkedRecord()
+	}
 	if fd > 0 {
 		unix.Close(fd)
 	}

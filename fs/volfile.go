@@ -146,13 +146,19 @@ func (n *volNode) openFile() gofs.FileHandle {
 }
 
 // reopenUnlinked opens the node's file through one of its open handles,
-// for a node whose name is gone; ENOENT when it has none.
+// or the descriptor a takeover found it by, for a node whose name is
+// gone; ENOENT when it has neither.
 func (n *volNode) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
-	h := n.openFile()
-	if h == nil {
-		return nil, syscall.ENOENT
+	fd, ok := -1, false
+	if h := n.openFile(); h != nil {
+		fd, ok = handleFd(h)
 	}
-	fd, ok := handleFd(h)
+	if !ok {
+		// A node a takeover found by its record (unlinkedrec.go).
+		n.mu.Lock()
+		fd, ok = n.heldFd, n.heldFd > 0
+		n.mu.Unlock()
+	}
 	if !ok {
 		return nil, syscall.ENOENT
 	}

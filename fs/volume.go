@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -77,6 +78,9 @@ type volNode struct {
 	view uint64
 	// mem is set on a memory volume's root (memvol.go).
 	mem *memVolume
+	// recorded is set when the node's file, unlinked while open, has a
+	// record for a daemon taking over (unlinkedrec.go). Guarded by mu.
+	recorded bool
 }
 
 // volumeInode returns the root node of the volume at key ("alloc/data",
@@ -115,6 +119,9 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 var _ = (gofs.NodeLookuper)((*volNode)(nil))
 
 func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if strings.HasPrefix(name, unlinkedPrefix) {
+		return n.lookupUnlinked(ctx, name, out)
+	}
 	if len(name) > maxNameLen {
 		return nil, syscall.ENAMETOOLONG
 	}
@@ -290,6 +297,7 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	n.holdSpecial(name)
+	n.recordUnlinked(name)
 	if n.ovl != nil {
 		return n.removeEntry(name, false)
 	}
@@ -458,6 +466,7 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	}
 	if flags&renameExchange == 0 {
 		dst.holdSpecial(newName)
+		dst.recordUnlinked(newName)
 	}
 	if n.ovl != nil {
 		return n.ovlRename(ctx, name, dst, newName, flags)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/internal/mountinfo"
+	"github.com/allocfs/allocfs/internal/tmpfs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -80,6 +81,23 @@ func checkFUSE() error {
 		}
 	}
 	return nil
+}
+
+// checkTmpfs makes and closes a tmpfs the way every memory volume is made
+// (internal/tmpfs): on a kernel without the new mount API (fsopen, Linux
+// 5.2) serve refuses to start, rather than keep secrets anywhere else.
+// Without the privilege to make one (a daemon not root), it starts, and
+// says that every secrets/ and private/ will be refused.
+func checkTmpfs(logger hclog.Logger) error {
+	f, err := tmpfs.New(tmpfs.Options{Bytes: 4096, Inodes: 2, Mode: 0o700})
+	switch {
+	case err == nil:
+		return f.Close()
+	case errors.Is(err, unix.EPERM):
+		logger.Warn("this daemon may not make a tmpfs (CAP_SYS_ADMIN): every task's secrets/ and private/ will be refused with EPERM", "error", err)
+		return nil
+	}
+	return fmt.Errorf("memory volumes (a task's secrets/ and private/) are kernel tmpfs instances, and this kernel cannot make one: %w", err)
 }
 
 // prepareMountPoint makes dir ready to be mounted on: it detaches a stale

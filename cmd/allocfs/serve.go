@@ -309,6 +309,9 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := checkFUSE(); err != nil {
 		return err
 	}
+	if err := checkTmpfs(logger); err != nil {
+		return err
+	}
 	// A mount point that cannot be one is refused before the data dir
 	// is created; the rest of its preparation waits for the lock. One a
 	// holder keeps waits for a daemon: it is not touched.
