@@ -34,7 +34,7 @@
 //	    │   └── data|logs|tmp/    volNode: the volume's upper layer
 //	    └── <task>/               taskNode: 0777 nobody
 //	        ├── local/ tmp/       volNode
-//	        ├── secrets/ private/ memDir: memory only, capped in bytes and entries
+//	        ├── secrets/ private/ volNode over a detached tmpfs (memvol.go)
 //	        └── alloc/            sharedNode again, as a second view
 //
 // One router, layoutChild (layout.go), says what each name of the

@@ -288,22 +288,12 @@ func TestLiveRestart(t *testing.T) {
 	writer.stopTask(t, syscall.SIGTERM)
 	close(probe.stop)
 	<-probe.done
-	wrote := 0
-	if _, err := fmt.Sscanf(writer.out.String(), "wrote %d", &wrote); err != nil || writer.cmd.ProcessState.ExitCode() != 0 {
-		t.Fatalf("the writer: exit %d, %q %q", writer.cmd.ProcessState.ExitCode(), writer.out.String(), writer.err.String())
-	}
-	var want strings.Builder
-	for i := 1; i <= wrote; i++ {
-		fmt.Fprintf(&want, "line %06d\n", i)
-	}
-	if b, err := os.ReadFile(logPath); err != nil || string(b) != want.String() {
-		t.Errorf("the log after %d lines (%v) is not every line once and in order:\n%s", wrote, err, firstDifference(string(b), want.String()))
-	}
-	for deadline := time.Now().Add(harness.Timeout); tail.out.String() != want.String() && time.Now().Before(deadline); {
+	wrote, want := writer.appended(t, logPath)
+	for deadline := time.Now().Add(harness.Timeout); tail.out.String() != want && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got := tail.out.String(); got != want.String() {
-		t.Errorf("tail -F did not print every line once and in order:\n%s", firstDifference(got, want.String()))
+	if got := tail.out.String(); got != want {
+		t.Errorf("tail -F did not print every line once and in order:\n%s", firstDifference(got, want))
 	}
 	mapper.stopTask(t, syscall.SIGTERM)
 	if code := mapper.cmd.ProcessState.ExitCode(); code != 0 || !strings.HasPrefix(mapper.out.String(), "passes ") {
@@ -332,6 +322,25 @@ func TestLiveRestart(t *testing.T) {
 	t.Logf("%d lines over an upgrade and a crash; the longest a lookup waited: %v", wrote, probe.longest)
 	probe.mu.Unlock()
 	n.stop(t)
+}
+
+// appended checks, once the TestHelperAppender task k has ended, that
+// the file at path has every line it wrote, once and in order, and
+// returns how many it wrote and what they are.
+func (k *task) appended(t *testing.T, path string) (int, string) {
+	t.Helper()
+	wrote := 0
+	if _, err := fmt.Sscanf(k.out.String(), "wrote %d", &wrote); err != nil || k.cmd.ProcessState.ExitCode() != 0 {
+		t.Fatalf("the writer: exit %d, %q %q", k.cmd.ProcessState.ExitCode(), k.out.String(), k.err.String())
+	}
+	var want strings.Builder
+	for i := 1; i <= wrote; i++ {
+		fmt.Fprintf(&want, "line %06d\n", i)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != want.String() {
+		t.Errorf("%s after %d lines (%v) is not every line once and in order:\n%s", path, wrote, err, firstDifference(string(b), want.String()))
+	}
+	return wrote, want.String()
 }
 
 // waitLog waits until the daemon's log says text.
