@@ -208,7 +208,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		// over from another finds every node the kernel names
 		// (takeover.go).
 		ExternalNodeID: true,
-		// Nodes with no file (a memory volume's) are numbered from here:
+		// Nodes go-fuse numbers itself (none of allocfs's own) start here:
 		// each daemon of a connection in a range of its own, so that no
 		// number an earlier one handed out names another node now.
 		FirstAutomaticIno: syntheticBit | uint64(generation)<<40,
