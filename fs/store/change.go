@@ -15,21 +15,33 @@ func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
-	return s.create(id, tasks)
+	return s.create(id, tasks, Limit{})
+}
+
+// CreateSized is Create of an allocation with disk limit lim: its
+// volumes' bytes count against it, and a write past it fails with
+// EDQUOT. A zero lim gives the store's default (Options.DefaultLimit).
+// A store whose data dir cannot enforce a limit refuses one
+// (ErrNoQuota).
+func (s *Store) CreateSized(id string, tasks []allocdir.Task, lim Limit) (*State, error) {
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
+	}
+	return s.create(id, tasks, lim)
 }
 
 // Build makes sure allocation id exists, creating it with its alloc-level
 // volumes and no tasks if it does not: the allocdir contract builds an
 // allocation before its tasks. An existing allocation is returned as is.
 func (s *Store) Build(id string) (*State, error) {
-	st, err := s.create(id, nil)
+	st, err := s.create(id, nil, Limit{})
 	if errors.Is(err, ErrExists) {
 		return s.Get(id)
 	}
 	return st, err
 }
 
-func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
+func (s *Store) create(id string, tasks []allocdir.Task, lim Limit) (*State, error) {
 	st, err := s.newState(id, tasks)
 	if err != nil {
 		return nil, err
@@ -38,6 +50,9 @@ func (s *Store) create(id string, tasks []allocdir.Task) (*State, error) {
 	defer s.writeMu.Unlock()
 	if err := s.absent(id); err != nil {
 		return nil, err
+	}
+	if err := s.sizeNew(st, lim); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
 	fresh, err := s.freshVolumes(st)
 	if err == nil {

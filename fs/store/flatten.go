@@ -54,7 +54,15 @@ type flattenPlan struct {
 // Merges run one at a time; each costs one link(2) per entry of the pair
 // and copies no bytes (see flatten). Layers merged away are retained by
 // the allocations that stacked them, and swept once those are gone.
+//
+// On a store whose layers are btrfs subvolumes (disk limits on) nothing
+// is merged: link(2) between two subvolumes fails (EXDEV), and a merge by
+// cloning would give the merged files new inode numbers under open
+// files. Such volumes keep their depth until their allocations go.
 func (s *Store) Flatten() (int, error) {
+	if s.quota != nil {
+		return 0, nil
+	}
 	var errs []error
 	n := 0
 	for {

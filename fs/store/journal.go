@@ -151,6 +151,11 @@ func (s *Store) change(in *intent) error {
 			return err
 		}
 	}
+	if s.quota != nil {
+		if err := s.tagLayers(in); err != nil {
+			return err
+		}
+	}
 	in.Seq = s.seq + 1
 	frame, err := encodeIntent(in)
 	if err != nil {
@@ -161,6 +166,19 @@ func (s *Store) change(in *intent) error {
 	}
 	s.seq = in.Seq
 	s.applyIntent(in)
+	if s.quota != nil {
+		// A settle that failed before leaves every allocation to look
+		// at again.
+		var affected map[string]bool
+		if !s.unsettled {
+			affected = make(map[string]bool, len(in.Records))
+			for id := range in.Records {
+				affected[id] = true
+			}
+		}
+		s.unsettled = true
+		s.settleQuota(affected)
+	}
 	if s.journalSize > journalLimit {
 		if err := s.checkpoint(); err != nil {
 			s.logger.Warn("checkpoint failed; the journal keeps the changes", "error", err)

@@ -57,7 +57,11 @@ func (s *Store) newLayerOwned(mode os.FileMode, note string, uid, gid int) (fres
 // makeLayer creates the layer f describes at p: the root, its owner, then
 // its mode (chown after chmod could clear mode bits), then the note.
 func (s *Store) makeLayer(p string, f freshLayer) error {
-	if err := s.disk.Mkdir(p, 0o700); err != nil {
+	mkdir := func() error { return s.disk.Mkdir(p, 0o700) }
+	if s.quota != nil {
+		mkdir = func() error { return s.quota.makeLayer(p) }
+	}
+	if err := mkdir(); err != nil {
 		return err
 	}
 	err := func() error {

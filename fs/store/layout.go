@@ -97,6 +97,9 @@ func (s *Store) CreateFromMount(id string, attr DirAttr) (*State, error) {
 	if err := s.absent(id); err != nil {
 		return nil, err
 	}
+	if err := s.sizeNew(st, Limit{}); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
 	fresh, err := s.freshVolumes(st)
 	if err == nil {
 		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})

@@ -176,7 +176,17 @@ func (s *Store) Stop(id string) (*State, error) {
 // terminal. The new record and the previous one's change are one
 // journaled intent: either both happen or neither does. It returns the
 // new record and how many volumes were handed over.
-func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (_ *State, _ int, err error) {
+func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
+	return s.CreateMigratedSized(id, tasks, prevID, snapshot, Limit{})
+}
+
+// CreateMigratedSized is CreateMigrated of an allocation with disk limit
+// lim (the store's default when zero). An adopt onto a limit smaller
+// than the data it takes over is carried out: the data is the task's,
+// and refusing the remap would lose it for the new allocation; the new
+// allocation starts over its limit, every write gets EDQUOT until it
+// deletes enough, and the store logs a warning saying so.
+func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID string, snapshot bool, lim Limit) (_ *State, _ int, err error) {
 	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
@@ -205,6 +215,9 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 	if err := migratable(prev, true); err != nil {
 		return nil, 0, err
 	}
+	if err := s.sizeNew(next, lim); err != nil {
+		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
 	fresh, n, err := s.handover(prev, next, keys, snapshot)
 	if err == nil {
 		var own []freshLayer
@@ -222,6 +235,7 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.removeFresh(fresh)))
 	}
 	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", op)
+	s.warnOverLimit(id)
 	st, err := s.Get(id)
 	return st, n, err
 }
@@ -233,7 +247,15 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 // rename, and the record naming them is one journaled intent. Keys for
 // tasks the new allocation does not have are left in staging. On failure
 // nothing is created and the received layers are removed.
-func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (_ *State, err error) {
+func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
+	return s.CreateImportedSized(id, tasks, prevID, dirs, Limit{})
+}
+
+// CreateImportedSized is CreateImported of an allocation with disk limit
+// lim (the store's default when zero). What was received is measured
+// before it becomes layers, and an allocation it does not fit in is
+// refused (ErrTooBig) with nothing created.
+func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID string, dirs map[string]string, lim Limit) (_ *State, err error) {
 	defer s.observeMigration(MigrationRemote, time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
@@ -260,6 +282,12 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 	if err := s.absent(id); err != nil {
 		return nil, err
 	}
+	if err := s.sizeNew(st, lim); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
+	if err := s.fitsImport(st, dirs); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
 	var imported []string
 	fail := func(err error) (*State, error) {
 		var errs []error
@@ -280,6 +308,19 @@ func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, 
 		}
 		imported = append(imported, l)
 		st.Volumes[key] = &Volume{Upper: l}
+		if s.quota != nil {
+			// A received tree is a plain directory, which no qgroup
+			// counts: it becomes the lower of a fresh subvolume that
+			// takes the writes (and the copy-ups, whose clones it
+			// references), so nothing written later escapes the limit.
+			spec, _ := volumeSpecOf(key)
+			f, err := s.newLayer(spec.mode, "")
+			if err != nil {
+				return fail(err)
+			}
+			imported = append(imported, f.ID)
+			st.Volumes[key] = &Volume{Upper: f.ID, Lowers: []string{l}}
+		}
 	}
 	if len(imported) > 0 {
 		if err := s.disk.Fsync(s.layersDir()); err != nil {

@@ -84,6 +84,15 @@ type State struct {
 	// they show the node's chroot environment, read-only, below their
 	// own layer (the tree's host layer). Sorted.
 	Chroots []string `json:"chroots,omitempty"`
+	// Disk is the allocation's disk limit and the quota group that
+	// counts it (quota.go); nil for none.
+	Disk *DiskQuota `json:"disk,omitempty"`
+	// Tags number, on a store whose layers are btrfs subvolumes, each
+	// layer the allocation stacks or retains: every subvolume numbers
+	// its inodes from 256, so the mount mixes the layer's tag into the
+	// inode numbers it shows (bits 32-39) to keep two layers' files
+	// apart. "tags": {"<layerID>": 3, ...}; tags run from 1 to 255.
+	Tags map[string]uint8 `json:"tags,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
@@ -104,6 +113,16 @@ func (s *State) Clone() *State {
 	}
 	if s.Chroots != nil {
 		c.Chroots = append([]string(nil), s.Chroots...)
+	}
+	if s.Disk != nil {
+		d := *s.Disk
+		c.Disk = &d
+	}
+	if s.Tags != nil {
+		c.Tags = make(map[string]uint8, len(s.Tags))
+		for k, v := range s.Tags {
+			c.Tags[k] = v
+		}
 	}
 	if s.Dirs != nil {
 		c.Dirs = make(map[string]*DirAttr, len(s.Dirs))
@@ -299,6 +318,9 @@ func (s *State) normalize() {
 	if len(s.Dirs) == 0 {
 		s.Dirs = nil
 	}
+	if len(s.Tags) == 0 {
+		s.Tags = nil
+	}
 }
 
 // validate checks what the store relies on in a state, whether it was read
@@ -327,6 +349,14 @@ func (s *State) validate() error {
 			if err := allocdir.ValidName(l); err != nil {
 				return fmt.Errorf("volume %q: invalid layer ID: %w", key, err)
 			}
+		}
+	}
+	if s.Disk != nil && (s.Disk.Bytes < 0 || s.Disk.Inodes < 0) {
+		return fmt.Errorf("disk limit %+v: %w", s.Disk.Limit, ErrBadLimit)
+	}
+	for l, t := range s.Tags {
+		if t == 0 {
+			return fmt.Errorf("layer %s has tag 0", l)
 		}
 	}
 	for _, l := range s.Retained {

@@ -117,6 +117,18 @@ type Store struct {
 
 	// obs is told of migrations and collections (SetObserver).
 	obs Observer
+
+	// quota, when set, enforces allocations' disk limits (quota.go);
+	// quotaReport says what the data dir can do either way. groups is
+	// the range of group IDs the store owns, defaultLimit what a new
+	// allocation gets, and unsettled is set while the kernel's groups
+	// may disagree with the records (a settle failed). Guarded by
+	// writeMu.
+	quota        *btrfsQuota
+	quotaReport  QuotaReport
+	groups       [2]uint64
+	defaultLimit Limit
+	unsettled    bool
 }
 
 // Open opens the store in dataDir, creating its directories if they are
@@ -137,6 +149,16 @@ type Options struct {
 	// Crash and fault tests pass one that stops or fails steps, and
 	// tests about something other than durability one without syncs.
 	Disk Disk
+	// Quotas turns on disk limits where the data dir's filesystem can
+	// enforce them (btrfs: quota accounting is enabled, and every new
+	// layer is a subvolume). Where it cannot, the store opens without
+	// them and Quota says why.
+	Quotas bool
+	// Groups is the range of quota group IDs the store may take;
+	// DefaultGroups when zero.
+	Groups [2]uint64
+	// DefaultLimit is given to every new allocation that asks for none.
+	DefaultLimit Limit
 }
 
 // OpenWith is Open with options.
@@ -210,6 +232,16 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		s.logger.Warn("no user nobody: layers stay owned by root, so tasks running as nobody cannot write to them")
 	}
 
+	s.groups, s.defaultLimit = opts.Groups, opts.DefaultLimit
+	if s.groups == ([2]uint64{}) {
+		s.groups = DefaultGroups
+	}
+	if s.groups[0] == 0 || s.groups[0] > s.groups[1] || s.groups[1] >= 1<<48 {
+		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], ErrBadLimit)
+	}
+	if err := s.openQuota(opts.Quotas); err != nil {
+		return nil, err
+	}
 	if err := s.cleanStaging(); err != nil {
 		return nil, err
 	}
@@ -228,6 +260,10 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 	if err := s.checkLayers(); err != nil {
 		return nil, err
 	}
+	s.writeMu.Lock()
+	s.unsettled = true
+	s.settleQuota(nil)
+	s.writeMu.Unlock()
 	s.logger.Info("opened store", "data_dir", abs, "allocations", len(s.allocs))
 	return s, nil
 }
