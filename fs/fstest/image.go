@@ -72,4 +72,3 @@ func Image(t testing.TB, kind string, sizeMB int, opts string, mkfsArgs ...strin
 	})
 	return mnt
 }
-
