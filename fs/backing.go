@@ -81,7 +81,8 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 func (n *volNode) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64, out *fuse.EntryOut) *gofs.Inode {
 	out.Attr.FromStat(st)
 	n.shownCtime(&out.Attr) // keyed by the backing inode number
-	ino := st.Ino ^ n.slot<<viewShift
+	salted, _ := n.st.Salted(0, st.Ino)
+	ino := salted ^ n.slot<<viewShift
 	out.Attr.Ino = ino
 	child := n.newChild([]int{0})
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino, Gen: gen})
@@ -89,7 +90,7 @@ func (n *volNode) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64
 
 // newChild makes a node for an entry of this volume visible in layers.
 func (n *volNode) newChild(layers []int) *volNode {
-	return &volNode{m: n.m, st: n.st, vroot: n.vroot, slot: n.slot, ro: n.ro, ovl: n.ovl, layers: layers}
+	return &volNode{m: n.m, st: n.st, vroot: n.vroot, slot: n.slot, alloc: n.alloc, ro: n.ro, ovl: n.ovl, layers: layers}
 }
 
 // lookupUpper finds name in the upper layer of this directory.
@@ -455,6 +456,9 @@ func (n *volNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno
 		return toErrno(n.m.logger, err)
 	}
 	out.FromStatfsT(&st)
+	if n.alloc != "" {
+		n.m.limitStatfs(n.alloc, out)
+	}
 	return 0
 }
 

@@ -160,7 +160,8 @@ const maxHostEntries = 1<<(viewShift-hostShift-1) - 1
 // entry it lies in (hostShift).
 func (m *Mount) identity(stack *layer.Stack, i int, rel string, st *syscall.Stat_t) uint64 {
 	if !stack.IsHost(i) {
-		return st.Ino
+		ino, _ := stack.Salted(i, st.Ino)
+		return ino
 	}
 	n := stack.Host.EntryOf(rel)
 	if n == 0 {

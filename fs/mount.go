@@ -454,6 +454,12 @@ func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
 	for _, l := range v.Lowers {
 		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
 	}
+	if len(st.Tags) > 0 {
+		stack.Salts = make([]uint64, len(stack.Roots))
+		for i, l := range append([]string{v.Upper}, v.Lowers...) {
+			stack.Salts[i] = uint64(st.Tags[l]) << layer.SaltShift
+		}
+	}
 	if m.hasHostLayer(st, key) {
 		stack.Host = m.hostLayer(st.ID, key)
 		stack.Roots = append(stack.Roots, stack.Host.Skeleton)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/hashicorp/go-hclog"
@@ -304,6 +305,20 @@ func (m *Mount) skeletonPath(id uint64) ([]string, bool) {
 // not check when it is 0; elsewhere the layers are searched.
 func (m *Mount) backingPath(st *store.State, ino uint64) (string, []string, error) {
 	layers := filepath.Join(m.store.DataDir(), "layers")
+	if len(st.Tags) > 0 {
+		// Subvolumes: the salt names the layer, the rest is the inode
+		// number in it.
+		tag, raw := uint8(ino>>layer.SaltShift), ino&(1<<layer.SaltShift-1)
+		for id, t := range st.Tags {
+			if t != tag {
+				continue
+			}
+			if rel, ok := findIno(filepath.Join(layers, id), raw); ok {
+				return id, rel, nil
+			}
+		}
+		return "", nil, fmt.Errorf("no file of inode %d in the layer tagged %d of %s", raw, tag, st.ID)
+	}
 	if p, err := openByIno(layers, ino); err == nil {
 		if layerID, rel, ok := splitLayerPath(layers, p); ok {
 			return layerID, rel, nil

@@ -276,13 +276,43 @@ func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errn
 var _ = (gofs.NodeStatfser)((*allocNode)(nil))
 
 func (a *allocNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	return a.m.statfs(out)
+	if errno := a.m.statfs(out); errno != 0 {
+		return errno
+	}
+	a.m.limitStatfs(a.id, out)
+	return 0
 }
 
 var _ = (gofs.NodeStatfser)((*sharedNode)(nil))
 
 func (s *sharedNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	return s.m.statfs(out)
+	if errno := s.m.statfs(out); errno != 0 {
+		return errno
+	}
+	s.m.limitStatfs(s.id, out)
+	return 0
+}
+
+// limitStatfs makes out, the backing filesystem's numbers, those of
+// allocation id's disk where it has a limit: as a container sees its
+// disk, df inside an allocation shows its size, what it holds and what
+// it may still write (never more than the backing filesystem has free).
+// The mount root keeps the backing store's, which Nomad fingerprints.
+func (m *Mount) limitStatfs(id string, out *fuse.StatfsOut) {
+	u, ok, err := m.store.Usage(id)
+	if err != nil || !ok || u.Limit.Bytes == 0 || out.Frsize == 0 {
+		return
+	}
+	frsize := uint64(out.Frsize)
+	blocks := uint64(u.Limit.Bytes) / frsize
+	used := uint64(max(u.Bytes, 0)) / frsize
+	free := uint64(0)
+	if used < blocks {
+		free = blocks - used
+	}
+	out.Blocks = blocks
+	out.Bfree = min(free, out.Bfree)
+	out.Bavail = min(free, out.Bavail)
 }
 
 // withDots puts "." and ".." before entries, the directory n's own and

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/layer"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -133,7 +134,7 @@ func (n *volNode) lookupUnlinked(ctx context.Context, name string, out *fuse.Ent
 		return nil, syscall.ENOENT
 	}
 	var x unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil || x.Ino^n.slot<<viewShift != id || x.Mode&unix.S_IFMT != unix.S_IFREG {
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil || saltedIno(n.st, x.Ino)^n.slot<<viewShift != id || x.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
 		return nil, syscall.ENOENT
 	}
@@ -169,4 +170,11 @@ func (m *Mount) unnameUnlinked(path []string) {
 		}
 	}
 	dir.RmChild(path[len(path)-1])
+}
+
+// saltedIno is the inode number the upper layer of stack shows for its
+// backing inode ino.
+func saltedIno(stack *layer.Stack, ino uint64) uint64 {
+	salted, _ := stack.Salted(0, ino)
+	return salted
 }

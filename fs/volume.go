@@ -30,6 +30,9 @@ type volNode struct {
 	vroot *gofs.Inode
 	// slot is mixed into inode numbers; see identity.go.
 	slot uint64
+	// alloc is the allocation whose volume this is, whose disk limit df
+	// shows.
+	alloc string
 	// ro freezes the volume: every change fails with EROFS.
 	ro bool
 	// ovl is set for a volume with lower layers; layers then says where
@@ -102,7 +105,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
 		return nil, syscall.EIO
 	}
-	node := &volNode{m: m, st: stack, slot: slot, ro: v.ReadOnly, task: task, layers: []int{0}, key: key, view: view}
+	node := &volNode{m: m, st: stack, slot: slot, alloc: st.ID, ro: v.ReadOnly, task: task, layers: []int{0}, key: key, view: view}
 	node.vroot = node.EmbeddedInode()
 	if len(stack.Roots) > 1 {
 		node.ovl = stack
@@ -110,7 +113,8 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	}
 	out.Attr.FromStat(&rst)
 	node.mergedNlink("", node.layers, &out.Attr)
-	ino := rst.Ino ^ slot<<viewShift
+	salted, _ := stack.Salted(0, rst.Ino)
+	ino := salted ^ slot<<viewShift
 	out.Attr.Ino = ino
 	m.stableTimeouts(out)
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
@@ -598,6 +602,7 @@ func (n *volNode) mapDirent(e *fuse.DirEntry) {
 		}
 	default:
 		if e.Ino != 0 {
+			e.Ino, _ = n.st.Salted(0, e.Ino)
 			e.Ino ^= n.slot << viewShift
 		}
 	}

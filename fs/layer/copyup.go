@@ -209,7 +209,7 @@ func (s *Stack) EnsureUpperDir(rel string) error {
 // at from, whose lstat is st, to dst in the upper layer.
 func (s *Stack) copyEntry(from int, rel string, dst Loc, st *syscall.Stat_t) error {
 	perm := st.Mode & 07777
-	ino := st.Ino
+	ino, _ := s.Salted(from, st.Ino)
 	if s.Identity != nil {
 		ino = s.Identity(from, rel, st)
 	}

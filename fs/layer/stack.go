@@ -34,6 +34,10 @@ type Stack struct {
 	// to number a host layer's entries apart from the data dir's files,
 	// and from each other.
 	Identity func(i int, rel string, st *syscall.Stat_t) uint64
+	// Salts, when set, are mixed into the inode numbers of each layer's
+	// entries (Salted), one per root: on btrfs every layer is a
+	// subvolume, and subvolumes number their inodes alike.
+	Salts []uint64
 	// Held, when set, gives the descriptor of the upper layer's root,
 	// Roots[0] being then only its name: a detached mount (a memory
 	// volume's tmpfs) has no path, and the /proc/self/fd name of its
@@ -57,6 +61,20 @@ type HeldRoot interface {
 // so it must not block.
 type CopyUpObserver interface {
 	CopiedUp(mode uint32, bytes int64, d time.Duration)
+}
+
+// SaltShift is where a layer's salt sits in the inode numbers of its
+// entries: a salted layer shows inode numbers below 1<<SaltShift only.
+const SaltShift = 32
+
+// Salted is the inode number an entry of layer i whose backing inode
+// number is ino is shown with, and false where ino does not fit beside
+// the salt.
+func (s *Stack) Salted(i int, ino uint64) (uint64, bool) {
+	if i >= len(s.Salts) || s.Salts[i] == 0 {
+		return ino, true
+	}
+	return ino | s.Salts[i], ino < 1<<SaltShift
 }
 
 // Entry is one name of a merged directory listing.

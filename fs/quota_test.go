@@ -1,0 +1,229 @@
+package fs
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// newQuotaMount mounts a store with disk limits on a fresh btrfs image.
+func newQuotaMount(t *testing.T) *testMount {
+	t.Helper()
+	fstest.RequireFUSE(t)
+	img := fstest.Image(t, "btrfs", 600, "")
+	logger := testLogger(t)
+	logger.SetLevel(hclog.Warn)
+	s := openTestStore(t, filepath.Join(img, "data"), store.Options{Quotas: true})
+	if !s.Quota().Enforced() {
+		t.Fatalf("no quotas on a btrfs image: %+v", s.Quota())
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMount(logger, s, dir, DefaultMountOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	return &testMount{store: s, mount: m, dir: dir}
+}
+
+// writeUntil writes n bytes to path, opened with flags and mode, in 1 MiB
+// writes, and returns how many it wrote and the error that stopped it.
+func writeUntil(path string, flags int, mode os.FileMode, n int) (int, error) {
+	f, err := os.OpenFile(path, flags|os.O_WRONLY|os.O_CREATE, mode)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := bytes.Repeat([]byte{'z'}, 1<<20)
+	done := 0
+	for done < n {
+		w, err := f.Write(buf[:min(len(buf), n-done)])
+		done += w
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, f.Sync()
+}
+
+// TestQuotaThroughTheMount: a task's writes past its allocation's limit
+// fail with EDQUOT however they reach the disk (passthrough, the daemon
+// for a set-id file, fallocate), near the limit; another allocation
+// writes on; df inside the allocation shows its size; and two volumes'
+// files, whose subvolumes number inodes alike, keep apart.
+func TestQuotaThroughTheMount(t *testing.T) {
+	tm := newQuotaMount(t)
+	const limit = 32 << 20
+	if _, err := tm.store.CreateSized("a1", tasks("web"), store.Limit{Bytes: limit}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, errOnly(tm.store.Create("a2", tasks("web"))))
+	data := filepath.Join(tm.dir, "a1", "alloc", "data")
+
+	n, err := writeUntil(filepath.Join(data, "dd"), 0, 0o644, 2*limit)
+	if !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("passthrough write of twice the limit: %d bytes, %v; want EDQUOT", n, err)
+	}
+	t.Logf("passthrough: EDQUOT after %d of %d bytes", n, limit)
+	if n > limit || n < limit-4<<20 {
+		t.Fatalf("passthrough wrote %d bytes under a limit of %d", n, limit)
+	}
+	if n, err := writeUntil(filepath.Join(tm.dir, "a2", "alloc", "data", "big"), 0, 0o644, 2*limit); err != nil {
+		t.Fatalf("the allocation without a limit: %d bytes, %v", n, err)
+	}
+
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(data, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if got := int64(sfs.Blocks) * sfs.Frsize; got != limit || sfs.Bavail > sfs.Blocks/8 {
+		t.Fatalf("df in the full allocation: %d bytes of which %d free, want %d and about none", got, int64(sfs.Bavail)*sfs.Frsize, limit)
+	}
+	for _, p := range []string{filepath.Join(tm.dir, "a1"), filepath.Join(tm.dir, "a1", "alloc"), filepath.Join(tm.dir, "a1", "web", "local")} {
+		var in unix.Statfs_t
+		if err := unix.Statfs(p, &in); err != nil || int64(in.Blocks)*in.Frsize != limit {
+			t.Fatalf("df of %s: %d blocks of %d (%v)", p, in.Blocks, in.Frsize, err)
+		}
+	}
+	var root unix.Statfs_t
+	if err := unix.Statfs(tm.dir, &root); err != nil || int64(root.Blocks)*root.Frsize == limit {
+		t.Fatalf("df at the mount root shows the allocation's limit (%v)", err)
+	}
+
+	// Room again, then the daemon's own writes: a set-id file's are
+	// served by the daemon, which clears the bits.
+	if err := os.Remove(filepath.Join(data, "dd")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	n, err = writeUntil(filepath.Join(tm.dir, "a1", "web", "local", "suid"), 0, 0o4755, 2*limit)
+	if !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("daemon-served write of twice the limit: %d bytes, %v; want EDQUOT", n, err)
+	}
+	t.Logf("daemon-served: EDQUOT after %d of %d bytes", n, limit)
+	if n > limit || n < limit-4<<20 {
+		t.Fatalf("daemon-served write of %d bytes under a limit of %d", n, limit)
+	}
+	if err := os.Remove(filepath.Join(tm.dir, "a1", "web", "local", "suid")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+
+	// fallocate and a sparse file far beyond the limit.
+	f, err := os.Create(filepath.Join(data, "falloc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, 2*limit); !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("fallocate of twice the limit: %v, want EDQUOT", err)
+	}
+	f.Close()
+	sparse := filepath.Join(data, "sparse")
+	if err := os.WriteFile(sparse, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 1<<40); err != nil {
+		t.Fatalf("a sparse file of 1 TiB: %v", err)
+	}
+	if n, err := writeUntil(sparse, 0, 0, 2*limit); !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("filling a sparse file: %d bytes, %v; want EDQUOT", n, err)
+	}
+}
+
+// TestQuotaKeepsLayersApart: every layer is a subvolume, whose inode
+// numbers start over at 256, so the mount's numbers must still tell two
+// volumes' files and two layers' files apart.
+func TestQuotaKeepsLayersApart(t *testing.T) {
+	tm := newQuotaMount(t)
+	if _, err := tm.store.CreateSized("a1", tasks("web"), store.Limit{Bytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[uint64]string)
+	for _, p := range []string{"alloc/data", "alloc/logs", "alloc/tmp", "web/local", "web/tmp", "web"} {
+		full := filepath.Join(tm.dir, "a1", p)
+		if err := os.WriteFile(filepath.Join(full, "first"), []byte(p), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"", "first"} {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(full, name), &st); err != nil {
+				t.Fatal(err)
+			}
+			if other, ok := seen[st.Ino]; ok {
+				t.Fatalf("%s/%s and %s show inode %d", p, name, other, st.Ino)
+			}
+			seen[st.Ino] = p + "/" + name
+		}
+		// The listing agrees with stat.
+		ents, err := os.ReadDir(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.Name() != "first" {
+				continue
+			}
+			info, err := e.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[info.Sys().(*syscall.Stat_t).Ino] != p+"/first" {
+				t.Fatalf("%s/first: listing and stat disagree", p)
+			}
+		}
+	}
+	// A snapshot migration stacks a1's layer under a2's fresh one: a file
+	// of each, both the first of their subvolume, stay two files, and a
+	// copy-up keeps the lower file's number.
+	must(t, errOnly(tm.store.Stop("a1")))
+	if _, _, err := tm.store.CreateMigratedSized("a2", tasks("web"), "a1", true, store.Limit{Bytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(tm.dir, "a2", "alloc", "data")
+	if err := os.WriteFile(filepath.Join(data, "new"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var old, fresh unix.Stat_t
+	if err := unix.Lstat(filepath.Join(data, "first"), &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Lstat(filepath.Join(data, "new"), &fresh); err != nil {
+		t.Fatal(err)
+	}
+	if old.Ino == fresh.Ino {
+		t.Fatalf("the lower's file and the upper's show one inode %d", old.Ino)
+	}
+	f, err := os.OpenFile(filepath.Join(data, "first"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("more"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var after unix.Stat_t
+	if err := unix.Lstat(filepath.Join(data, "first"), &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Ino != old.Ino {
+		t.Fatalf("a copy-up changed the file's inode from %d to %d", old.Ino, after.Ino)
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "first")); err != nil || string(b) != "alloc/datamore" {
+		t.Fatalf("after the copy-up: %q, %v", b, err)
+	}
+}
