@@ -98,6 +98,11 @@ type CreateAllocRequest struct {
 	// not this one; the snapshot is fetched from it with Token.
 	From  string `json:"from,omitempty"`
 	Token string `json:"token,omitempty"`
+	// DiskMB limits what the allocation's volumes hold (alloc/data,
+	// alloc/logs, alloc/tmp, every task's local/ and tmp/), in MiB, as
+	// Nomad's ephemeral_disk.size; 0 takes the node's default. A node
+	// whose data dir cannot enforce a limit refuses one.
+	DiskMB int64 `json:"disk_mb,omitempty"`
 }
 
 // GCResponse is the answer of the GC endpoints: the allocations collected.
@@ -118,6 +123,31 @@ type AllocStatus struct {
 	// backing files (fast) or every read and write goes through the
 	// daemon.
 	Passthrough bool `json:"passthrough"`
+	// Disk is the allocation's disk limit and what it holds against it,
+	// from the filesystem's quota accounting; absent without a limit.
+	Disk *DiskStatus `json:"disk,omitempty"`
+}
+
+// DiskStatus is an allocation's disk limit and usage.
+type DiskStatus struct {
+	LimitBytes int64 `json:"limit_bytes"`
+	// UsedBytes is what the upper layers of its volumes hold, or will
+	// once the writes under way reach the disk.
+	UsedBytes int64 `json:"used_bytes"`
+	// Mechanism is what enforces the limit: "btrfs qgroups".
+	Mechanism string `json:"mechanism"`
+}
+
+// QuotaStatus says whether the node enforces disk limits, and if not,
+// what would make it.
+type QuotaStatus struct {
+	Enforced   bool   `json:"enforced"`
+	Mechanism  string `json:"mechanism,omitempty"`
+	Filesystem string `json:"filesystem"`
+	// Why says, where limits are not enforced, what would enforce them.
+	Why string `json:"why,omitempty"`
+	// DefaultMB is the limit of an allocation that asks for none.
+	DefaultMB int64 `json:"default_mb,omitempty"`
 }
 
 // LayerUsage is what the writable layer of a volume holds on the backing
@@ -145,6 +175,8 @@ type NodeStatus struct {
 	Goroutines int `json:"goroutines"`
 	// Backing describes the filesystem that holds the data dir.
 	Backing BackingStatus `json:"backing"`
+	// Quota says whether allocations' disk limits are enforced.
+	Quota QuotaStatus `json:"quota"`
 }
 
 // BackingStatus holds the statfs(2) numbers of the backing filesystem,

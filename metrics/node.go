@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
@@ -52,6 +53,9 @@ type nodeCollector struct {
 	usage *usageCache
 
 	passthrough, passthroughLost, opens, followers                         *prometheus.Desc
+	quotaEnforced, allocLimit, usageReadFailures                           *prometheus.Desc
+	// readFailures counts the accounting reads that failed.
+	readFailures atomic.Int64
 	allocs, allocStatus, allocBytes, allocFiles                            *prometheus.Desc
 	usageRefreshed, usageTook, usageFailures                               *prometheus.Desc
 	backingSize, backingFree, backingAvail, backingFiles, backingFilesFree *prometheus.Desc
@@ -83,6 +87,12 @@ func newNodeCollector(n Node, u *usageCache) *nodeCollector {
 		allocFiles: desc("alloc_files",
 			"Inodes of an allocation (files, directories, links; a hard-linked file once, where alloc status counts names and no directories), by volume and layer as allocfs_alloc_bytes."+stale,
 			"alloc_id", "volume", "layer"),
+		quotaEnforced: desc("quota_enforced",
+			"1 when the data dir's filesystem enforces allocations' disk limits, 0 when it cannot (serve's log says what would), by mechanism (btrfs qgroups) and filesystem.", "mechanism", "filesystem"),
+		allocLimit: desc("alloc_limit_bytes",
+			"An allocation's disk limit: what its volumes' upper layers may hold (alloc/data, logs, tmp, every task's local/ and tmp/). Only allocations with a limit have it; their allocfs_alloc_bytes is then read at scrape time from the filesystem's quota accounting, for the whole allocation (volume=\"\", layer=\"upper\"), with no walk.", "alloc_id"),
+		usageReadFailures: desc("alloc_usage_read_failures_total",
+			"Reads of an allocation's usage from the quota accounting that failed (the series is left out of that scrape)."),
 		usageRefreshed: desc("alloc_usage_refreshed_timestamp_seconds",
 			"When the last walk of the allocations' layers ended (Unix time)."),
 		usageTook: desc("alloc_usage_refresh_duration_seconds",
@@ -106,6 +116,7 @@ func newNodeCollector(n Node, u *usageCache) *nodeCollector {
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.passthrough, c.passthroughLost, c.opens, c.followers,
+		c.quotaEnforced, c.allocLimit, c.usageReadFailures,
 		c.allocs, c.allocStatus, c.allocBytes, c.allocFiles,
 		c.usageRefreshed, c.usageTook, c.usageFailures,
 		c.backingSize, c.backingFree, c.backingAvail, c.backingFiles, c.backingFilesFree,
@@ -147,6 +158,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for status, n := range byStatus {
 		gauge(c.allocs, float64(n), string(status))
 	}
+	c.collectQuota(ch, states, gauge)
 
 	snap, failures := c.usage.snapshot(firstScrapeWait)
 	ch <- prometheus.MustNewConstMetric(c.usageFailures, prometheus.CounterValue, float64(failures))
@@ -201,4 +213,27 @@ func bool01(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// collectQuota reads what enforces disk limits and, for every allocation
+// with a limit, its limit and usage from the quota accounting: a few
+// sysfs reads each, whatever it holds.
+func (c *nodeCollector) collectQuota(ch chan<- prometheus.Metric, states []*store.State, gauge func(*prometheus.Desc, float64, ...string)) {
+	r := c.node.Store.Quota()
+	gauge(c.quotaEnforced, bool01(r.Enforced()), r.Mechanism, r.Filesystem)
+	for _, st := range states {
+		if !counted(c.node.Store, st) {
+			continue
+		}
+		gauge(c.allocLimit, float64(st.Disk.Bytes), st.ID)
+		u, ok, err := c.node.Store.Usage(st.ID)
+		if err != nil || !ok {
+			if err != nil {
+				c.readFailures.Add(1)
+			}
+			continue
+		}
+		gauge(c.allocBytes, float64(u.Bytes), st.ID, "", "upper")
+	}
+	ch <- prometheus.MustNewConstMetric(c.usageReadFailures, prometheus.CounterValue, float64(c.readFailures.Load()))
 }

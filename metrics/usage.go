@@ -179,6 +179,9 @@ func (c *usageCache) refresh(ctx context.Context) {
 	}
 	allocs := make(map[string]map[string]volumeUsage, len(states))
 	for _, st := range states {
+		if counted(c.store, st) {
+			continue // read from the quota accounting at each scrape
+		}
 		vols := make(map[string]volumeUsage, len(st.Volumes))
 		for key, v := range st.Volumes {
 			if v == nil {
@@ -314,4 +317,10 @@ func (w *layerWalk) dir(dir int, shown string) (int, error) {
 		return -1, &os.PathError{Op: "open", Path: filepath.Join(shown, ".."), Err: err}
 	}
 	return up, nil
+}
+
+// counted reports whether the store's quota accounting counts st, whose
+// usage then needs no walk.
+func counted(s *store.Store, st *store.State) bool {
+	return st.Disk != nil && s.Quota().Enforced()
 }

@@ -26,11 +26,18 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 	if err != nil {
 		return nil, api.Kind(api.ErrBadRequest, err)
 	}
+	if req.DiskMB < 0 || req.DiskMB > maxDiskMB {
+		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("disk_mb %d: want 0 (the node's default) to %d", req.DiskMB, maxDiskMB))
+	}
+	if req.DiskMB > 0 && !s.store.Quota().Enforced() {
+		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("disk_mb %d: %w: %s", req.DiskMB, store.ErrNoQuota, s.store.Quota().Why))
+	}
+	lim := limitOf(req)
 	if req.Previous == "" {
 		if policy != migrate.PolicyNone {
 			return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("migrate %q needs a previous allocation", policy))
 		}
-		return s.store.Create(req.ID, tasks)
+		return s.store.CreateSized(req.ID, tasks, lim)
 	}
 	if req.From != "" {
 		if !policy.Remote() {
@@ -39,14 +46,14 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 		return s.createRemote(ctx, req, tasks, progress)
 	}
 	if !policy.Local() {
-		st, err := s.store.Create(req.ID, tasks)
+		st, err := s.store.CreateSized(req.ID, tasks, lim)
 		if err == nil {
 			s.logger.Info("migration skipped", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "reason", "policy none: the replacement starts empty")
 		}
 		return st, err
 	}
 	start := time.Now()
-	st, volumes, err := s.store.CreateMigrated(req.ID, tasks, req.Previous, mode == migrate.ModeSnapshot)
+	st, volumes, err := s.store.CreateMigratedSized(req.ID, tasks, req.Previous, mode == migrate.ModeSnapshot, lim)
 	if err != nil {
 		s.logger.Warn("migration refused", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "mode", mode, "error", err)
 		return nil, err
@@ -136,7 +143,7 @@ func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, 
 			dirs[key] = filepath.Join(fetched.Dir, key)
 		}
 	}
-	st, err := s.store.CreateImported(req.ID, tasks, req.Previous, dirs)
+	st, err := s.store.CreateImportedSized(req.ID, tasks, req.Previous, dirs, limitOf(req))
 	if err != nil {
 		return nil, err
 	}

@@ -144,6 +144,13 @@ func (s *Service) Status(_ context.Context, id string) (*api.AllocStatus, error)
 		u.Upper, u.Lowers = v.Upper, v.Lowers
 		out.Layers[key] = u
 	}
+	du, ok, err := s.store.Usage(id)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		out.Disk = &api.DiskStatus{LimitBytes: du.Limit.Bytes, UsedBytes: du.Bytes, Mechanism: du.Mechanism}
+	}
 	return out, nil
 }
 
@@ -224,6 +231,7 @@ func (s *Service) NodeStatus(context.Context) (*api.NodeStatus, error) {
 			BlockSize:      sf.Bsize,
 			NameMax:        sf.Namelen,
 		},
+		Quota: quotaStatus(s.store),
 	}, nil
 }
 

@@ -55,8 +55,10 @@ func classify(err error) error {
 	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity),
 		errors.Is(err, migrate.ErrDeadline), errors.Is(err, migrate.ErrTooSlow), upstream(err):
 		return api.Kind(api.ErrUpstream, err)
-	case errors.Is(err, store.ErrNoTasks):
+	case errors.Is(err, store.ErrNoTasks), errors.Is(err, store.ErrNoQuota), errors.Is(err, store.ErrBadLimit):
 		return api.Kind(api.ErrBadRequest, err)
+	case errors.Is(err, store.ErrTooBig):
+		return api.Kind(api.ErrConflict, err)
 	}
 	return err
 }
@@ -105,4 +107,25 @@ func layerUsage(dir string) (api.LayerUsage, error) {
 		return nil
 	})
 	return u, err
+}
+
+// maxDiskMB bounds a requested limit: 1 EiB, far past any disk, and
+// far from overflowing a byte count.
+const maxDiskMB = 1 << 40
+
+// limitOf is the disk limit a request asks for.
+func limitOf(req api.CreateAllocRequest) store.Limit {
+	return store.Limit{Bytes: req.DiskMB << 20}
+}
+
+// quotaStatus says what the store's data dir enforces.
+func quotaStatus(s *store.Store) api.QuotaStatus {
+	r := s.Quota()
+	return api.QuotaStatus{
+		Enforced:   r.Enforced(),
+		Mechanism:  r.Mechanism,
+		Filesystem: r.Filesystem,
+		Why:        r.Why,
+		DefaultMB:  s.DefaultLimit().Bytes >> 20,
+	}
 }

@@ -64,8 +64,12 @@ previous allocation must be stopped first.`)
 	from := fset.String("from", "", "base `URL` of the node holding --previous (http://host:port); needs --migrate")
 	tokenFile := fset.String("token-file", "", "`file` holding the migration token the --from node expects")
 	asJSON := fset.Bool("json", false, "print the new allocation's record as JSON")
+	diskMB := fset.Int64("disk-mb", 0, "disk limit in `MiB` of what the allocation's volumes hold (alloc/data, logs, tmp, every task's local/ and tmp/), as Nomad's ephemeral_disk.size; 0: the node's default. A node that cannot enforce it refuses")
 	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
+	}
+	if *diskMB < 0 {
+		return usageErrorf(cmd, "--disk-mb must not be negative, got %d", *diskMB)
 	}
 	if len(taskNames) == 0 {
 		return usageErrorf(cmd, "at least one --task is required")
@@ -135,7 +139,7 @@ previous allocation must be stopped first.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: policy, Mode: *mode, From: *from, Token: token}
+	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: policy, Mode: *mode, From: *from, Token: token, DiskMB: *diskMB}
 	var st *api.Alloc
 	var err error
 	if *from != "" {
@@ -284,6 +288,9 @@ func printAllocStatus(e *env, st *api.AllocStatus) error {
 	fmt.Fprintf(tw, "Mount\t%s\n", st.Mount)
 	fmt.Fprintf(tw, "Passthrough\t%t\n", st.Passthrough)
 	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(st.TaskNames(), ", "))
+	if d := st.Disk; d != nil {
+		fmt.Fprintf(tw, "Disk\t%s used of %s (%s)\n", formatBytes(d.UsedBytes), formatBytes(d.LimitBytes), d.Mechanism)
+	}
 	if st.Origin == api.OriginMount {
 		fmt.Fprintf(tw, "Made by\tNomad's client, through the mount (it removes the allocation itself)\n")
 	}
@@ -412,6 +419,14 @@ func runStatus(e *env, args []string) error {
 	fmt.Fprintf(tw, "Backing space\t%s available of %s (%s free)\n",
 		formatBytes(int64(b.BytesAvailable)), formatBytes(int64(b.BytesTotal)), formatBytes(int64(b.BytesFree)))
 	fmt.Fprintf(tw, "Backing inodes\t%d free of %d\n", b.FilesFree, b.FilesTotal)
+	switch q := st.Quota; {
+	case q.Enforced && q.DefaultMB > 0:
+		fmt.Fprintf(tw, "Disk limits\tenforced (%s on %s), %d MiB by default\n", q.Mechanism, q.Filesystem, q.DefaultMB)
+	case q.Enforced:
+		fmt.Fprintf(tw, "Disk limits\tenforced (%s on %s), none by default\n", q.Mechanism, q.Filesystem)
+	default:
+		fmt.Fprintf(tw, "Disk limits\tnot enforced: %s\n", q.Why)
+	}
 	return tw.Flush()
 }
 

@@ -81,7 +81,7 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 	}
 	deadline := time.Now().Add(handOverTimeout)
 	for {
-		s, err := store.Open(logger, cfg.dataDir)
+		s, err := store.OpenWith(logger, cfg.dataDir, cfg.storeOpts)
 		if err == nil {
 			// Its parked readers take requests until it has exited, and
 			// only then are they all there to be resent.

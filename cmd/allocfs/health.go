@@ -18,10 +18,31 @@ import (
 // nodeHealth is what GET /v1/agent/health checks: the mount, passthrough
 // and the store. None of the checks touches the mount: a daemon that
 // stats its own mount from a request can wait on itself.
-func nodeHealth(m *fs.Mount, s *store.Store) func() []api.HealthCheck {
+func nodeHealth(m *fs.Mount, s *store.Store, quotasAsked bool) func() []api.HealthCheck {
 	return func() []api.HealthCheck {
-		return []api.HealthCheck{mountHealth(m, mountinfoPath), passthroughHealth(m), storeHealth(s), memoryHealth(m, s)}
+		return []api.HealthCheck{mountHealth(m, mountinfoPath), passthroughHealth(m), storeHealth(s), memoryHealth(m, s), quotaHealth(s, quotasAsked)}
 	}
+}
+
+// quotaHealth fails where the operator asked for disk limits
+// (--enable-quotas) and the data dir cannot enforce them, or while the
+// kernel's quota groups lag the records (a settle failed); a node that
+// never asked for limits is healthy without them, and the detail says
+// what would enable them.
+func quotaHealth(s *store.Store, asked bool) api.HealthCheck {
+	c := api.HealthCheck{Name: "quota"}
+	r := s.Quota()
+	switch {
+	case !r.Enforced() && asked:
+		c.Detail = "--enable-quotas is set, but disk limits are not enforced: " + r.Why
+	case !r.Enforced():
+		c.OK, c.Detail = true, "disk limits are off: "+r.Why
+	case s.QuotaError() != nil:
+		c.Detail = fmt.Sprintf("some allocations' disk limits lag their records (%s): %v", r.Mechanism, s.QuotaError())
+	default:
+		c.OK, c.Detail = true, fmt.Sprintf("allocations' disk limits are enforced by %s on %s", r.Mechanism, r.Filesystem)
+	}
+	return c
 }
 
 // mountHealth finds the mount in the mount table and asks the connection

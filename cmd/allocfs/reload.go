@@ -98,6 +98,7 @@ func restartOnly(old, next *serveArgs) []string {
 		{"fuse-io-uring", old.fuseIOUring != next.fuseIOUring},
 		{"gc-*", old.gc != next.gc},
 		{"metrics-usage-interval", old.metricsUsageInterval != next.metricsUsageInterval},
+		{"enable-quotas, default-disk-mb, quota-groups", old.quota != next.quota},
 	} {
 		if f.changed {
 			names = append(names, f.name)

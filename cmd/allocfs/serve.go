@@ -52,6 +52,7 @@ type serveArgs struct {
 	gc                              store.GCConfig
 	metricsUsageInterval            time.Duration
 	chrootEnv                       []string
+	quota                           quotaArgs
 }
 
 // newServeFlags returns serve's flag set, parsing into a.
@@ -89,6 +90,7 @@ reload that changes them says so in the log.`)
 	fset.Float64Var(&a.gc.InodeUsagePercent, "gc-inode-usage-threshold", a.gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
 	fset.IntVar(&a.gc.MaxAllocs, "gc-max-allocs", a.gc.MaxAllocs, "collect terminal allocations while there are more than this `number` (0: no limit)")
 	fset.DurationVar(&a.metricsUsageInterval, "metrics-usage-interval", metrics.DefaultUsageInterval, "how often the allocations' usage in /v1/metrics is measured again, by a walk of their layers (`duration`; the series are up to that old)")
+	addQuotaFlags(fset, &a.quota)
 	fset.StringSliceVar(&a.chrootEnv, "chroot-env", defaultChrootEnv(), "Nomad's chroot_env: host `paths` (PATH, or HOST=DEST for another place) that a task directory Nomad builds a chroot in shows, read-only below the task's own files, so that Nomad copies none; the same list as the Nomad client's; empty for none")
 	return fset
 }
@@ -156,6 +158,9 @@ func parseServeArgs(e *env, args []string) (*serveArgs, error) {
 	if _, err := chrootEnvMap(a.chrootEnv); err != nil {
 		return nil, usageErrorf(serveCmd, "%v", err)
 	}
+	if _, err := a.quota.storeOptions(); err != nil {
+		return nil, usageErrorf(serveCmd, "%v", err)
+	}
 	if a.mountDir == "" {
 		a.mountDir = filepath.Join(a.dataDir, "mnt")
 	}
@@ -211,6 +216,10 @@ func runServe(e *env, args []string) error {
 		return err
 	}
 	chrootEnv, _ := chrootEnvMap(a.chrootEnv)
+	storeOpts, err := a.quota.storeOptions()
+	if err != nil {
+		return usageErrorf(serveCmd, "%v", err)
+	}
 	logger := hclog.New(&hclog.LoggerOptions{
 		Name:       "allocfs",
 		Level:      hclog.LevelFromString(a.logLevel),
@@ -235,6 +244,7 @@ func runServe(e *env, args []string) error {
 		secrets:       secrets,
 		gc:            a.gc,
 		usageInterval: a.metricsUsageInterval,
+		storeOpts:     storeOpts,
 		args:          a,
 		reread:        func() (*serveArgs, error) { return parseServeArgs(e, args) },
 	})
@@ -265,6 +275,8 @@ type serveConfig struct {
 	// usageInterval is how often the metrics' allocation usage is
 	// measured.
 	usageInterval time.Duration
+	// storeOpts are the store's options: its disk limits.
+	storeOpts store.Options
 	// args are the flags serve started with, and reread parses them
 	// again, for SIGHUP; nil reread: nothing to reload.
 	args   *serveArgs
@@ -320,7 +332,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			return notADirectory(cfg.mountDir, fi)
 		}
 	}
-	s, err := store.Open(logger, cfg.dataDir)
+	s, err := store.OpenWith(logger, cfg.dataDir, cfg.storeOpts)
 	if errors.Is(err, store.ErrLocked) && cfg.live {
 		if _, mount, _ := store.LockHolder(cfg.dataDir); mount == cfg.mountDir {
 			// An upgrade: the running daemon hands its mount over.
@@ -343,6 +355,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err := s.Announce(cfg.mountDir); err != nil {
 		return err
 	}
+	logQuota(logger, s)
 	nodeMetrics := metrics.New(logger)
 	s.SetObserver(nodeMetrics.Store())
 	// A connection systemd or a holder keeps (a restart, a crash) is
@@ -469,7 +482,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 		MountDir:    m.Dir(),
 		Passthrough: m.Passthrough,
 		AllocFS:     func(id string) allocdir.FS { return fs.NewAllocDir(logger, s, m, m.Dir(), id) },
-		Health:      nodeHealth(m, s),
+		Health:      nodeHealth(m, s, cfg.storeOpts.Quotas),
 		Fetches:     nodeMetrics.Fetches(),
 	})
 	svc.SetFetchTLS(cfg.secrets.fetchTLS)

@@ -189,6 +189,9 @@ func (c *Collector) tidy(pass *CollectorPass, start time.Time) {
 	if pass.Merges, err = c.store.Flatten(); err != nil {
 		c.logger.Error("failed to flatten snapshot chains", "error", err)
 	}
+	if err := c.store.Resettle(); err != nil {
+		c.logger.Error("disk limits still lag the records", "error", err)
+	}
 	pass.Duration = time.Since(start)
 	c.store.obs.CollectorPass(*pass)
 }

@@ -309,9 +309,11 @@ func (s *Store) settleQuota(affected map[string]bool) {
 	inconsistent, err := s.quota.settle(records, affected, s.groups)
 	if err != nil {
 		s.logger.Warn("disk limits do not match the records yet; the next change tries again", "error", err)
+		s.settleErr.Store(&err)
 		return
 	}
 	s.unsettled = false
+	s.settleErr.Store(nil)
 	if inconsistent {
 		s.logger.Info("recounting btrfs qgroups: a layer that moved between allocations shares extents")
 		if err := btrfs.Rescan(s.quota.dir); err != nil {
@@ -514,4 +516,29 @@ func (s *Store) warnOverLimit(id string) {
 	}
 	s.logger.Warn("allocation took over more data than its disk limit: its writes fail with EDQUOT until it deletes some",
 		"alloc_id", id, "bytes", u.Bytes, "limit_bytes", u.Limit.Bytes)
+}
+
+// DefaultLimit is the limit of a new allocation that asks for none.
+func (s *Store) DefaultLimit() Limit { return s.defaultLimit }
+
+// QuotaError is the error of the last settle of the kernel's quota
+// groups with the records, nil once one succeeded: while it is set,
+// some allocations' limits or usage lag their records.
+func (s *Store) QuotaError() error {
+	if p := s.settleErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Resettle settles the kernel's quota groups with every record again,
+// after a settle failed; the collector calls it each pass.
+func (s *Store) Resettle() error {
+	if s.quota == nil || s.QuotaError() == nil {
+		return nil
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.settleQuota(nil)
+	return s.QuotaError()
 }

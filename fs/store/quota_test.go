@@ -132,8 +132,8 @@ func TestQuotaRefusals(t *testing.T) {
 	if plain.Quota().Enforced() || plain.Quota().Why == "" {
 		t.Fatalf("Quota() of a plain store = %+v", plain.Quota())
 	}
-	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: Limit{Bytes: 1 << 20}}); err != nil {
-		t.Fatalf("open with a default limit: %v", err)
+	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
+		t.Fatalf("open with a default limit it cannot enforce: %v, want ErrNoQuota", err)
 	}
 
 	s := openQuotaStore(t, Options{})

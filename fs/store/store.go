@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
@@ -129,6 +130,8 @@ type Store struct {
 	groups       [2]uint64
 	defaultLimit Limit
 	unsettled    bool
+	// settleErr holds the last settle's error, for health.
+	settleErr atomic.Pointer[error]
 }
 
 // Open opens the store in dataDir, creating its directories if they are
@@ -241,6 +244,11 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 	}
 	if err := s.openQuota(opts.Quotas); err != nil {
 		return nil, err
+	}
+	if !s.defaultLimit.IsZero() {
+		if err := s.checkLimit(s.defaultLimit); err != nil {
+			return nil, fmt.Errorf("default disk limit: %w", err)
+		}
 	}
 	if err := s.cleanStaging(); err != nil {
 		return nil, err
