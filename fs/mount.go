@@ -70,6 +70,11 @@ type MountOptions struct {
 	// MemoryInodes, when set, gives the entry cap of a memory volume of
 	// a byte cap instead of defaultMemInodes.
 	MemoryInodes func(size int64) int64
+	// Created, when set, is told of each allocation a mkdir at the mount
+	// root made (Nomad's client), once it is recorded: the daemon asks
+	// Nomad its size. It runs in the mkdir's request, so it must not
+	// block.
+	Created func(id string)
 	// interpose, when set, wraps the request handler: tests use it to
 	// hold or delay a request as a busy or starved daemon thread would.
 	interpose func(fuse.RawFileSystem) fuse.RawFileSystem

@@ -116,6 +116,9 @@ func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 	}); err != nil {
 		return nil, toErrno(r.m.logger, err)
 	}
+	if r.m.opts.Created != nil {
+		r.m.opts.Created(name)
+	}
 	r.m.touchRoot()
 	return r.Lookup(ctx, name, out)
 }

@@ -1,25 +1,35 @@
+//go:build linux
+
 package main
 
 import (
 	"fmt"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/node"
 	"github.com/hashicorp/go-hclog"
+	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/spf13/pflag"
 )
 
 // quotaArgs are serve's flags for allocations' disk limits.
 type quotaArgs struct {
-	enable        bool
-	defaultDiskMB int64
-	groups        string
+	enable         bool
+	defaultDiskMB  int64
+	groups         string
+	nomadAddr      string
+	nomadTokenFile string
 }
 
 func addQuotaFlags(fset *pflag.FlagSet, q *quotaArgs) {
 	fset.BoolVar(&q.enable, "enable-quotas", false, "enforce allocations' disk limits with the data dir's filesystem (btrfs: turns qgroup accounting on, and makes every new layer a subvolume); where the filesystem cannot, serve says what would")
 	fset.Int64Var(&q.defaultDiskMB, "default-disk-mb", 0, "disk limit, in `MiB`, of an allocation that asks for none (Nomad's ephemeral_disk.size); 0: none. Needs --enable-quotas on a data dir that can enforce it: serve refuses to start otherwise")
+	fset.StringVar(&q.nomadAddr, "nomad-addr", "", "`address` of the Nomad agent (http://127.0.0.1:4646): each allocation Nomad's client makes through the mount gets its task group's ephemeral_disk.size as its disk limit, read from Nomad's API (TLS from the NOMAD_CACERT, NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY variables)")
+	fset.StringVar(&q.nomadTokenFile, "nomad-token-file", "", "`file` holding the ACL token (its secret ID) with which to read allocations from --nomad-addr")
 	fset.StringVar(&q.groups, "quota-groups", fmt.Sprintf("%d-%d", store.DefaultGroups[0], store.DefaultGroups[1]), "`range` of btrfs level-1 qgroup IDs allocfs may take for allocations (FIRST-LAST); keep it clear of the qgroups the host numbers itself")
 }
 
@@ -34,6 +44,14 @@ func (q quotaArgs) storeOptions() (store.Options, error) {
 	b, err2 := strconv.ParseUint(strings.TrimSpace(last), 10, 64)
 	if !ok || err1 != nil || err2 != nil || a == 0 || a > b || b >= 1<<48 {
 		return opts, fmt.Errorf("--quota-groups %q: want FIRST-LAST, 1 <= FIRST <= LAST < 2^48", q.groups)
+	}
+	if q.nomadAddr != "" {
+		if u, err := url.Parse(q.nomadAddr); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return opts, fmt.Errorf("--nomad-addr %q: want http://host:port or https://host:port", q.nomadAddr)
+		}
+	}
+	if q.nomadTokenFile != "" && q.nomadAddr == "" {
+		return opts, fmt.Errorf("--nomad-token-file needs --nomad-addr")
 	}
 	opts.Quotas = q.enable
 	opts.Groups = [2]uint64{a, b}
@@ -51,4 +69,31 @@ func logQuota(logger hclog.Logger, s *store.Store) {
 		return
 	}
 	logger.Info("allocations' disk limits are not enforced: an allocation that asks for one is refused", "filesystem", r.Filesystem, "how_to_enable", r.Why)
+}
+
+// startNomadSizes makes what reads allocations' sizes from Nomad, or nil
+// without --nomad-addr, or where nothing could enforce them (said once).
+func startNomadSizes(logger hclog.Logger, s *store.Store, q quotaArgs) (*node.NomadSizes, error) {
+	if q.nomadAddr == "" {
+		return nil, nil
+	}
+	if !s.Quota().Enforced() {
+		logger.Warn("--nomad-addr is set, but disk limits are not enforced here: Nomad's sizes are not read", "how_to_enable", s.Quota().Why)
+		return nil, nil
+	}
+	cfg := nomadapi.DefaultConfig()
+	cfg.Address = q.nomadAddr
+	if q.nomadTokenFile != "" {
+		b, err := os.ReadFile(q.nomadTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("failed to read --nomad-token-file: %w", err)
+		}
+		cfg.SecretID = strings.TrimSpace(string(b))
+	}
+	sizes, err := node.NewNomadSizes(logger, s, cfg)
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("allocations Nomad's client makes take their size from Nomad", "nomad_addr", q.nomadAddr)
+	return sizes, nil
 }

@@ -245,6 +245,7 @@ func runServe(e *env, args []string) error {
 		gc:            a.gc,
 		usageInterval: a.metricsUsageInterval,
 		storeOpts:     storeOpts,
+		quota:         a.quota,
 		args:          a,
 		reread:        func() (*serveArgs, error) { return parseServeArgs(e, args) },
 	})
@@ -275,8 +276,10 @@ type serveConfig struct {
 	// usageInterval is how often the metrics' allocation usage is
 	// measured.
 	usageInterval time.Duration
-	// storeOpts are the store's options: its disk limits.
+	// storeOpts are the store's options: its disk limits; quota the
+	// flags they came from.
 	storeOpts store.Options
+	quota     quotaArgs
 	// args are the flags serve started with, and reread parses them
 	// again, for SIGHUP; nil reread: nothing to reload.
 	args   *serveArgs
@@ -413,6 +416,13 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	opts.ChrootEnv = cfg.mount.ChrootEnv
 	opts.Requests = nodeMetrics.FUSE()
 	opts.CopyUps = nodeMetrics.CopyUps()
+	sizes, err := startNomadSizes(logger, s, cfg.quota)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer sizes.Close()
+	opts.Created = sizes.Created
 	var m *fs.Mount
 	if heldFd >= 0 {
 		opts.HeldMemory = heldMem
@@ -449,6 +459,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			}
 		}
 	}
+	sizes.Resume()
 	// keeper is what keeps the connection while no daemon runs.
 	keeper := ""
 	stopWatch := func() {}

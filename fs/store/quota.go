@@ -44,7 +44,18 @@ func (l Limit) IsZero() bool { return l.Bytes == 0 && l.Inodes == 0 }
 type DiskQuota struct {
 	Limit
 	Group uint64 `json:"group"`
+	// From says who set the limit: "request" (the API or the allocdir
+	// contract), "default" (Options.DefaultLimit), "nomad" (the
+	// allocation's ephemeral_disk.size, read from Nomad's API).
+	From string `json:"from,omitempty"`
 }
+
+// Where a limit came from (DiskQuota.From).
+const (
+	FromRequest = "request"
+	FromDefault = "default"
+	FromNomad   = "nomad"
+)
 
 // DefaultGroups is the range of quota group IDs the store takes for its
 // allocations unless told otherwise (Options.Groups): far above what
@@ -394,8 +405,9 @@ func (s *Store) tagElsewhere(l, id string, in *intent) uint8 {
 // sizeNew gives the record of a new allocation its limit: lim, or the
 // store's default where lim is zero. The caller holds writeMu.
 func (s *Store) sizeNew(st *State, lim Limit) error {
+	from := FromRequest
 	if lim.IsZero() {
-		lim = s.defaultLimit
+		lim, from = s.defaultLimit, FromDefault
 	}
 	if lim.IsZero() {
 		return nil
@@ -407,8 +419,46 @@ func (s *Store) sizeNew(st *State, lim Limit) error {
 	if err != nil {
 		return err
 	}
-	st.Disk = &DiskQuota{Limit: lim, Group: g}
+	st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
 	return nil
+}
+
+// SetLimit changes allocation id's disk limit to lim (zero: none), set
+// by from (FromNomad...). Like every change it is journaled, and the
+// kernel's groups follow at once. A limit below what the allocation
+// holds is set all the same: its data stays, its writes fail until it
+// deletes some, and a warning says so.
+func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
+	if !lim.IsZero() {
+		if err := s.checkLimit(lim); err != nil {
+			return nil, fmt.Errorf("failed to limit allocation %q: %w", id, err)
+		}
+	}
+	s.writeMu.Lock()
+	st, err := s.Get(id)
+	if err == nil {
+		switch {
+		case lim.IsZero():
+			st.Disk = nil
+		case st.Disk != nil:
+			st.Disk.Limit, st.Disk.From = lim, from
+		default:
+			var g uint64
+			if g, err = s.freeGroup(); err == nil {
+				st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
+			}
+		}
+	}
+	if err == nil {
+		err = s.commit("limit", st)
+	}
+	s.writeMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("failed to limit allocation %q: %w", id, err)
+	}
+	s.logger.Info("set an allocation's disk limit", "alloc_id", id, "bytes", lim.Bytes, "from", from)
+	s.warnOverLimit(id)
+	return s.Get(id)
 }
 
 // checkLimit refuses a limit the store cannot keep.

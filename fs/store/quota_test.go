@@ -321,3 +321,36 @@ func TestQuotaImport(t *testing.T) {
 		t.Fatalf("writes over an imported volume: %v, want EDQUOT", err)
 	}
 }
+
+func TestQuotaSetLimit(t *testing.T) {
+	s := openQuotaStore(t, Options{})
+	mustCreate(t, s, "a1", "web")
+	if _, err := fillLayer(t, s, "a1", "alloc/data", "f", 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.SetLimit("a1", Limit{Bytes: 2 << 20}, FromNomad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Disk == nil || st.Disk.From != FromNomad || st.Disk.Bytes != 2<<20 {
+		t.Fatalf("record after SetLimit: %+v", st.Disk)
+	}
+	if _, err := fillLayer(t, s, "a1", "alloc/tmp", "g", 1<<20); !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("a write over a limit set below the usage: %v, want EDQUOT", err)
+	}
+	if _, err := s.SetLimit("a1", Limit{Bytes: 64 << 20}, FromRequest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fillLayer(t, s, "a1", "alloc/tmp", "g", 1<<20); err != nil {
+		t.Fatalf("a write after the limit was raised: %v", err)
+	}
+	if st, err := s.SetLimit("a1", Limit{}, FromRequest); err != nil || st.Disk != nil {
+		t.Fatalf("removing the limit: %+v, %v", st, err)
+	}
+	if !s.quota.groupFree(DefaultGroups[0]) {
+		t.Fatal("the group of a limit removed is left")
+	}
+	if _, err := s.SetLimit("nope", Limit{Bytes: 1 << 20}, FromNomad); err == nil {
+		t.Fatal("a limit on an unknown allocation")
+	}
+}
