@@ -52,10 +52,10 @@ type nodeCollector struct {
 	node  Node
 	usage *usageCache
 
-	passthrough, passthroughLost, opens, followers                         *prometheus.Desc
-	quotaEnforced, allocLimit, usageReadFailures                           *prometheus.Desc
+	passthrough, passthroughLost, opens, followers *prometheus.Desc
+	quotaEnforced, allocLimit, usageReadFailures   *prometheus.Desc
 	// readFailures counts the accounting reads that failed.
-	readFailures atomic.Int64
+	readFailures                                                           atomic.Int64
 	allocs, allocStatus, allocBytes, allocFiles                            *prometheus.Desc
 	usageRefreshed, usageTook, usageFailures                               *prometheus.Desc
 	backingSize, backingFree, backingAvail, backingFiles, backingFilesFree *prometheus.Desc
