@@ -227,3 +227,40 @@ func TestQuotaKeepsLayersApart(t *testing.T) {
 		t.Fatalf("after the copy-up: %q, %v", b, err)
 	}
 }
+
+// TestMountListingOpenedBeforeACreate: on btrfs a directory descriptor
+// lists only what its directory held when it was opened, until it is
+// rewound; the kernel keeps the listing of the mount's first READDIR, so
+// a name made between an opendir and its first readdir must be in it, or
+// every later listing misses it.
+func TestMountListingOpenedBeforeACreate(t *testing.T) {
+	tm := newQuotaMount(t)
+	must(t, errOnly(tm.store.Create("a1", tasks("web"))))
+	dir := filepath.Join(tm.dir, "a1", "alloc", "data")
+	for i := range 3 {
+		d, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "made-" + string(rune('a'+i))
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		first, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range again {
+			names = append(names, e.Name())
+		}
+		if len(names) != i+1 || names[i] != name {
+			t.Fatalf("listing after %s was made while a handle was open: %v (that handle read %v)", name, names, first)
+		}
+	}
+}

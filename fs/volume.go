@@ -526,12 +526,24 @@ type volDir struct {
 	// aheadErr is the error that ended that read, returned after them.
 	ahead    []fuse.DirEntry
 	aheadErr syscall.Errno
+	// sought is set once the stream was rewound after the open, or
+	// moved by the kernel: a btrfs directory descriptor lists only the
+	// entries it had when it was opened, until it is rewound, and a
+	// listing the kernel keeps (FOPEN_CACHE_DIR) must not miss a name
+	// made between the OPENDIR and the first READDIR.
+	sought bool
 }
 
 var _ = (gofs.FileReaddirenter)((*volDir)(nil))
 
 // Readdirent gives each entry the inode number stat gives it.
 func (d *volDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if !d.sought {
+		d.sought = true
+		if errno := d.dirStream.Seekdir(ctx, 0); errno != 0 {
+			return nil, errno
+		}
+	}
 	if d.first == nil {
 		d.started(ctx, d.readAhead(ctx))
 	}
@@ -580,7 +592,7 @@ var _ = (gofs.FileSeekdirer)((*volDir)(nil))
 
 // Seekdir drops what was read ahead: the stream moves to off.
 func (d *volDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	d.ahead, d.aheadErr = nil, 0
+	d.ahead, d.aheadErr, d.sought = nil, 0, true
 	if off == 0 {
 		d.restart()
 	}
