@@ -54,7 +54,9 @@ func (c *Client) Dir(id string) string { return filepath.Join(c.AllocDir, id) }
 
 // Start is what the agent does to its directories when it starts: it
 // creates them (a mode of an existing one is left) and fingerprints the
-// node's disk from a statfs of alloc_dir, which must show real counts.
+// node's disk from a statfs of alloc_dir, which must show real counts:
+// blocks (its fingerprint, df -kP, reads only those); inodes may be 0,
+// as btrfs, which numbers none, reports with or without allocfs.
 func (c *Client) Start() error {
 	for _, d := range []string{c.AllocDir, c.MountsDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -65,7 +67,7 @@ func (c *Client) Start() error {
 	if err := unix.Statfs(c.AllocDir, &st); err != nil {
 		return fmt.Errorf("agent start: fingerprint of %s: %w", c.AllocDir, err)
 	}
-	if st.Blocks == 0 || st.Bsize == 0 || st.Files == 0 {
+	if st.Blocks == 0 || st.Bsize == 0 || st.Files < st.Ffree {
 		return fmt.Errorf("agent start: statfs of %s shows no disk (%d blocks of %d bytes, %d inodes)", c.AllocDir, st.Blocks, st.Bsize, st.Files)
 	}
 	return nil
