@@ -88,6 +88,18 @@ func (r QuotaReport) Enforced() bool { return r.Mechanism != "" }
 type btrfsQuota struct {
 	dir  string // the layers dir
 	fsid string
+	// step, when set, is told of every change the quota makes in the
+	// kernel before it is made, and fails it by returning an error: the
+	// crash tests stop the store there, as they do at its disk's steps.
+	step func(op, path string) error
+}
+
+// before takes one step named op, or fails it (step).
+func (q *btrfsQuota) before(op string, what any) error {
+	if q.step == nil {
+		return nil
+	}
+	return q.step(op, fmt.Sprint(what))
 }
 
 const mechanismBtrfs = "btrfs qgroups"
@@ -151,6 +163,9 @@ func fsTypeName(dir string) string {
 // makeLayer makes the root of a layer: a subvolume, so that its usage is
 // counted apart.
 func (q *btrfsQuota) makeLayer(p string) error {
+	if err := q.before("subvolume create", p); err != nil {
+		return err
+	}
 	if err := btrfs.CreateSubvolume(p); err != nil {
 		return err
 	}
@@ -194,6 +209,20 @@ func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool,
 			}
 		}
 	}
+	if affected == nil {
+		// A group without members has no relation to find it by: a
+		// crash between its creation and its first member's, or after
+		// its last member left, leaves one.
+		groupsNow, err := btrfs.Qgroups(q.fsid, 1)
+		if err != nil {
+			return false, err
+		}
+		for _, g := range groupsNow {
+			if _, ok := members[g]; !ok && g.ID() >= groups[0] && g.ID() <= groups[1] {
+				members[g] = nil
+			}
+		}
+	}
 	want := make(map[btrfs.QgroupID][]btrfs.QgroupID)
 	ids := make([]string, 0, len(records))
 	for id := range records {
@@ -208,9 +237,15 @@ func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool,
 			continue
 		}
 		g := btrfs.Qgroup(1, st.Disk.Group)
+		if err := q.before("qgroup create", g); err != nil {
+			return false, err
+		}
 		if err := btrfs.CreateQgroup(q.dir, g); err != nil {
 			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
 			continue
+		}
+		if err := q.before("qgroup limit", g); err != nil {
+			return false, err
 		}
 		if err := btrfs.Limit(q.dir, g, uint64(st.Disk.Bytes)); err != nil {
 			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
@@ -239,6 +274,9 @@ func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool,
 			if slices.Contains(want[g], child) {
 				continue
 			}
+			if err := q.before("qgroup unassign", child); err != nil {
+				return false, err
+			}
 			inc, err := btrfs.Assign(q.dir, child, g, false)
 			inconsistent = inconsistent || inc
 			if err != nil {
@@ -246,6 +284,9 @@ func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool,
 			}
 		}
 		if _, live := want[g]; !live && !groupNamed(records, g.ID()) {
+			if err := q.before("qgroup destroy", g); err != nil {
+				return false, err
+			}
 			if err := btrfs.DestroyQgroup(q.dir, g); err != nil {
 				errs = append(errs, err)
 			}
@@ -255,6 +296,9 @@ func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool,
 		for _, child := range children {
 			if slices.Contains(members[g], child) {
 				continue
+			}
+			if err := q.before("qgroup assign", child); err != nil {
+				return false, err
 			}
 			inc, err := btrfs.Assign(q.dir, child, g, true)
 			inconsistent = inconsistent || inc
@@ -296,6 +340,9 @@ func (s *Store) openQuota(enable bool) error {
 		return fmt.Errorf("failed to set up disk limits: %w", err)
 	}
 	s.quota, s.quotaReport = q, r
+	if q != nil {
+		q.step = s.quotaStep
+	}
 	return nil
 }
 

@@ -126,6 +126,7 @@ type Store struct {
 	// may disagree with the records (a settle failed). Guarded by
 	// writeMu.
 	quota        *btrfsQuota
+	quotaStep    func(op, path string) error
 	quotaReport  QuotaReport
 	groups       [2]uint64
 	defaultLimit Limit
@@ -162,6 +163,9 @@ type Options struct {
 	Groups [2]uint64
 	// DefaultLimit is given to every new allocation that asks for none.
 	DefaultLimit Limit
+	// quotaStep, when set, takes every change the quota makes in the
+	// kernel as a step of Disk's (the crash tests').
+	quotaStep func(op, path string) error
 }
 
 // OpenWith is Open with options.
@@ -235,7 +239,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		s.logger.Warn("no user nobody: layers stay owned by root, so tasks running as nobody cannot write to them")
 	}
 
-	s.groups, s.defaultLimit = opts.Groups, opts.DefaultLimit
+	s.groups, s.defaultLimit, s.quotaStep = opts.Groups, opts.DefaultLimit, opts.quotaStep
 	if s.groups == ([2]uint64{}) {
 		s.groups = DefaultGroups
 	}

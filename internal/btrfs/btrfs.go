@@ -399,3 +399,25 @@ func Inconsistent(dir string) (bool, error) {
 	}
 	return strings.TrimSpace(string(b)) == "1", nil
 }
+
+// Qgroups lists the qgroups of level of the filesystem fsid, as sysfs
+// shows them.
+func Qgroups(fsid string, level uint16) ([]QgroupID, error) {
+	entries, err := os.ReadDir("/sys/fs/btrfs/" + fsid + "/qgroups")
+	if err != nil {
+		return nil, fmt.Errorf("qgroups of %s: %w", fsid, err)
+	}
+	var out []QgroupID
+	for _, e := range entries {
+		l, id, ok := strings.Cut(e.Name(), "_")
+		if !ok {
+			continue
+		}
+		lv, err1 := strconv.ParseUint(l, 10, 16)
+		n, err2 := strconv.ParseUint(id, 10, 48)
+		if err1 == nil && err2 == nil && uint16(lv) == level {
+			out = append(out, Qgroup(level, n))
+		}
+	}
+	return out, nil
+}

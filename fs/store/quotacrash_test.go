@@ -1,0 +1,214 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/internal/btrfs"
+	"github.com/hashicorp/go-hclog"
+)
+
+// TestQuotaCrashAtEveryStep runs every change that moves an allocation's
+// disk accounting on a btrfs data dir with limits, killed at each of its
+// steps: its disk's and each change the quota makes in the kernel
+// (subvolume, qgroup, limit, relation). The next start must leave the
+// kernel's groups agreeing with the records, whichever state (before or
+// after) they show: each allocation with a limit has its group with that
+// limit and the uppers of its volumes, and nothing more, as members; no
+// group of the store's range outlives its allocation; no layer is left
+// that no record names.
+//
+// Each run has a data dir of its own on one btrfs image, with a range of
+// group IDs of its own, since qgroups are the filesystem's. The kernel's
+// state is what a kill -9 leaves (the image is not unmounted); a power
+// cut is not simulated here: the btrfs transaction that holds a qgroup
+// change commits with or before the journal's fsync.
+func TestQuotaCrashAtEveryStep(t *testing.T) {
+	mnt := fstest.Image(t, "btrfs", 1024, "")
+	if err := btrfs.EnableQuotas(mnt); err != nil {
+		t.Fatal(err)
+	}
+	sized := Limit{Bytes: 32 << 20}
+	stage := func(s *Store) map[string]string {
+		dir, err := os.MkdirTemp(s.StagingDir(), "import")
+		if err != nil {
+			panic(err)
+		}
+		data := filepath.Join(dir, "alloc", "data")
+		if err := os.MkdirAll(data, 0o755); err != nil {
+			panic(err)
+		}
+		if err := os.WriteFile(filepath.Join(data, "f"), []byte("received"), 0o644); err != nil {
+			panic(err)
+		}
+		return map[string]string{"alloc/data": data}
+	}
+	stopped := func(t *testing.T, s *Store) {
+		if _, err := s.CreateSized("a", tasks("web"), sized); err != nil {
+			t.Fatal(err)
+		}
+		putFile(t, s, "a", "alloc/data", "data.txt", "precious")
+		must(t, errOnly(s.Stop("a")))
+	}
+	ops := []struct {
+		name  string
+		setup func(t *testing.T, s *Store)
+		run   func(s *Store) error
+	}{
+		{"create", func(*testing.T, *Store) {}, func(s *Store) error { return errOnly(s.CreateSized("a", tasks("web"), sized)) }},
+		{"adopt", stopped, func(s *Store) error {
+			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", false, Limit{Bytes: 64 << 20})
+			return err
+		}},
+		{"seal", stopped, func(s *Store) error {
+			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", true, sized)
+			return err
+		}},
+		{"adopt-volume", func(t *testing.T, s *Store) {
+			stopped(t, s)
+			must(t, errOnly(s.CreateFromMount("b", DirAttr{Mode: 0o755})))
+			must(t, errOnly(s.SetLimit("b", sized, FromNomad)))
+		}, func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") }},
+		{"import", func(*testing.T, *Store) {}, func(s *Store) error {
+			return errOnly(s.CreateImportedSized("b", tasks("web"), "a", stage(s), sized))
+		}},
+		{"set-limit", func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") }, func(s *Store) error {
+			return errOnly(s.SetLimit("a", sized, FromNomad))
+		}},
+		{"destroy", stopped, func(s *Store) error { return s.Destroy("a") }},
+	}
+	next := uint64(3000000)
+	groups := func() [2]uint64 {
+		next += 10
+		return [2]uint64{next, next + 9}
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			open := func(dir string, g [2]uint64, d *crashDisk) *Store {
+				opts := Options{Quotas: true, Groups: g}
+				if d != nil {
+					opts.Disk, opts.quotaStep = d, d.step
+				}
+				s, err := OpenWith(hclog.NewNullLogger(), dir, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			// The change without a crash: how many steps it takes.
+			dir := filepath.Join(mnt, op.name+"-count")
+			g := groups()
+			counter := newCrashDisk(t, dir, "", 0, false)
+			s := open(dir, g, counter)
+			op.setup(t, s)
+			counter.steps, counter.trail = 0, nil
+			if err := op.run(s); err != nil {
+				t.Fatalf("%s without a crash: %v", op.name, err)
+			}
+			total, trail := counter.steps, counter.trail
+			must(t, s.Close())
+			checkQuotaAgrees(t, dir, g, "without a crash")
+			t.Logf("%s: %d steps: %s", op.name, total, strings.Join(trail, ", "))
+			if !slices.ContainsFunc(trail, func(s string) bool { return strings.HasPrefix(s, "qgroup") || strings.HasPrefix(s, "subvolume") }) {
+				t.Fatalf("%s took no quota step", op.name)
+			}
+			for n := 1; n <= total; n++ {
+				dir := filepath.Join(mnt, fmt.Sprintf("%s-%d", op.name, n))
+				g := groups()
+				d := newCrashDisk(t, dir, "", 0, false)
+				s := open(dir, g, d)
+				op.setup(t, s)
+				d.steps, d.limit = 0, n
+				runErr := op.run(s)
+				must(t, s.lock.release())
+				where := fmt.Sprintf("crash at step %d of %d (%s; run: %v)", n, total, trail[n-1], runErr)
+				s = open(dir, g, nil)
+				if _, err := s.Sweep(); err != nil {
+					t.Errorf("%s: sweep: %v", where, err)
+				}
+				must(t, s.Close())
+				checkQuotaAgrees(t, dir, g, where)
+			}
+		})
+	}
+}
+
+// checkQuotaAgrees checks, on the closed store in dir, that the kernel's
+// groups of range g are the records' (see TestQuotaCrashAtEveryStep).
+func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
+	t.Helper()
+	s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Groups: g})
+	if err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	defer s.Close()
+	layers := s.layersDir()
+	fsid, err := btrfs.FSID(layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := btrfs.Relations(layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := map[uint64][]string{}
+	for child, parents := range rel {
+		for _, p := range parents {
+			if p.Level() == 1 && p.ID() >= g[0] && p.ID() <= g[1] {
+				members[p.ID()] = append(members[p.ID()], child.String())
+			}
+		}
+	}
+	named := map[uint64]bool{}
+	for _, st := range s.List() {
+		for _, key := range sortedVolumeKeys(st) {
+			if err := s.checkLayer(st.Volumes[key].Upper); err != nil {
+				t.Errorf("%s: %s's %s: %v", where, st.ID, key, err)
+			}
+		}
+		if st.Disk == nil {
+			continue
+		}
+		named[st.Disk.Group] = true
+		var want []string
+		for _, key := range sortedVolumeKeys(st) {
+			id, err := btrfs.SubvolumeID(s.LayerPath(st.Volumes[key].Upper))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, btrfs.Qgroup(0, id).String())
+		}
+		got := members[st.Disk.Group]
+		sort.Strings(want)
+		sort.Strings(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: %s's group %d has members %v, want its uppers %v", where, st.ID, st.Disk.Group, got, want)
+		}
+		u, err := btrfs.ReadUsage(fsid, btrfs.Qgroup(1, st.Disk.Group))
+		if err != nil || u.MaxReferenced != uint64(st.Disk.Bytes) {
+			t.Errorf("%s: %s's group limit %d, want %d (%v)", where, st.ID, u.MaxReferenced, st.Disk.Bytes, err)
+		}
+	}
+	for id := g[0]; id <= g[1]; id++ {
+		_, err := os.Lstat(fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/1_%d", fsid, id))
+		if err == nil && !named[id] {
+			t.Errorf("%s: group %d outlives its allocation (members %v)", where, id, members[id])
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	used := s.referencedAll()
+	for l := range layerSet(t, dir) {
+		if _, ok := used[l]; !ok {
+			t.Errorf("%s: layer %s is left after the sweep, named by no record", where, l)
+		}
+	}
+}
