@@ -3,10 +3,17 @@ package fs
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"math"
+	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
@@ -262,5 +269,69 @@ func TestMountListingOpenedBeforeACreate(t *testing.T) {
 		if len(names) != i+1 || names[i] != name {
 			t.Fatalf("listing after %s was made while a handle was open: %v (that handle read %v)", name, names, first)
 		}
+	}
+}
+
+// TestQuotaUsageMatchesDu: what the quota accounting says an allocation
+// holds is what du says of its directory in the mount, within 1 %, for a
+// mix of large, small, sparse and hard-linked files in its data, logs and
+// task directories (the <task>/alloc views, which show alloc/ again, and
+// the memory volumes, which hold no disk, left out of du).
+func TestQuotaUsageMatchesDu(t *testing.T) {
+	if _, err := exec.LookPath("du"); err != nil {
+		fstest.Lacks(t, "du is needed: %v", err)
+	}
+	tm := newQuotaMount(t)
+	if _, err := tm.store.CreateSized("a1", tasks("web"), store.Limit{Bytes: 400 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	root := filepath.Join(tm.dir, "a1")
+	dirs := []string{"alloc/data", "alloc/logs", "alloc/tmp", "web/local", "web/tmp", "web"}
+	for i := 0; i < 20; i++ {
+		p := filepath.Join(root, dirs[i%len(dirs)], fmt.Sprintf("big%d", i))
+		if _, err := writeUntil(p, 0, 0o644, 3<<20+rng.Intn(3<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 600; i++ {
+		d := filepath.Join(root, dirs[rng.Intn(len(dirs))], fmt.Sprintf("d%d", i%7))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("small%d", i)), bytes.Repeat([]byte{byte(i)}, 1+rng.Intn(32<<10)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sparse := filepath.Join(root, "alloc/data/sparse")
+	f, err := os.Create(sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("end"), 1<<30)
+	f.WriteAt(bytes.Repeat([]byte{1}, 1<<20), 1<<20)
+	f.Close()
+	if err := os.Link(filepath.Join(root, "alloc/data/big0"), filepath.Join(root, "alloc/data/link")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	out, err := exec.Command("du", "-s", "--block-size=1", "--exclude=web/alloc", "--exclude=web/secrets", "--exclude=web/private", root).CombinedOutput()
+	if err != nil {
+		t.Fatalf("du: %v: %s", err, out)
+	}
+	du, err := strconv.ParseInt(strings.Fields(string(out))[0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, ok, err := tm.store.Usage("a1")
+	if err != nil || !ok {
+		t.Fatalf("Usage: %v, %v", ok, err)
+	}
+	diff := math.Abs(float64(u.Bytes-du)) / float64(du)
+	t.Logf("accounting %d bytes, du %d bytes: %.2f %% apart", u.Bytes, du, 100*diff)
+	if diff > 0.01 {
+		t.Fatalf("accounting %d bytes, du %d bytes: %.2f %% apart, want within 1 %%", u.Bytes, du, 100*diff)
 	}
 }
