@@ -69,6 +69,13 @@
 //
 // # Allocation usage is measured in the background
 //
+// An allocation with a disk limit on a store that enforces it is not
+// walked: the filesystem's quota accounting counts it, so a scrape reads
+// its allocfs_alloc_bytes (the whole allocation, volume="" and
+// layer="upper") and allocfs_alloc_limit_bytes from sysfs, current and
+// at the same cost whatever it holds (BenchmarkAllocUsage). The rest of
+// this section is about the allocations without one.
+//
 // allocfs_alloc_bytes and allocfs_alloc_files need a walk of every layer
 // of every allocation on the backing store, which on a busy node takes
 // longer than a scrape may. So one goroutine walks them every 30 seconds

@@ -51,6 +51,17 @@
 // collector pass removes orphans (Sweep), logging each, and a failed
 // removal is tried again by the next pass.
 //
+// # Disk limits
+//
+// With Options.Quotas on a btrfs data dir, every new layer is a subvolume
+// and every allocation with a limit (State.Disk) a qgroup over the upper
+// layers of its volumes, which the kernel holds to the limit for every
+// write, the daemon's or passthrough's (quota.go). After each intent is
+// applied the store settles the kernel's groups with the records; at
+// open it settles them all. Subvolumes number their inodes alike, so
+// each record tags its layers (State.Tags) for the mount to tell their
+// files apart. docs/design/quotas.md has the whole design.
+//
 // # Migration and collection
 //
 // Migration between two allocations of one store changes two records and
