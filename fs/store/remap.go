@@ -289,6 +289,9 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
 	var imported []string
+	// over are the fresh uppers stacked over received trees on a store
+	// with quotas.
+	var over []freshLayer
 	fail := func(err error) (*State, error) {
 		var errs []error
 		for _, l := range imported {
@@ -319,6 +322,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 				return fail(err)
 			}
 			imported = append(imported, f.ID)
+			over = append(over, f)
 			st.Volumes[key] = &Volume{Upper: f.ID, Lowers: []string{l}}
 		}
 	}
@@ -330,7 +334,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 	st.Previous = prevID
 	fresh, err := s.freshVolumes(st)
 	if err == nil {
-		err = s.change(&intent{Op: "import", Records: map[string]*State{id: st}, Fresh: fresh})
+		err = s.change(&intent{Op: "import", Records: map[string]*State{id: st}, Fresh: append(fresh, over...)})
 	}
 	if err != nil {
 		return fail(fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh))))
