@@ -73,6 +73,16 @@ bench-copyup:
 	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	COPYUP_ROUNDS=$(COPYUP_ROUNDS) COPYUP_OUT=$(COPYUP_OUT) ALLOCFS_BIN=$(CURDIR)/bin/allocfs sh scripts/bench-copyup.sh
 
+# bench-quota writes 1 GiB (dd conv=fsync) on plain btrfs, into a
+# subvolume that a limited qgroup counts, and through `allocfs serve
+# --enable-quotas` into an allocation with a limit, 6 rounds in rotated
+# order (scripts/bench-quota.sh, docs/benchmarks.md "Disk limits"). Needs
+# root, /dev/fuse, loop devices, btrfs-progs and bc.
+.PHONY: bench-quota
+bench-quota:
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
+	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/bench-quota.sh
+
 # scale mounts a separate `allocfs serve`, creates SCALE_ALLOCS allocations
 # of 3 tasks, then lists SCALE_DIRS x SCALE_FILES empty files with a cold
 # and a warm find beside the same find on the backing directory, and
