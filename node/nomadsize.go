@@ -103,7 +103,7 @@ func (n *NomadSizes) Close() {
 }
 
 // errNotNomads: Nomad does not know the allocation.
-var errNotNomads = errors.New("Nomad has no such allocation")
+var errNotNomads = errors.New("no such allocation in Nomad")
 
 // size reads allocation id's size from Nomad and sets it as its limit.
 func (n *NomadSizes) size(id string) {
