@@ -7,10 +7,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"syscall"
 
 	"github.com/allocfs/allocfs/internal/btrfs"
+	"github.com/allocfs/allocfs/internal/mountinfo"
+	"golang.org/x/sys/unix"
 )
 
 // Errors of the store's disk limits.
@@ -132,32 +133,24 @@ func detectQuota(dir string, enable bool) (*btrfsQuota, QuotaReport, error) {
 	return &btrfsQuota{dir: dir, fsid: fsid}, r, nil
 }
 
-// fsTypeName names the filesystem of dir as /proc/self/mountinfo would.
+// fsTypeName names the filesystem of dir as the mount table does: the
+// entry of its device.
 func fsTypeName(dir string) string {
 	if ok, _ := btrfs.Is(dir); ok {
 		return "btrfs"
 	}
-	var best, kind string
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
+	var st unix.Stat_t
+	mounts, err := mountinfo.Read("")
+	if err != nil || unix.Stat(dir, &st) != nil {
 		return "unknown"
 	}
-	abs, _ := filepath.EvalSymlinks(dir)
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		i := slices.Index(f, "-")
-		if len(f) < 5 || i < 0 || i+1 >= len(f) {
-			continue
-		}
-		mp := f[4]
-		if (abs == mp || strings.HasPrefix(abs, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
-			best, kind = mp, f[i+1]
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	for _, m := range mounts {
+		if m.Device == dev {
+			return m.FSType
 		}
 	}
-	if kind == "" {
-		return "unknown"
-	}
-	return kind
+	return "unknown"
 }
 
 // makeLayer makes the root of a layer: a subvolume, so that its usage is

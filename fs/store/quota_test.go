@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
@@ -129,8 +130,8 @@ func TestQuotaRefusals(t *testing.T) {
 	if files := stateFiles(t, plain); len(files) != 0 || len(layerDirs(t, plain)) != 0 {
 		t.Fatalf("a refused create left %v and layers %v", files, layerDirs(t, plain))
 	}
-	if plain.Quota().Enforced() || plain.Quota().Why == "" {
-		t.Fatalf("Quota() of a plain store = %+v", plain.Quota())
+	if r := plain.Quota(); r.Enforced() || r.Filesystem == "unknown" || !strings.Contains(r.Why, "on "+r.Filesystem+";") {
+		t.Fatalf("Quota() of a plain store = %+v", r)
 	}
 	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("open with a default limit it cannot enforce: %v, want ErrNoQuota", err)
