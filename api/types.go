@@ -103,6 +103,9 @@ type CreateAllocRequest struct {
 	// Nomad's ephemeral_disk.size; 0 takes the node's default. A node
 	// whose data dir cannot enforce a limit refuses one.
 	DiskMB int64 `json:"disk_mb,omitempty"`
+	// DiskInodes limits how many files and directories they hold, where
+	// the filesystem counts them; 0: none.
+	DiskInodes int64 `json:"disk_inodes,omitempty"`
 }
 
 // GCResponse is the answer of the GC endpoints: the allocations collected.

@@ -29,8 +29,11 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 	if req.DiskMB < 0 || req.DiskMB > maxDiskMB {
 		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("disk_mb %d: want 0 (the node's default) to %d", req.DiskMB, maxDiskMB))
 	}
-	if req.DiskMB > 0 && !s.store.Quota().Enforced() {
-		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("disk_mb %d: %w: %s", req.DiskMB, store.ErrNoQuota, s.store.Quota().Why))
+	if req.DiskInodes < 0 {
+		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("disk_inodes %d: want 0 (none) or more", req.DiskInodes))
+	}
+	if (req.DiskMB > 0 || req.DiskInodes > 0) && !s.store.Quota().Enforced() {
+		return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("a disk limit: %w: %s", store.ErrNoQuota, s.store.Quota().Why))
 	}
 	lim := limitOf(req)
 	if req.Previous == "" {

@@ -83,6 +83,12 @@ func TestDiskLimitThroughTheAPI(t *testing.T) {
 	if d := status("b").Disk; d == nil || d.LimitBytes != 32<<20 {
 		t.Fatalf("b's disk: %+v", d)
 	}
+	// btrfs counts no inodes: a limit on them is refused, not ignored.
+	body, _ := json.Marshal(api.CreateAllocRequest{ID: "c", Tasks: []api.Task{{Name: "web"}}, DiskInodes: 1000})
+	wantError(t, request(t, s, http.MethodPost, api.AllocsPath, string(body)), http.StatusBadRequest)
+	if _, err := backend.Get("c"); err == nil {
+		t.Fatal("a refused create left its allocation")
+	}
 	var ns api.NodeStatus
 	decode(t, request(t, s, http.MethodGet, api.StatusPath, ""), &ns)
 	if !ns.Quota.Enforced || ns.Quota.Mechanism != "btrfs qgroups" || ns.Quota.Filesystem != "btrfs" || ns.Quota.DefaultMB != 8 {

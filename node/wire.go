@@ -115,7 +115,7 @@ const maxDiskMB = 1 << 40
 
 // limitOf is the disk limit a request asks for.
 func limitOf(req api.CreateAllocRequest) store.Limit {
-	return store.Limit{Bytes: req.DiskMB << 20}
+	return store.Limit{Bytes: req.DiskMB << 20, Inodes: req.DiskInodes}
 }
 
 // quotaStatus says what the store's data dir enforces.

@@ -65,11 +65,15 @@ previous allocation must be stopped first.`)
 	tokenFile := fset.String("token-file", "", "`file` holding the migration token the --from node expects")
 	asJSON := fset.Bool("json", false, "print the new allocation's record as JSON")
 	diskMB := fset.Int64("disk-mb", 0, "disk limit in `MiB` of what the allocation's volumes hold (alloc/data, logs, tmp, every task's local/ and tmp/), as Nomad's ephemeral_disk.size; 0: the node's default. A node that cannot enforce it refuses")
+	diskInodes := fset.Int64("disk-inodes", 0, "limit on the `number` of files and directories the allocation's volumes hold; only where the filesystem counts them (btrfs does not: the node refuses it there)")
 	if err := parseNomadFlags(fset, args, 1, 1); err != nil {
 		return err
 	}
 	if *diskMB < 0 {
 		return usageErrorf(cmd, "--disk-mb must not be negative, got %d", *diskMB)
+	}
+	if *diskInodes < 0 {
+		return usageErrorf(cmd, "--disk-inodes must not be negative, got %d", *diskInodes)
 	}
 	if len(taskNames) == 0 {
 		return usageErrorf(cmd, "at least one --task is required")
@@ -139,7 +143,7 @@ previous allocation must be stopped first.`)
 
 	ctx, c, done := dial(*socket)
 	defer done()
-	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: policy, Mode: *mode, From: *from, Token: token, DiskMB: *diskMB}
+	req := api.CreateAllocRequest{ID: id, Tasks: tasks, Previous: *previous, Migrate: policy, Mode: *mode, From: *from, Token: token, DiskMB: *diskMB, DiskInodes: *diskInodes}
 	var st *api.Alloc
 	var err error
 	if *from != "" {

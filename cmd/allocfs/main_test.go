@@ -350,6 +350,13 @@ func TestCLIExitCodes(t *testing.T) {
 		{"node secret too long", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--node-secret-file", longSecret}, exitUsage, "BLAKE2b takes a key of at most 64"},
 		{"TLS CA alone", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--migrate-token-file", longSecret, "--tls-ca", empty}, exitUsage, "--tls-ca needs --tls-cert and --tls-key"},
 		{"TLS key alone", nil, []string{"serve", "--http-addr", "127.0.0.1:0", "--migrate-token-file", longSecret, "--tls-key", empty}, exitUsage, "--tls-cert and --tls-key go together"},
+		{"negative --disk-mb", nil, []string{"alloc", "create", "a1", "--task", "web", "--disk-mb", "-1"}, exitUsage, "--disk-mb must not be negative"},
+		{"negative --disk-inodes", nil, []string{"alloc", "create", "a1", "--task", "web", "--disk-inodes", "-3"}, exitUsage, "--disk-inodes must not be negative"},
+		{"negative --default-disk-mb", nil, []string{"serve", "--default-disk-mb", "-5"}, exitUsage, "--default-disk-mb -5"},
+		{"bad --quota-groups", nil, []string{"serve", "--quota-groups", "9-3"}, exitUsage, `--quota-groups "9-3"`},
+		{"--quota-groups not a range", nil, []string{"serve", "--quota-groups", "many"}, exitUsage, "want FIRST-LAST"},
+		{"--nomad-addr not a URL", nil, []string{"serve", "--nomad-addr", "ftp://nomad:4646"}, exitUsage, "want http://host:port"},
+		{"--nomad-token-file alone", nil, []string{"serve", "--nomad-token-file", empty}, exitUsage, "--nomad-token-file needs --nomad-addr"},
 		{"fs bad ID", nil, []string{"alloc", "fs", "..", "--socket", missing}, exitFailed, "invalid allocation ID"},
 		{"fs needs an allocation", nil, []string{"alloc", "fs", "--socket", missing}, exitUsage, "expected 1 argument(s)"},
 		{"fs too many arguments", nil, []string{"alloc", "fs", "a1", "x", "y"}, exitUsage, `unexpected argument "y"`},
@@ -381,5 +388,26 @@ func TestCLIExitCodes(t *testing.T) {
 				t.Errorf("stderr: got %q, want it to contain %q", r.stderr, c.stderr)
 			}
 		})
+	}
+}
+
+// TestServeRefusesAnUnenforceableDefault: a default disk limit on a data
+// dir that cannot enforce one stops serve at start, saying what would
+// (every allocation would otherwise be refused, or unlimited while it
+// looks sized), and nothing is mounted.
+func TestServeRefusesAnUnenforceableDefault(t *testing.T) {
+	fstest.RequireFUSE(t)
+	dataDir, mnt := testDirs(t)
+	r := runCLI(t, nil, "serve", "--data-dir", dataDir, "--mount", mnt, "--default-disk-mb", "100")
+	if r.code != exitFailed {
+		t.Fatalf("exit: got %d, want %d\n%s", r.code, exitFailed, r.stderr)
+	}
+	for _, want := range []string{"default disk limit", "cannot enforce disk limits", "btrfs", "--enable-quotas"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, r.stderr)
+		}
+	}
+	if n := harness.MountsAt(t, mnt); n != 0 {
+		t.Errorf("%d mounts at %s after a refused start", n, mnt)
 	}
 }
