@@ -36,8 +36,8 @@ func (n *node) health(t *testing.T) (int, api.Health) {
 	return resp.StatusCode, h
 }
 
-// TestAgentHealth: a serving node is healthy, mount, passthrough and
-// store and memory alike, on a host that never mounted fusectl; once its FUSE
+// TestAgentHealth: a serving node is healthy, mount, passthrough, store,
+// memory and quota alike, on a host that never mounted fusectl; once its FUSE
 // connection is aborted (what a dead mount is), the same endpoint answers
 // 500 and names the mount.
 func TestAgentHealth(t *testing.T) {
@@ -47,8 +47,8 @@ func TestAgentHealth(t *testing.T) {
 	fstest.RequireFUSE(t)
 	n := startNode(t)
 	code, h := n.health(t)
-	if code != http.StatusOK || !h.Client.OK || len(h.Checks) != 4 {
-		t.Fatalf("health of a serving node: %d %+v, want 200, ok and four checks (mount, passthrough, store, memory)", code, h)
+	if code != http.StatusOK || !h.Client.OK || len(h.Checks) != 5 {
+		t.Fatalf("health of a serving node: %d %+v, want 200, ok and five checks (mount, passthrough, store, memory, quota)", code, h)
 	}
 	for _, c := range h.Checks {
 		if !c.OK {

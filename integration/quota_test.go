@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 	"github.com/allocfs/allocfs/integration/nomadreplay"
@@ -188,4 +189,45 @@ func writeUntilFull(path string, n int) (int, error) {
 		}
 	}
 	return done, f.Sync()
+}
+
+// TestQuotaHealth: disk limits asked for (--enable-quotas) where the data
+// dir cannot keep them fail the node's quota check, naming what would;
+// on btrfs the check passes and names the mechanism.
+func TestQuotaHealth(t *testing.T) {
+	fstest.RequireFUSE(t)
+	n := startNodeWith(t, nil, "--enable-quotas")
+	code, h := n.health(t)
+	var quota *api.HealthCheck
+	for i := range h.Checks {
+		if h.Checks[i].Name == "quota" {
+			quota = &h.Checks[i]
+		}
+	}
+	if code == http.StatusOK || quota == nil || quota.OK || !strings.Contains(quota.Detail, "--enable-quotas is set") || !strings.Contains(quota.Detail, "btrfs") {
+		t.Fatalf("health with --enable-quotas on a data dir that cannot: %d %+v", code, h)
+	}
+	waitLog(t, n.Daemon, "disk limits are not enforced")
+
+	img := fstest.Image(t, "btrfs", 300, "")
+	root, err := os.MkdirTemp("", "allocfs-it-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	b := &node{dataDir: filepath.Join(img, "data"), mnt: filepath.Join(root, "mnt"), socket: filepath.Join(root, "allocfs.sock")}
+	b.Daemon = harness.StartDaemon(t, &harness.Daemon{DataDir: b.dataDir, Mount: b.mnt, Socket: b.socket, Args: []string{"--enable-quotas", "--default-disk-mb", "64"}})
+	code, h = b.health(t)
+	if code != http.StatusOK || !h.Client.OK {
+		t.Fatalf("health of a node with disk limits: %d %+v", code, h)
+	}
+	for _, c := range h.Checks {
+		if c.Name == "quota" && (!c.OK || !strings.Contains(c.Detail, "btrfs qgroups")) {
+			t.Fatalf("quota check on btrfs: %+v", c)
+		}
+	}
+	b.mustCLI(t, "alloc", "create", "--task", "web", "a1")
+	if out := b.mustCLI(t, "alloc", "status", "a1"); !strings.Contains(out, "of 64.0 MiB (btrfs qgroups)") {
+		t.Fatalf("alloc status of an allocation with the default limit:\n%s", out)
+	}
 }
