@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 10m
 REVISION  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS   := -ldflags "-X main.revision=$(REVISION)"
 
-.PHONY: all build test lint darwin bench tools clean
+.PHONY: all build test test-btrfs lint darwin bench tools clean
 
 all: lint build test
 
@@ -22,6 +22,13 @@ build:
 
 test:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# test-btrfs runs the tree's tests (./fs/...) again with every store on a
+# btrfs image with disk limits on: layers as subvolumes, inode numbers
+# tagged by layer (scripts/test-btrfs.sh). Needs root, loop devices and
+# btrfs-progs; .ci/run runs it after make test.
+test-btrfs:
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) bash scripts/test-btrfs.sh
 
 lint: tools darwin
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
@@ -252,7 +253,8 @@ func TestMountMoveIsARemap(t *testing.T) {
 	// Once the rename is answered, the moved name shows the new
 	// allocation's own node, with inode numbers in its own slot, as a
 	// name looked up anew does.
-	want := after.Ino ^ tm.mount.slots.peek("new", 0)<<viewShift
+	rec = mustState(t, tm.store, "new")
+	want := (after.Ino | uint64(rec.Tags[dataLayer])<<layer.SaltShift) ^ tm.mount.slots.peek("new", 0)<<viewShift
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		if st := lstatT(t, filepath.Join(next, "alloc/data/f")); st.Ino == want {
 			break

@@ -29,14 +29,11 @@ func mustState(t *testing.T, s *store.Store, id string) *store.State {
 // test ends. With ALLOCFS_TEST_DATA_FS=btrfs (scripts/test-btrfs.sh, which
 // puts the temporary directories on a btrfs image), every store has disk
 // limits on, so every test of the tree runs over subvolumes and tagged
-// inode numbers, each allocation limited to 2 GiB.
+// inode numbers (the limits themselves are fs/quota_test.go's).
 func openTestStore(t *testing.T, dir string, opts store.Options) *store.Store {
 	t.Helper()
 	if os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" {
 		opts.Quotas = true
-		if opts.DefaultLimit.IsZero() {
-			opts.DefaultLimit = store.Limit{Bytes: 2 << 30}
-		}
 	}
 	s := storetest.Value[*store.Store](t)(store.OpenWith(testLogger(t), dir, opts))
 	if opts.Quotas && !s.Quota().Enforced() {

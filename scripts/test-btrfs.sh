@@ -15,6 +15,8 @@ trap cleanup EXIT
 truncate -s 6G "$work/btrfs.img"
 mkfs.btrfs -q -f "$work/btrfs.img"
 mkdir "$work/mnt"
+chmod 0755 "$work"
 mount -o loop "$work/btrfs.img" "$work/mnt"
-mkdir "$work/mnt/tmp"
+chmod 0755 "$work" "$work/mnt"
+mkdir -m 1777 "$work/mnt/tmp"
 TMPDIR="$work/mnt/tmp" ALLOCFS_TEST_DATA_FS=btrfs $GO test -race -count=1 -timeout "${TEST_TIMEOUT:-10m}" ./fs/...
