@@ -90,6 +90,15 @@ bench-quota:
 	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/bench-quota.sh
 
+# test-prjquota-vm runs the project-quota tests in a VM whose kernel has
+# project quotas (this machine's has none): Debian's kernel package under
+# qemu with an xfs and an ext4 disk (scripts/test-prjquota-vm.sh). Needs
+# root, qemu-system-x86, cpio, xfsprogs, e2fsprogs and Debian's archive;
+# .ci/run runs it.
+.PHONY: test-prjquota-vm
+test-prjquota-vm:
+	GO=$(GO) bash scripts/test-prjquota-vm.sh
+
 # scale mounts a separate `allocfs serve`, creates SCALE_ALLOCS allocations
 # of 3 tasks, then lists SCALE_DIRS x SCALE_FILES empty files with a cold
 # and a warm find beside the same find on the backing directory, and

@@ -137,8 +137,13 @@ type DiskStatus struct {
 	// UsedBytes is what the upper layers of its volumes hold, or will
 	// once the writes under way reach the disk.
 	UsedBytes int64 `json:"used_bytes"`
-	// Mechanism is what enforces the limit: "btrfs qgroups".
+	// Mechanism is what enforces the limit: "btrfs qgroups" or "project
+	// quotas".
 	Mechanism string `json:"mechanism"`
+	// LimitInodes and UsedInodes count files and directories, where the
+	// mechanism counts them (project quotas).
+	LimitInodes int64 `json:"limit_inodes,omitempty"`
+	UsedInodes  int64 `json:"used_inodes,omitempty"`
 }
 
 // QuotaStatus says whether the node enforces disk limits, and if not,

@@ -140,6 +140,11 @@ func (n *volNode) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 	if n.ovl.Lstat(layers[0], rel, &st) != nil {
 		return
 	}
+	if st.Nlink == 1 {
+		// The backing filesystem counts no subdirectories in a
+		// directory's links (btrfs: always 1); neither does the mount.
+		return
+	}
 	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers)}
 	n.mu.Lock()
 	cached := n.nlink

@@ -335,3 +335,70 @@ func TestQuotaUsageMatchesDu(t *testing.T) {
 		t.Fatalf("accounting %d bytes, du %d bytes: %.2f %% apart, want within 1 %%", u.Bytes, du, 100*diff)
 	}
 }
+
+// TestProjectQuotaThroughTheMount: on a filesystem with project quotas,
+// passthrough and daemon-served writes alike stop with EDQUOT at the
+// allocation's limit, files at its inode limit, and df and df -i inside
+// the allocation show both.
+func TestProjectQuotaThroughTheMount(t *testing.T) {
+	fstest.RequireFUSE(t)
+	dir := fstest.ProjectQuotaDir(t)
+	logger := testLogger(t)
+	logger.SetLevel(hclog.Warn)
+	s := openTestStore(t, filepath.Join(dir, "data"), store.Options{Quotas: true})
+	r := s.Quota()
+	if r.Filesystem == "ext4" && strings.Contains(r.Why, "CAP_SYS_RESOURCE") {
+		t.Skip("ext4 lets CAP_SYS_RESOURCE past project quotas, and this test has it: run it without (setpriv --bounding-set=-sys_resource)")
+	}
+	if r.Mechanism != "project quotas" {
+		t.Fatalf("Quota() = %+v", r)
+	}
+	// xfs reports a project's limit as a full disk, ext4 as a quota.
+	over := error(unix.EDQUOT)
+	if r.Filesystem == "xfs" {
+		over = unix.ENOSPC
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMount(logger, s, mnt, DefaultMountOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unmount() })
+	const limit = 32 << 20
+	if _, err := s.CreateSized("a1", tasks("web"), store.Limit{Bytes: limit, Inodes: 500}); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(mnt, "a1", "alloc", "data")
+	n, err := writeUntil(filepath.Join(data, "dd"), 0, 0o644, 2*limit)
+	if !errors.Is(err, over) || n > limit || n < limit-4<<20 {
+		t.Fatalf("passthrough write of twice the limit: %d bytes, %v; want EDQUOT near %d", n, err, limit)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(data, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if got := int64(sfs.Blocks) * sfs.Frsize; got != limit || sfs.Files != 500 {
+		t.Fatalf("df in the allocation: %d bytes, %d inodes; want %d and 500", got, sfs.Files, limit)
+	}
+	must(t, os.Remove(filepath.Join(data, "dd")))
+	n, err = writeUntil(filepath.Join(mnt, "a1", "web", "local", "suid"), 0, 0o4755, 2*limit)
+	if !errors.Is(err, over) || n > limit || n < limit-4<<20 {
+		t.Fatalf("daemon-served write of twice the limit: %d bytes, %v; want EDQUOT near %d", n, err, limit)
+	}
+	must(t, os.Remove(filepath.Join(mnt, "a1", "web", "local", "suid")))
+	made := 0
+	for ; made < 1000; made++ {
+		if err := os.WriteFile(filepath.Join(mnt, "a1", "alloc", "tmp", strconv.Itoa(made)), nil, 0o644); err != nil {
+			if !errors.Is(err, over) {
+				t.Fatalf("file %d: %v, want EDQUOT", made, err)
+			}
+			break
+		}
+	}
+	if made >= 500 || made < 400 {
+		t.Fatalf("%d files made under an inode limit of 500", made)
+	}
+}

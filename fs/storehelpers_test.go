@@ -32,11 +32,12 @@ func mustState(t *testing.T, s *store.Store, id string) *store.State {
 // inode numbers (the limits themselves are fs/quota_test.go's).
 func openTestStore(t *testing.T, dir string, opts store.Options) *store.Store {
 	t.Helper()
-	if os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" {
+	onBtrfs := os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs"
+	if onBtrfs {
 		opts.Quotas = true
 	}
 	s := storetest.Value[*store.Store](t)(store.OpenWith(testLogger(t), dir, opts))
-	if opts.Quotas && !s.Quota().Enforced() {
+	if onBtrfs && !s.Quota().Enforced() {
 		t.Fatalf("ALLOCFS_TEST_DATA_FS=btrfs, and the store in %s enforces no limits: %s", dir, s.Quota().Why)
 	}
 	t.Cleanup(func() {

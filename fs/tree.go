@@ -300,19 +300,23 @@ func (s *sharedNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Er
 // The mount root keeps the backing store's, which Nomad fingerprints.
 func (m *Mount) limitStatfs(id string, out *fuse.StatfsOut) {
 	u, ok, err := m.store.Usage(id)
-	if err != nil || !ok || u.Limit.Bytes == 0 || out.Frsize == 0 {
+	if err != nil || !ok || out.Frsize == 0 {
 		return
 	}
-	frsize := uint64(out.Frsize)
-	blocks := uint64(u.Limit.Bytes) / frsize
-	used := uint64(max(u.Bytes, 0)) / frsize
-	free := uint64(0)
-	if used < blocks {
-		free = blocks - used
+	if u.Limit.Bytes > 0 {
+		frsize := uint64(out.Frsize)
+		blocks := uint64(u.Limit.Bytes) / frsize
+		used := uint64(max(u.Bytes, 0)) / frsize
+		free := blocks - min(blocks, used)
+		out.Blocks = blocks
+		out.Bfree = min(free, out.Bfree)
+		out.Bavail = min(free, out.Bavail)
 	}
-	out.Blocks = blocks
-	out.Bfree = min(free, out.Bfree)
-	out.Bavail = min(free, out.Bavail)
+	if u.Limit.Inodes > 0 {
+		files := uint64(u.Limit.Inodes)
+		out.Files = files
+		out.Ffree = min(files-min(files, uint64(max(u.Inodes, 0))), out.Ffree)
+	}
 }
 
 // withDots puts "." and ".." before entries, the directory n's own and

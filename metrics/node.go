@@ -234,6 +234,9 @@ func (c *nodeCollector) collectQuota(ch chan<- prometheus.Metric, states []*stor
 			continue
 		}
 		gauge(c.allocBytes, float64(u.Bytes), st.ID, "", "upper")
+		if u.Inodes > 0 {
+			gauge(c.allocFiles, float64(u.Inodes), st.ID, "", "upper")
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.usageReadFailures, prometheus.CounterValue, float64(c.readFailures.Load()))
 }

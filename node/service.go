@@ -149,7 +149,8 @@ func (s *Service) Status(_ context.Context, id string) (*api.AllocStatus, error)
 		return nil, err
 	}
 	if ok {
-		out.Disk = &api.DiskStatus{LimitBytes: du.Limit.Bytes, UsedBytes: du.Bytes, Mechanism: du.Mechanism}
+		out.Disk = &api.DiskStatus{LimitBytes: du.Limit.Bytes, UsedBytes: du.Bytes, Mechanism: du.Mechanism,
+			LimitInodes: du.Limit.Inodes, UsedInodes: du.Inodes}
 	}
 	return out, nil
 }

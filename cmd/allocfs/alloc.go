@@ -294,6 +294,9 @@ func printAllocStatus(e *env, st *api.AllocStatus) error {
 	fmt.Fprintf(tw, "Tasks\t%s\n", strings.Join(st.TaskNames(), ", "))
 	if d := st.Disk; d != nil {
 		fmt.Fprintf(tw, "Disk\t%s used of %s (%s)\n", formatBytes(d.UsedBytes), formatBytes(d.LimitBytes), d.Mechanism)
+		if d.LimitInodes > 0 {
+			fmt.Fprintf(tw, "Disk inodes\t%d used of %d\n", d.UsedInodes, d.LimitInodes)
+		}
 	}
 	if st.Origin == api.OriginMount {
 		fmt.Fprintf(tw, "Made by\tNomad's client, through the mount (it removes the allocation itself)\n")

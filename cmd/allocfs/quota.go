@@ -26,11 +26,11 @@ type quotaArgs struct {
 }
 
 func addQuotaFlags(fset *pflag.FlagSet, q *quotaArgs) {
-	fset.BoolVar(&q.enable, "enable-quotas", false, "enforce allocations' disk limits with the data dir's filesystem (btrfs: turns qgroup accounting on, and makes every new layer a subvolume); where the filesystem cannot, serve says what would")
+	fset.BoolVar(&q.enable, "enable-quotas", false, "enforce allocations' disk limits with the data dir's filesystem: btrfs qgroups (accounting is turned on, and every new layer is a subvolume), or project quotas on xfs or ext4 mounted with them (-o prjquota); where the filesystem cannot, serve says what would")
 	fset.Int64Var(&q.defaultDiskMB, "default-disk-mb", 0, "disk limit, in `MiB`, of an allocation that asks for none (Nomad's ephemeral_disk.size); 0: none. Needs --enable-quotas on a data dir that can enforce it: serve refuses to start otherwise")
 	fset.StringVar(&q.nomadAddr, "nomad-addr", "", "`address` of the Nomad agent (http://127.0.0.1:4646): each allocation Nomad's client makes through the mount gets its task group's ephemeral_disk.size as its disk limit, read from Nomad's API (TLS from the NOMAD_CACERT, NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY variables)")
 	fset.StringVar(&q.nomadTokenFile, "nomad-token-file", "", "`file` holding the ACL token (its secret ID) with which to read allocations from --nomad-addr")
-	fset.StringVar(&q.groups, "quota-groups", fmt.Sprintf("%d-%d", store.DefaultGroups[0], store.DefaultGroups[1]), "`range` of btrfs level-1 qgroup IDs allocfs may take for allocations (FIRST-LAST); keep it clear of the qgroups the host numbers itself")
+	fset.StringVar(&q.groups, "quota-groups", fmt.Sprintf("%d-%d", store.DefaultGroups[0], store.DefaultGroups[1]), "`range` of IDs allocfs may take for allocations' quota groups, btrfs level-1 qgroups or project IDs (FIRST-LAST); keep it clear of those the host numbers itself")
 }
 
 // storeOptions turns the flags into the store's options.

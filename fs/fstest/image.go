@@ -1,6 +1,7 @@
 package fstest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,12 +20,23 @@ import (
 // tool or loop devices lacks what the test needs (Lacks).
 func Image(t testing.TB, kind string, sizeMB int, opts string, mkfsArgs ...string) string {
 	t.Helper()
+	mnt, err := TryImage(t, kind, sizeMB, opts, mkfsArgs...)
+	if err != nil {
+		Lacks(t, "%v", err)
+	}
+	return mnt
+}
+
+// TryImage is Image that returns what stops it (no root, no mkfs tool,
+// a mount the kernel refuses) instead of skipping the test.
+func TryImage(t testing.TB, kind string, sizeMB int, opts string, mkfsArgs ...string) (string, error) {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		Lacks(t, "a %s image needs root to mount", kind)
+		return "", fmt.Errorf("a %s image needs root to mount", kind)
 	}
 	mkfs, err := exec.LookPath("mkfs." + kind)
 	if err != nil {
-		Lacks(t, "mkfs.%s is missing (.ci/run installs it): %v", kind, err)
+		return "", fmt.Errorf("mkfs.%s is missing (.ci/run installs it): %w", kind, err)
 	}
 	dir := t.TempDir()
 	img := filepath.Join(dir, kind+".img")
@@ -54,7 +66,7 @@ func Image(t testing.TB, kind string, sizeMB int, opts string, mkfsArgs ...strin
 		margs = []string{"-o", "loop," + opts}
 	}
 	if out, err := exec.Command("mount", append(margs, img, mnt)...).CombinedOutput(); err != nil {
-		Lacks(t, "cannot mount a %s image on a loop device: %v: %s", kind, err, out)
+		return "", fmt.Errorf("cannot mount a %s image with -o %s on a loop device: %v: %s", kind, strings.Join(margs[1:], ","), err, strings.TrimSpace(string(out)))
 	}
 	t.Cleanup(func() {
 		for i := 0; ; i++ {
@@ -70,5 +82,30 @@ func Image(t testing.TB, kind string, sizeMB int, opts string, mkfsArgs ...strin
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
+	return mnt, nil
+}
+
+// ProjectQuotaDir returns a new directory on a filesystem that enforces
+// project quotas: under ALLOCFS_TEST_PRJQUOTA_DIR when it is set (xfs
+// mounted -o prjquota, or ext4 made -O quota,project and mounted -o
+// prjquota), or on an xfs image mounted with prjquota. A kernel that
+// cannot mount one (Linux 6.18 here is built without CONFIG_XFS_QUOTA
+// and CONFIG_QFMT_V2) skips the test, saying so: CI cannot set up what
+// the kernel lacks.
+func ProjectQuotaDir(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("ALLOCFS_TEST_PRJQUOTA_DIR"); dir != "" {
+		d, err := os.MkdirTemp(dir, "prjquota-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		return d
+	}
+	mnt, err := TryImage(t, "xfs", 600, "prjquota")
+	if err != nil {
+		t.Skipf("no filesystem with project quotas here: %v. The project-quota tests run where the kernel has them: "+
+			"set ALLOCFS_TEST_PRJQUOTA_DIR to a directory on xfs -o prjquota or on ext4 -O quota,project -o prjquota", err)
+	}
 	return mnt
 }

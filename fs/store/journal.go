@@ -151,7 +151,7 @@ func (s *Store) change(in *intent) error {
 			return err
 		}
 	}
-	if s.quota != nil {
+	if s.quota != nil && s.quota.subvolumes() {
 		if err := s.tagLayers(in); err != nil {
 			return err
 		}
@@ -165,6 +165,15 @@ func (s *Store) change(in *intent) error {
 		return err
 	}
 	s.seq = in.Seq
+	var before map[string]*State
+	if s.quota != nil {
+		before = make(map[string]*State, len(in.Records))
+		s.mu.RLock()
+		for id := range in.Records {
+			before[id] = s.allocs[id]
+		}
+		s.mu.RUnlock()
+	}
 	s.applyIntent(in)
 	if s.quota != nil {
 		// A settle that failed before leaves every allocation to look
@@ -177,7 +186,7 @@ func (s *Store) change(in *intent) error {
 			}
 		}
 		s.unsettled = true
-		s.settleQuota(affected)
+		s.settleQuota(affected, before)
 	}
 	if s.journalSize > journalLimit {
 		if err := s.checkpoint(); err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"syscall"
 
@@ -78,36 +77,37 @@ type QuotaReport struct {
 // Enforced reports whether the store can enforce limits.
 func (r QuotaReport) Enforced() bool { return r.Mechanism != "" }
 
-// btrfsQuota counts allocations with btrfs qgroups: every layer a
-// subvolume, every allocation with a limit a level-1 qgroup over the
-// level-0 qgroups of its volumes' upper layers. An allocation pays for
-// what it can write: a snapshot migration's lowers stay with the
-// allocation that wrote them, the extents a copy-up clones are
-// referenced by the new upper and so counted there, and an adopt
-// migration moves the upper layers, with their usage, to the new
-// allocation.
-type btrfsQuota struct {
-	dir  string // the layers dir
-	fsid string
-	// step, when set, is told of every change the quota makes in the
-	// kernel before it is made, and fails it by returning an error: the
-	// crash tests stop the store there, as they do at its disk's steps.
-	step func(op, path string) error
+// quota is one mechanism that enforces allocations' disk limits: btrfs
+// qgroups (quota_btrfs.go) or project quotas (quota_project.go).
+type quota interface {
+	// mechanism names it for people: "btrfs qgroups".
+	mechanism() string
+	// subvolumes reports whether layers are btrfs subvolumes, which
+	// number their inodes alike (tags), cannot be merged by link(2)
+	// (no flatten), and are counted only when made as such (a received
+	// tree becomes the lower of a fresh one).
+	subvolumes() bool
+	// countsInodes reports whether it can limit inodes.
+	countsInodes() bool
+	// makeLayer makes a layer's root at p where subvolumes is set.
+	makeLayer(p string) error
+	// settle makes the kernel agree with records (see btrfsQuota's);
+	// before holds the affected allocations' records before the change
+	// (nil: a settle at open). It reports whether the counters need a
+	// recount, which rescan does.
+	settle(records, before map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error)
+	rescan() error
+	// usage reads what group g holds.
+	usage(g uint64) (bytes, inodes uint64, err error)
+	// groupFree reports whether nothing of the host's uses group g.
+	groupFree(g uint64) bool
+	// setStep sets the crash tests' step hook (btrfsQuota.step).
+	setStep(step func(op, path string) error)
 }
-
-// before takes one step named op, or fails it (step).
-func (q *btrfsQuota) before(op string, what any) error {
-	if q.step == nil {
-		return nil
-	}
-	return q.step(op, fmt.Sprint(what))
-}
-
-const mechanismBtrfs = "btrfs qgroups"
 
 // detectQuota finds what the filesystem of dir can enforce and, with
 // enable, turns it on there.
-func detectQuota(dir string, enable bool) (*btrfsQuota, QuotaReport, error) {
+func detectQuota(dir string, enable bool) (quota, QuotaReport, error) {
 	var r QuotaReport
 	isBtrfs, err := btrfs.Is(dir)
 	if err != nil {
@@ -115,8 +115,13 @@ func detectQuota(dir string, enable bool) (*btrfsQuota, QuotaReport, error) {
 	}
 	r.Filesystem = fsTypeName(dir)
 	if !isBtrfs {
-		r.Why = fmt.Sprintf("the data dir is on %s; allocfs enforces disk limits with btrfs qgroups: put the data dir on btrfs (mkfs.btrfs) and start serve with --enable-quotas", r.Filesystem)
-		return nil, r, nil
+		q, why, err := detectProject(dir, r.Filesystem, enable)
+		if err != nil || q == nil {
+			r.Why = why
+			return nil, r, err
+		}
+		r.Mechanism = q.mechanism()
+		return q, r, nil
 	}
 	if !enable {
 		r.Why = "the data dir is on btrfs, and disk limits are off: start serve with --enable-quotas (it runs the equivalent of `btrfs quota enable`)"
@@ -153,178 +158,6 @@ func fsTypeName(dir string) string {
 	return "unknown"
 }
 
-// makeLayer makes the root of a layer: a subvolume, so that its usage is
-// counted apart.
-func (q *btrfsQuota) makeLayer(p string) error {
-	if err := q.before("subvolume create", p); err != nil {
-		return err
-	}
-	if err := btrfs.CreateSubvolume(p); err != nil {
-		return err
-	}
-	return os.Chmod(p, 0o700)
-}
-
-// subvol returns the subvolume ID of layer l, 0 for a layer that is a
-// plain directory (made before limits were on).
-func (q *btrfsQuota) subvol(l string) (uint64, error) {
-	p := filepath.Join(q.dir, l)
-	ok, err := btrfs.IsSubvolume(p)
-	if err != nil {
-		return 0, err
-	}
-	var id uint64
-	if ok {
-		if id, err = btrfs.SubvolumeID(p); err != nil {
-			return 0, err
-		}
-	}
-	return id, nil
-}
-
-// settle makes the kernel's groups agree with records: every allocation
-// with a limit has its group, its limit and exactly the uppers of its
-// volumes as members; groups of gone allocations (in groups, the range
-// the store owns) are emptied and removed. Only the allocations in
-// affected are looked at (nil: all), and the groups no record names. It
-// reports whether the counters went inconsistent, which a rescan puts
-// right.
-func (q *btrfsQuota) settle(records map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error) {
-	rel, err := btrfs.Relations(q.dir)
-	if err != nil {
-		return false, err
-	}
-	members := make(map[btrfs.QgroupID][]btrfs.QgroupID)
-	for child, parents := range rel {
-		for _, p := range parents {
-			if p.Level() == 1 && p.ID() >= groups[0] && p.ID() <= groups[1] {
-				members[p] = append(members[p], child)
-			}
-		}
-	}
-	if affected == nil {
-		// A group without members has no relation to find it by: a
-		// crash between its creation and its first member's, or after
-		// its last member left, leaves one.
-		groupsNow, err := btrfs.Qgroups(q.fsid, 1)
-		if err != nil {
-			return false, err
-		}
-		for _, g := range groupsNow {
-			if _, ok := members[g]; !ok && g.ID() >= groups[0] && g.ID() <= groups[1] {
-				members[g] = nil
-			}
-		}
-	}
-	want := make(map[btrfs.QgroupID][]btrfs.QgroupID)
-	ids := make([]string, 0, len(records))
-	for id := range records {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	var errs []error
-	inconsistent := false
-	for _, id := range ids {
-		st := records[id]
-		if st.Disk == nil || affected != nil && !affected[id] {
-			continue
-		}
-		g := btrfs.Qgroup(1, st.Disk.Group)
-		if err := q.before("qgroup create", g); err != nil {
-			return false, err
-		}
-		if err := btrfs.CreateQgroup(q.dir, g); err != nil {
-			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
-			continue
-		}
-		if err := q.before("qgroup limit", g); err != nil {
-			return false, err
-		}
-		if err := btrfs.Limit(q.dir, g, uint64(st.Disk.Bytes)); err != nil {
-			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
-		}
-		for _, key := range sortedVolumeKeys(st) {
-			sv, err := q.subvol(st.Volumes[key].Upper)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
-				continue
-			}
-			if sv != 0 {
-				want[g] = append(want[g], btrfs.Qgroup(0, sv))
-			}
-		}
-		if _, ok := members[g]; !ok {
-			members[g] = nil
-		}
-	}
-	// Removals first, so that a layer moving between two allocations is
-	// never counted by both.
-	for g, have := range members {
-		if _, mine := want[g]; !mine && groupNamed(records, g.ID()) {
-			continue // an allocation this settle does not look at
-		}
-		for _, child := range have {
-			if slices.Contains(want[g], child) {
-				continue
-			}
-			if err := q.before("qgroup unassign", child); err != nil {
-				return false, err
-			}
-			inc, err := btrfs.Assign(q.dir, child, g, false)
-			inconsistent = inconsistent || inc
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if _, live := want[g]; !live && !groupNamed(records, g.ID()) {
-			if err := q.before("qgroup destroy", g); err != nil {
-				return false, err
-			}
-			if err := btrfs.DestroyQgroup(q.dir, g); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	for g, children := range want {
-		for _, child := range children {
-			if slices.Contains(members[g], child) {
-				continue
-			}
-			if err := q.before("qgroup assign", child); err != nil {
-				return false, err
-			}
-			inc, err := btrfs.Assign(q.dir, child, g, true)
-			inconsistent = inconsistent || inc
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return inconsistent, errors.Join(errs...)
-}
-
-// groupNamed reports whether a record names group g.
-func groupNamed(records map[string]*State, g uint64) bool {
-	for _, st := range records {
-		if st.Disk != nil && st.Disk.Group == g {
-			return true
-		}
-	}
-	return false
-}
-
-// usage reads what group g holds and its limit.
-func (q *btrfsQuota) usage(g uint64) (btrfs.Usage, error) {
-	return btrfs.ReadUsage(q.fsid, btrfs.Qgroup(1, g))
-}
-
-// groupFree reports whether the kernel knows no qgroup 1/g: one the
-// host made itself is never taken over.
-func (q *btrfsQuota) groupFree(g uint64) bool {
-	_, err := os.Lstat(fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/1_%d", q.fsid, g))
-	return errors.Is(err, os.ErrNotExist)
-}
-
 // openQuota finds what the data dir can enforce and, with enable, turns
 // it on: Options.Quotas.
 func (s *Store) openQuota(enable bool) error {
@@ -334,7 +167,7 @@ func (s *Store) openQuota(enable bool) error {
 	}
 	s.quota, s.quotaReport = q, r
 	if q != nil {
-		q.step = s.quotaStep
+		q.setStep(s.quotaStep)
 	}
 	return nil
 }
@@ -347,7 +180,7 @@ func (s *Store) Quota() QuotaReport { return s.quotaReport }
 // left them inconsistent. A failure is logged and tried again after the
 // next change: the records hold, and the limits of the allocations
 // concerned lag until then. The caller holds writeMu.
-func (s *Store) settleQuota(affected map[string]bool) {
+func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) {
 	if s.quota == nil || !s.unsettled {
 		return
 	}
@@ -357,7 +190,7 @@ func (s *Store) settleQuota(affected map[string]bool) {
 		records[id] = st
 	}
 	s.mu.RUnlock()
-	inconsistent, err := s.quota.settle(records, affected, s.groups)
+	inconsistent, err := s.quota.settle(records, before, affected, s.groups)
 	if err != nil {
 		s.logger.Warn("disk limits do not match the records yet; the next change tries again", "error", err)
 		s.settleErr.Store(&err)
@@ -367,7 +200,7 @@ func (s *Store) settleQuota(affected map[string]bool) {
 	s.settleErr.Store(nil)
 	if inconsistent {
 		s.logger.Info("recounting btrfs qgroups: a layer that moved between allocations shares extents")
-		if err := btrfs.Rescan(s.quota.dir); err != nil {
+		if err := s.quota.rescan(); err != nil {
 			s.logger.Warn("qgroup rescan failed", "error", err)
 		}
 	}
@@ -509,7 +342,7 @@ func (s *Store) checkLimit(lim Limit) error {
 	if s.quota == nil {
 		return fmt.Errorf("%w: %s", ErrNoQuota, s.quotaReport.Why)
 	}
-	if lim.Inodes != 0 {
+	if lim.Inodes != 0 && !s.quota.countsInodes() {
 		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", ErrBadLimit)
 	}
 	return nil
@@ -538,8 +371,9 @@ func (s *Store) freeGroup() (uint64, error) {
 type Usage struct {
 	Limit
 	// Bytes is what the allocation's upper layers hold, or will once
-	// the writes under way commit.
-	Bytes int64
+	// the writes under way commit; Inodes how many files and
+	// directories, where the mechanism counts them (0 on btrfs).
+	Bytes, Inodes int64
 	// Mechanism enforces the limit.
 	Mechanism string
 }
@@ -555,11 +389,11 @@ func (s *Store) Usage(id string) (u Usage, ok bool, err error) {
 	if st.Disk == nil || s.quota == nil {
 		return u, false, nil
 	}
-	qu, err := s.quota.usage(st.Disk.Group)
+	bytes, inodes, err := s.quota.usage(st.Disk.Group)
 	if err != nil {
 		return u, false, fmt.Errorf("failed to read the disk usage of allocation %s: %w", id, err)
 	}
-	return Usage{Limit: st.Disk.Limit, Bytes: int64(qu.Bytes()), Mechanism: s.quotaReport.Mechanism}, true, nil
+	return Usage{Limit: st.Disk.Limit, Bytes: int64(bytes), Inodes: int64(inodes), Mechanism: s.quotaReport.Mechanism}, true, nil
 }
 
 // ErrTooBig: what a migration would bring does not fit the new
@@ -629,6 +463,6 @@ func (s *Store) Resettle() error {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	s.settleQuota(nil)
+	s.settleQuota(nil, nil)
 	return s.QuotaError()
 }

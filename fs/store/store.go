@@ -125,7 +125,7 @@ type Store struct {
 	// allocation gets, and unsettled is set while the kernel's groups
 	// may disagree with the records (a settle failed). Guarded by
 	// writeMu.
-	quota        *btrfsQuota
+	quota        quota
 	quotaStep    func(op, path string) error
 	quotaReport  QuotaReport
 	groups       [2]uint64
@@ -274,7 +274,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 	}
 	s.writeMu.Lock()
 	s.unsettled = true
-	s.settleQuota(nil)
+	s.settleQuota(nil, nil)
 	s.writeMu.Unlock()
 	s.logger.Info("opened store", "data_dir", abs, "allocations", len(s.allocs))
 	return s, nil
