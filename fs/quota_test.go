@@ -131,6 +131,27 @@ func TestQuotaThroughTheMount(t *testing.T) {
 	}
 	unix.Sync()
 
+	// A hard link or a rename into another allocation, which would move
+	// bytes out of this one's count, is refused and changes nothing.
+	other := filepath.Join(tm.dir, "a2", "alloc", "data")
+	if err := os.WriteFile(filepath.Join(data, "mine"), []byte("counted here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(data, "mine"), filepath.Join(other, "linked")); !errors.Is(err, unix.EXDEV) {
+		t.Fatalf("a hard link into another allocation: %v, want EXDEV", err)
+	}
+	if err := os.Rename(filepath.Join(data, "mine"), filepath.Join(other, "moved")); !errors.Is(err, unix.EXDEV) {
+		t.Fatalf("a rename into another allocation: %v, want EXDEV", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "mine")); err != nil || string(b) != "counted here" {
+		t.Fatalf("the file after the refused link and rename: %q, %v", b, err)
+	}
+	for _, name := range []string{"linked", "moved"} {
+		if _, err := os.Lstat(filepath.Join(other, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s in the other allocation: %v", name, err)
+		}
+	}
+
 	// fallocate and a sparse file far beyond the limit.
 	f, err := os.Create(filepath.Join(data, "falloc"))
 	if err != nil {
