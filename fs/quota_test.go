@@ -48,26 +48,6 @@ func newQuotaMount(t *testing.T) *testMount {
 	return &testMount{store: s, mount: m, dir: dir}
 }
 
-// writeUntil writes n bytes to path, opened with flags and mode, in 1 MiB
-// writes, and returns how many it wrote and the error that stopped it.
-func writeUntil(path string, flags int, mode os.FileMode, n int) (int, error) {
-	f, err := os.OpenFile(path, flags|os.O_WRONLY|os.O_CREATE, mode)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	buf := bytes.Repeat([]byte{'z'}, 1<<20)
-	done := 0
-	for done < n {
-		w, err := f.Write(buf[:min(len(buf), n-done)])
-		done += w
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, f.Sync()
-}
-
 // TestQuotaThroughTheMount: a task's writes past its allocation's limit
 // fail with EDQUOT however they reach the disk (passthrough, the daemon
 // for a set-id file, fallocate), near the limit; another allocation
@@ -82,7 +62,7 @@ func TestQuotaThroughTheMount(t *testing.T) {
 	must(t, errOnly(tm.store.Create("a2", tasks("web"))))
 	data := filepath.Join(tm.dir, "a1", "alloc", "data")
 
-	n, err := writeUntil(filepath.Join(data, "dd"), 0, 0o644, 2*limit)
+	n, err := fstest.WriteUntil(filepath.Join(data, "dd"), 0o644, 2*limit)
 	if !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("passthrough write of twice the limit: %d bytes, %v; want EDQUOT", n, err)
 	}
@@ -90,7 +70,7 @@ func TestQuotaThroughTheMount(t *testing.T) {
 	if n > limit || n < limit-4<<20 {
 		t.Fatalf("passthrough wrote %d bytes under a limit of %d", n, limit)
 	}
-	if n, err := writeUntil(filepath.Join(tm.dir, "a2", "alloc", "data", "big"), 0, 0o644, 2*limit); err != nil {
+	if n, err := fstest.WriteUntil(filepath.Join(tm.dir, "a2", "alloc", "data", "big"), 0o644, 2*limit); err != nil {
 		t.Fatalf("the allocation without a limit: %d bytes, %v", n, err)
 	}
 
@@ -118,7 +98,7 @@ func TestQuotaThroughTheMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	unix.Sync()
-	n, err = writeUntil(filepath.Join(tm.dir, "a1", "web", "local", "suid"), 0, 0o4755, 2*limit)
+	n, err = fstest.WriteUntil(filepath.Join(tm.dir, "a1", "web", "local", "suid"), 0o4755, 2*limit)
 	if !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("daemon-served write of twice the limit: %d bytes, %v; want EDQUOT", n, err)
 	}
@@ -168,7 +148,7 @@ func TestQuotaThroughTheMount(t *testing.T) {
 	if err := os.Truncate(sparse, 1<<40); err != nil {
 		t.Fatalf("a sparse file of 1 TiB: %v", err)
 	}
-	if n, err := writeUntil(sparse, 0, 0, 2*limit); !errors.Is(err, unix.EDQUOT) {
+	if n, err := fstest.WriteUntil(sparse, 0, 2*limit); !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("filling a sparse file: %d bytes, %v; want EDQUOT", n, err)
 	}
 }
@@ -313,7 +293,7 @@ func TestQuotaUsageMatchesDu(t *testing.T) {
 	dirs := []string{"alloc/data", "alloc/logs", "alloc/tmp", "web/local", "web/tmp", "web"}
 	for i := 0; i < 20; i++ {
 		p := filepath.Join(root, dirs[i%len(dirs)], fmt.Sprintf("big%d", i))
-		if _, err := writeUntil(p, 0, 0o644, 3<<20+rng.Intn(3<<20)); err != nil {
+		if _, err := fstest.WriteUntil(p, 0o644, 3<<20+rng.Intn(3<<20)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -393,7 +373,7 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := filepath.Join(mnt, "a1", "alloc", "data")
-	n, err := writeUntil(filepath.Join(data, "dd"), 0, 0o644, 2*limit)
+	n, err := fstest.WriteUntil(filepath.Join(data, "dd"), 0o644, 2*limit)
 	if !errors.Is(err, over) || n > limit || n < limit-4<<20 {
 		t.Fatalf("passthrough write of twice the limit: %d bytes, %v; want EDQUOT near %d", n, err, limit)
 	}
@@ -405,7 +385,7 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 		t.Fatalf("df in the allocation: %d bytes, %d inodes; want %d and 500", got, sfs.Files, limit)
 	}
 	must(t, os.Remove(filepath.Join(data, "dd")))
-	n, err = writeUntil(filepath.Join(mnt, "a1", "web", "local", "suid"), 0, 0o4755, 2*limit)
+	n, err = fstest.WriteUntil(filepath.Join(mnt, "a1", "web", "local", "suid"), 0o4755, 2*limit)
 	if !errors.Is(err, over) || n > limit || n < limit-4<<20 {
 		t.Fatalf("daemon-served write of twice the limit: %d bytes, %v; want EDQUOT near %d", n, err, limit)
 	}

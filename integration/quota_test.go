@@ -138,15 +138,15 @@ func TestNomadSizesThroughTheMount(t *testing.T) {
 		t.Errorf("df in the allocation: %d bytes, want its 40 MiB", got)
 	}
 	// A task fills its disk, by the data and by its logs.
-	wrote, err := writeUntilFull(filepath.Join(c.Dir(a), "alloc", "data", "fill"), 30<<20)
+	wrote, err := fstest.WriteUntil(filepath.Join(c.Dir(a), "alloc", "data", "fill"), 0o644, 30<<20)
 	if err != nil {
 		t.Fatalf("30 MiB into a 40 MiB allocation: %d bytes, %v", wrote, err)
 	}
-	wrote, err = writeUntilFull(filepath.Join(c.Dir(a), "alloc", "logs", "web.stdout.0"), 30<<20)
+	wrote, err = fstest.WriteUntil(filepath.Join(c.Dir(a), "alloc", "logs", "web.stdout.0"), 0o644, 30<<20)
 	if !errors.Is(err, unix.EDQUOT) || wrote > 10<<20 {
 		t.Fatalf("30 MiB more into the logs: %d bytes, %v; want EDQUOT within the 10 MiB left", wrote, err)
 	}
-	if wrote, err := writeUntilFull(filepath.Join(c.Dir(other), "alloc", "data", "fill"), 64<<20); err != nil {
+	if wrote, err := fstest.WriteUntil(filepath.Join(c.Dir(other), "alloc", "data", "fill"), 0o644, 64<<20); err != nil {
 		t.Fatalf("the other allocation: %d bytes, %v", wrote, err)
 	}
 	os.Remove(filepath.Join(c.Dir(a), "alloc", "logs", "web.stdout.0"))
@@ -170,25 +170,6 @@ func TestNomadSizesThroughTheMount(t *testing.T) {
 	if data, err := os.Stat(filepath.Join(c.Dir(b), "alloc", "data", "fill")); err != nil || data.Size() != 30<<20 {
 		t.Errorf("the moved data: %v, %v", data, err)
 	}
-}
-
-// writeUntilFull writes n bytes to a new file at path and syncs them.
-func writeUntilFull(path string, n int) (int, error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	buf := make([]byte, 1<<20)
-	done := 0
-	for done < n {
-		w, err := f.Write(buf[:min(len(buf), n-done)])
-		done += w
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, f.Sync()
 }
 
 // TestQuotaHealth: disk limits asked for (--enable-quotas) where the data

@@ -109,3 +109,28 @@ func ProjectQuotaDir(t testing.TB) string {
 	}
 	return mnt
 }
+
+// WriteUntil writes n bytes to a new file at path (mode, and O_TRUNC of
+// one that exists) in writes of 1 MiB, then syncs them, and returns how
+// many it wrote and the error that stopped it: what the disk-limit
+// tests write past a limit with.
+func WriteUntil(path string, mode os.FileMode, n int) (int, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = 'z'
+	}
+	done := 0
+	for done < n {
+		w, err := f.Write(buf[:min(len(buf), n-done)])
+		done += w
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, f.Sync()
+}

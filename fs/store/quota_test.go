@@ -35,21 +35,7 @@ func openQuotaStore(t *testing.T, opts Options) *Store {
 func fillLayer(t *testing.T, s *Store, id, key, name string, n int) (int, error) {
 	t.Helper()
 	st := mustState(t, s, id)
-	f, err := os.Create(filepath.Join(s.LayerPath(st.Volumes[key].Upper), name))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	buf := bytes.Repeat([]byte{'q'}, 1<<20)
-	done := 0
-	for done < n {
-		w, err := f.Write(buf[:min(len(buf), n-done)])
-		done += w
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, f.Sync()
+	return fstest.WriteUntil(filepath.Join(s.LayerPath(st.Volumes[key].Upper), name), 0o644, n)
 }
 
 func usageOf(t *testing.T, s *Store, id string) Usage {

@@ -1,7 +1,6 @@
 package btrfs_test
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -12,26 +11,6 @@ import (
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"golang.org/x/sys/unix"
 )
-
-// fill writes n bytes to path and syncs them, returning what it wrote.
-func fill(t *testing.T, path string, n int) (int, error) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := bytes.Repeat([]byte{'x'}, 1<<20)
-	done := 0
-	for done < n {
-		w, err := f.Write(buf[:min(len(buf), n-done)])
-		done += w
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, f.Sync()
-}
 
 // TestQgroupLimitsASubvolumeGroup runs the store's use of qgroups on a
 // real btrfs: two subvolumes in a level-1 qgroup with a limit share it,
@@ -96,18 +75,18 @@ func TestQgroupLimitsASubvolumeGroup(t *testing.T) {
 	if err := btrfs.Limit(mnt, group, limit); err != nil {
 		t.Fatal(err)
 	}
-	n1, err := fill(t, filepath.Join(mnt, "a", "f"), 12<<20)
+	n1, err := fstest.WriteUntil(filepath.Join(mnt, "a", "f"), 0o644, 12<<20)
 	if err != nil {
 		t.Fatalf("12 MiB into a: %v", err)
 	}
-	n2, err := fill(t, filepath.Join(mnt, "b", "f"), 12<<20)
+	n2, err := fstest.WriteUntil(filepath.Join(mnt, "b", "f"), 0o644, 12<<20)
 	if !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("12 MiB more into b of a 20 MiB group: %d bytes, %v; want EDQUOT", n2, err)
 	}
 	if n1+n2 > limit {
 		t.Fatalf("wrote %d bytes into a 20 MiB group", n1+n2)
 	}
-	if _, err := fill(t, filepath.Join(mnt, "c", "f"), 30<<20); err != nil {
+	if _, err := fstest.WriteUntil(filepath.Join(mnt, "c", "f"), 0o644, 30<<20); err != nil {
 		t.Fatalf("the subvolume outside the group: %v", err)
 	}
 	if err := exec.Command("sync").Run(); err != nil {
