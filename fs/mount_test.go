@@ -51,9 +51,16 @@ func newTestMountWith(t *testing.T, storeOpts store.Options) *testMount {
 func newTestMountTuned(t *testing.T, storeOpts store.Options, tune func(*MountOptions)) *testMount {
 	t.Helper()
 	fstest.RequireFUSE(t)
+	s := openTestStore(t, filepath.Join(t.TempDir(), "data"), storeOpts)
+	return mountTestStore(t, s, tune)
+}
+
+// mountTestStore mounts s at a temp mount point, with the mount's options
+// changed by tune when it is not nil; it is unmounted when the test ends.
+func mountTestStore(t *testing.T, s *store.Store, tune func(*MountOptions)) *testMount {
+	t.Helper()
 	logger := testLogger(t)
 	logger.SetLevel(hclog.Warn)
-	s := openTestStore(t, filepath.Join(t.TempDir(), "data"), storeOpts)
 	dir := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,26 +25,11 @@ func newQuotaMount(t *testing.T) *testMount {
 	t.Helper()
 	fstest.RequireFUSE(t)
 	img := fstest.Image(t, "btrfs", 600, "")
-	logger := testLogger(t)
-	logger.SetLevel(hclog.Warn)
 	s := openTestStore(t, filepath.Join(img, "data"), store.Options{Quotas: true})
 	if !s.Quota().Enforced() {
 		t.Fatalf("no quotas on a btrfs image: %+v", s.Quota())
 	}
-	dir := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewMount(logger, s, dir, DefaultMountOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	return &testMount{store: s, mount: m, dir: dir}
+	return mountTestStore(t, s, nil)
 }
 
 // TestQuotaThroughTheMount: a task's writes past its allocation's limit
@@ -344,8 +328,6 @@ func TestQuotaUsageMatchesDu(t *testing.T) {
 func TestProjectQuotaThroughTheMount(t *testing.T) {
 	fstest.RequireFUSE(t)
 	dir := fstest.ProjectQuotaDir(t)
-	logger := testLogger(t)
-	logger.SetLevel(hclog.Warn)
 	s := openTestStore(t, filepath.Join(dir, "data"), store.Options{Quotas: true})
 	r := s.Quota()
 	if r.Filesystem == "ext4" && strings.Contains(r.Why, "CAP_SYS_RESOURCE") {
@@ -359,15 +341,7 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 	if r.Filesystem == "xfs" {
 		over = unix.ENOSPC
 	}
-	mnt := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewMount(logger, s, mnt, DefaultMountOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Unmount() })
+	mnt := mountTestStore(t, s, nil).dir
 	const limit = 32 << 20
 	if _, err := s.CreateSized("a1", tasks("web"), store.Limit{Bytes: limit, Inodes: 500}); err != nil {
 		t.Fatal(err)
