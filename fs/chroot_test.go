@@ -297,6 +297,9 @@ func TestMountRemovalKeepsLinkCounts(t *testing.T) {
 	box := nomadTask(t, tm, "box")
 	must(t, os.Chown(box, 0, 0))
 	etc := filepath.Join(box, "etc")
+	// A filesystem that counts no subdirectories in a directory's links
+	// (btrfs: always 1) has the mount count none either.
+	counts := lstatT(t, t.TempDir()).Nlink != 1
 	for _, name := range names(t, etc) {
 		if name == "ssl" {
 			must(t, os.RemoveAll(filepath.Join(etc, name)))
@@ -311,8 +314,12 @@ func TestMountRemovalKeepsLinkCounts(t *testing.T) {
 		}
 		var st unix.Stat_t
 		must(t, unix.Lstat(etc, &st))
-		if int(st.Nlink) != 2+dirs {
-			t.Errorf("etc/ after removing %s: nlink %d, want %d", name, st.Nlink, 2+dirs)
+		want := 2 + dirs
+		if !counts {
+			want = 1
+		}
+		if int(st.Nlink) != want {
+			t.Errorf("etc/ after removing %s: nlink %d, want %d", name, st.Nlink, want)
 		}
 	}
 	must(t, os.Remove(etc))
