@@ -64,6 +64,11 @@ type intent struct {
 	// MIGRATED-TO note). They were made before the intent was written,
 	// unsynced; a replay makes again any that a power cut lost.
 	Fresh []freshLayer `json:"fresh,omitempty"`
+	// quiet keeps the change from the OnChange hooks: it changes nothing
+	// the mount shows (a disk limit), and it may be made while a FUSE
+	// request that needs the store waits in the kernel with a directory
+	// locked, where the mount's invalidations would wait for that lock.
+	quiet bool
 }
 
 // freshLayer describes a layer created empty, so that it can be made again
@@ -251,6 +256,9 @@ func (s *Store) applyIntent(in *intent) {
 		}
 	}
 	s.mu.Unlock()
+	if in.quiet {
+		return
+	}
 	for _, id := range ids {
 		s.publish(id)
 	}

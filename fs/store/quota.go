@@ -298,7 +298,10 @@ func (s *Store) sizeNew(st *State, lim Limit) error {
 
 // SetLimit changes allocation id's disk limit to lim (zero: none), set
 // by from (FromNomad...). Like every change it is journaled, and the
-// kernel's groups follow at once. A limit below what the allocation
+// kernel's groups follow at once. It tells no OnChange hook: nothing the
+// mount shows changes, and Nomad's client is often inside a mkdir of the
+// allocation when its size arrives, a request the mount's invalidation
+// would wait for while it waits for the store. A limit below what the allocation
 // holds is set all the same: its data stays, its writes fail until it
 // deletes some, and a warning says so.
 func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
@@ -323,7 +326,7 @@ func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
 		}
 	}
 	if err == nil {
-		err = s.commit("limit", st)
+		err = s.change(&intent{Op: "limit", Records: map[string]*State{id: st}, quiet: true})
 	}
 	s.writeMu.Unlock()
 	if err != nil {

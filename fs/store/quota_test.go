@@ -341,3 +341,25 @@ func TestQuotaSetLimit(t *testing.T) {
 		t.Fatal("a limit on an unknown allocation")
 	}
 }
+
+// TestQuotaSetLimitIsQuiet: a new limit tells no OnChange hook. The mount
+// invalidates the kernel's entries from its hook, and a limit arrives
+// (from Nomad's API) while Nomad's client is inside a mkdir of the
+// allocation: the invalidation would wait for the directory that mkdir
+// holds locked, the mkdir for the store the change holds.
+func TestQuotaSetLimitIsQuiet(t *testing.T) {
+	s := openQuotaStore(t, Options{})
+	must(t, errOnly(s.CreateFromMount("a1", DirAttr{Mode: 0o755})))
+	var heard []string
+	stop := s.OnChange(func(id string) { heard = append(heard, id) })
+	defer stop()
+	if _, err := s.SetLimit("a1", Limit{Bytes: 8 << 20}, FromNomad); err != nil {
+		t.Fatal(err)
+	}
+	if len(heard) != 0 {
+		t.Fatalf("SetLimit told the hooks of %v", heard)
+	}
+	if st := mustState(t, s, "a1"); st.Disk == nil || st.Disk.From != FromNomad {
+		t.Fatalf("record after SetLimit: %+v", st.Disk)
+	}
+}
