@@ -256,11 +256,8 @@ func (s *Store) applyIntent(in *intent) {
 		}
 	}
 	s.mu.Unlock()
-	if in.quiet {
-		return
-	}
-	for _, id := range ids {
-		s.publish(id)
+	if !in.quiet {
+		s.writeMu.pending = append(s.writeMu.pending, ids...)
 	}
 }
 

@@ -75,8 +75,9 @@ type Store struct {
 
 	// writeMu serializes changes, so that each one sees the state left by
 	// the previous one while it works on disk with mu released. It also
-	// guards the journal's bookkeeping below.
-	writeMu sync.Mutex
+	// guards the journal's bookkeeping below. The OnChange hooks of the
+	// changes made under it run as it is released (changeLock).
+	writeMu changeLock
 	// seq is the number of the last journaled intent.
 	seq uint64
 	// journalSize is how many bytes the journal holds.
@@ -194,6 +195,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		hooks:     make(map[int]func(id string)),
 		obs:       nopObserver{},
 	}
+	s.writeMu.publish = s.publish
 	// Modes are forced on what we create, so the umask does not matter;
 	// what exists already is the operator's choice and is left alone.
 	if _, err := os.Lstat(abs); errors.Is(err, iofs.ErrNotExist) {
@@ -529,10 +531,11 @@ func (s *Store) List() []*State {
 // OnChange registers fn to be called with the ID of every allocation
 // created, changed or destroyed, and returns a func that removes it. fn
 // runs synchronously on the goroutine that made the change, once the
-// change is on disk, so that when Create, Destroy or Remap returns, fn's
-// effect (the mount forgetting what the kernel cached) has happened. fn
-// must be quick and must not change the store. Changes never come from a
-// FUSE request handler, so fn may send kernel notifications.
+// change is on disk and the store takes changes again, so that when
+// Create, Destroy or Remap returns, fn's effect (the mount forgetting what
+// the kernel cached) has happened. fn must be quick and must not change
+// the store. It may send kernel notifications: the mount defers those of
+// changes its own request handlers make.
 func (s *Store) OnChange(fn func(id string)) func() {
 	s.hookMu.Lock()
 	defer s.hookMu.Unlock()
@@ -543,6 +546,29 @@ func (s *Store) OnChange(fn func(id string)) func() {
 		s.hookMu.Lock()
 		defer s.hookMu.Unlock()
 		delete(s.hooks, key)
+	}
+}
+
+// changeLock is the lock changes hold (Store.writeMu). The OnChange hooks
+// of what changed under it run once it is released, still before the
+// change's method returns: a hook's kernel notification may wait for a
+// directory that a FUSE request holds locked while its handler waits for
+// this lock (a mkdir at the mount root while the API creates another
+// allocation), and held, the lock would make that a deadlock.
+type changeLock struct {
+	sync.Mutex
+	// pending are the allocations changed since the lock was taken.
+	pending []string
+	publish func(id string)
+}
+
+// Unlock releases the lock, then tells the hooks of what changed.
+func (l *changeLock) Unlock() {
+	pending := l.pending
+	l.pending = nil
+	l.Mutex.Unlock()
+	for _, id := range pending {
+		l.publish(id)
 	}
 }
 

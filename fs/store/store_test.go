@@ -603,3 +603,35 @@ func TestCloseUnlocksWhileAChildHoldsTheLock(t *testing.T) {
 	s2 := openTestStore(t, dir)
 	must(t, s2.Close())
 }
+
+// TestOnChangeRunsUnlocked: a change's OnChange hooks run before its
+// method returns, and with the store taking changes again: a hook's
+// kernel notification may wait for a directory that a FUSE request holds
+// locked while its handler waits for the store.
+func TestOnChangeRunsUnlocked(t *testing.T) {
+	s := openTestStore(t, t.TempDir())
+	var heard []string
+	var locked []bool
+	stop := s.OnChange(func(id string) {
+		heard = append(heard, id)
+		free := s.writeMu.TryLock()
+		if free {
+			s.writeMu.Mutex.Unlock()
+		}
+		locked = append(locked, !free)
+	})
+	defer stop()
+	mustCreate(t, s, "a1", "web")
+	if _, err := s.Stop("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(heard, []string{"a1", "a1", "a1"}) {
+		t.Fatalf("hooks heard %v by the time the changes returned, want a1 three times", heard)
+	}
+	if slices.Contains(locked, true) {
+		t.Fatalf("a hook ran while the store held its change lock: %v", locked)
+	}
+}
