@@ -207,10 +207,12 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) 
 }
 
 // tagLayers gives every layer a record of in stacks or retains a tag
-// unique in that record, keeping the tags it has and, for a layer new
-// to the record, the tag the layer had in the record it came from where
-// that tag is free: the numbers the mount showed for its files stay the
-// same. The caller holds writeMu.
+// unique in that record, keeping the tags it has. A tag is never given
+// twice in a record (State.TagTop): a layer new to it takes the tag it had
+// in the record it came from where that tag was never used here (its
+// files keep their numbers, and the origins its copy-ups recorded keep
+// naming the right layers), else the next one. Past 255 the least recent
+// free tags are taken again. The caller holds writeMu.
 func (s *Store) tagLayers(in *intent) error {
 	for id, st := range in.Records {
 		if st == nil {
@@ -219,10 +221,12 @@ func (s *Store) tagLayers(in *intent) error {
 		layers := st.allLayerIDs()
 		tags := make(map[string]uint8, len(layers))
 		used := make(map[uint8]bool)
+		top := st.TagTop
 		for l, t := range st.Tags {
 			if _, ok := layers[l]; ok && !used[t] {
 				tags[l] = t
 				used[t] = true
+				top = max(top, t)
 			}
 		}
 		var untagged []string
@@ -233,26 +237,32 @@ func (s *Store) tagLayers(in *intent) error {
 		}
 		sort.Strings(untagged)
 		for _, l := range untagged {
-			if t := s.tagElsewhere(l, id, in); t != 0 && !used[t] {
+			if t := s.tagElsewhere(l, id, in); t > st.TagTop && !used[t] {
 				tags[l] = t
 				used[t] = true
 			}
+		}
+		for t := range used {
+			top = max(top, t)
 		}
 		for _, l := range untagged {
 			if tags[l] != 0 {
 				continue
 			}
-			t := uint8(1)
-			for used[t] && t < 255 {
-				t++
-			}
-			if used[t] {
-				return fmt.Errorf("allocation %s stacks more than 255 layers", id)
+			t := top + 1
+			if top == 255 {
+				for t = 1; used[t] && t < 255; t++ {
+				}
+				if used[t] {
+					return fmt.Errorf("allocation %s stacks more than 255 layers", id)
+				}
+			} else {
+				top = t
 			}
 			tags[l] = t
 			used[t] = true
 		}
-		st.Tags = tags
+		st.Tags, st.TagTop = tags, top
 	}
 	return nil
 }

@@ -363,3 +363,35 @@ func TestQuotaSetLimitIsQuiet(t *testing.T) {
 		t.Fatalf("record after SetLimit: %+v", st.Disk)
 	}
 }
+
+// TestQuotaTagsAreNeverReused: a layer that replaces another in an
+// allocation (an adopt's placeholder) gets a tag the allocation never
+// gave: the kernel may still hold the old layer's nodes under the
+// numbers the tag made.
+func TestQuotaTagsAreNeverReused(t *testing.T) {
+	s := openQuotaStore(t, Options{})
+	mustCreate(t, s, "a1", "web")
+	must(t, errOnly(s.Stop("a1")))
+	before := mustState(t, s, "a1")
+	seen := map[uint8]bool{}
+	for _, tag := range before.Tags {
+		seen[tag] = true
+	}
+	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, Limit{}); err != nil {
+		t.Fatal(err)
+	}
+	after := mustState(t, s, "a1")
+	for l, tag := range after.Tags {
+		if _, kept := before.Tags[l]; !kept && seen[tag] {
+			t.Fatalf("a1's new layer %s took tag %d, which a1 gave before (tags before %v, after %v)", l, tag, before.Tags, after.Tags)
+		}
+	}
+	a2 := mustState(t, s, "a2")
+	moved := a2.Volumes["alloc/data"].Upper
+	if a2.Tags[moved] != before.Tags[moved] {
+		t.Errorf("the adopted layer's tag went from %d to %d", before.Tags[moved], a2.Tags[moved])
+	}
+	if after.TagTop <= before.TagTop {
+		t.Errorf("a1's TagTop %d after new layers, was %d", after.TagTop, before.TagTop)
+	}
+}

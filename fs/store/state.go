@@ -93,6 +93,10 @@ type State struct {
 	// inode numbers it shows (bits 32-39) to keep two layers' files
 	// apart. "tags": {"<layerID>": 3, ...}; tags run from 1 to 255.
 	Tags map[string]uint8 `json:"tags,omitempty"`
+	// TagTop is the highest tag the allocation ever gave: a tag is never
+	// given twice in an allocation, since the kernel may still hold the
+	// nodes of the layer that had it, under the same inode numbers.
+	TagTop uint8 `json:"tag_top,omitempty"`
 }
 
 // Clone returns a deep copy, so that a caller can edit it (or keep it)
