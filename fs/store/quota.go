@@ -113,8 +113,9 @@ func detectQuota(dir string, enable bool) (quota, QuotaReport, error) {
 	if err != nil {
 		return nil, r, err
 	}
-	r.Filesystem = fsTypeName(dir)
+	r.Filesystem = "btrfs"
 	if !isBtrfs {
+		r.Filesystem = fsTypeName(dir)
 		q, why, err := detectProject(dir, r.Filesystem, enable)
 		if err != nil || q == nil {
 			r.Why = why
@@ -139,11 +140,9 @@ func detectQuota(dir string, enable bool) (quota, QuotaReport, error) {
 }
 
 // fsTypeName names the filesystem of dir as the mount table does: the
-// entry of its device.
+// entry of its device (a btrfs subvolume's anonymous device has none:
+// detectQuota tells btrfs by statfs).
 func fsTypeName(dir string) string {
-	if ok, _ := btrfs.Is(dir); ok {
-		return "btrfs"
-	}
 	var st unix.Stat_t
 	mounts, err := mountinfo.Read("")
 	if err != nil || unix.Stat(dir, &st) != nil {

@@ -108,7 +108,8 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 	}
 	sort.Strings(ids)
 	var errs []error
-	inconsistent := false
+	// changed is set once a relation was asked to change.
+	inconsistent, changed := false, false
 	for _, id := range ids {
 		st := records[id]
 		if st.Disk == nil || affected != nil && !affected[id] {
@@ -156,7 +157,7 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 				return false, err
 			}
 			inc, err := btrfs.Assign(q.dir, child, g, false)
-			inconsistent = inconsistent || inc
+			inconsistent, changed = inconsistent || inc, true
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -179,11 +180,17 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 				return false, err
 			}
 			inc, err := btrfs.Assign(q.dir, child, g, true)
-			inconsistent = inconsistent || inc
+			inconsistent, changed = inconsistent || inc, true
 			if err != nil {
 				errs = append(errs, err)
 			}
 		}
+	}
+	if changed && !inconsistent {
+		// One read for the batch: the flag stays set until a rescan.
+		inc, err := btrfs.Inconsistent(q.dir)
+		inconsistent = inc
+		errs = append(errs, err)
 	}
 	return inconsistent, errors.Join(errs...)
 }

@@ -233,8 +233,8 @@ func DestroyQgroup(dir string, q QgroupID) error {
 
 // Assign makes child a member of parent (or, with assign false, no
 // longer one). Asking for what already holds is not an error. It
-// reports whether the kernel could not keep the counters exact and
-// marked them inconsistent (Rescan puts them right).
+// reports whether the kernel said it could not keep the counters exact;
+// Inconsistent, read once after a batch of changes, says so too.
 func Assign(dir string, child, parent QgroupID, assign bool) (inconsistent bool, err error) {
 	a := qgroupAssignArgs{Src: uint64(child), Dst: uint64(parent)}
 	if assign {
@@ -260,10 +260,7 @@ func Assign(dir string, child, parent QgroupID, assign bool) (inconsistent bool,
 		}
 		return false, fmt.Errorf("failed to %s qgroup %s to %s: %w", verb, child, parent, err)
 	}
-	if r > 0 {
-		return true, nil
-	}
-	return Inconsistent(dir)
+	return r > 0, nil
 }
 
 // Limit sets the limit of q's referenced bytes; 0 removes it.
