@@ -16,11 +16,15 @@ package fs
 // and the peers are created in (the default is the test's temp dir),
 // ALLOCFS_BENCH_ORDER=rotate-N runs the sides rotated by N places
 // (mount-first is rotate-1), so that rounds can take turns at which side
-// goes first, and ALLOCFS_BENCH_METRICS=1 mounts with the metrics of
-// allocfs serve (every request timed into its opcode's histogram, every
-// copy-up counted), to measure what they cost.
+// goes first, ALLOCFS_BENCH_METRICS=1 mounts with the metrics of allocfs
+// serve (every request timed into its opcode's histogram, every copy-up
+// counted), to measure what they cost, ALLOCFS_BENCH_IOURING=1 serves the
+// mount and the floor over io_uring (benchIOUring), and
+// ALLOCFS_BENCH_DAEMON_TIME=1 reports the time the mount's handlers took
+// (daemon-ms/op, and by opcode in the log).
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -28,18 +32,21 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/allocfs/allocfs/metrics"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -72,6 +79,41 @@ type benchEnv struct {
 	vol    string // <mnt>/<alloc>/alloc/data
 	layer  string // the backing directory of vol
 	peers  []benchSideSpec
+	// daemon, with ALLOCFS_BENCH_DAEMON_TIME=1, times the mount's
+	// handlers by opcode; nil otherwise.
+	daemon *daemonTime
+}
+
+// daemonTime sums the time the mount's handlers took, from a request's
+// read to its reply, by opcode: what of a workload's time the daemon
+// spent, the rest being the kernel's and the transport's.
+type daemonTime struct {
+	next transport.Observer
+	mu   sync.Mutex
+	took map[uint32]time.Duration
+	n    map[uint32]int
+}
+
+func (d *daemonTime) Request(op uint32, took time.Duration, errno syscall.Errno) {
+	d.mu.Lock()
+	if d.took == nil {
+		d.took, d.n = map[uint32]time.Duration{}, map[uint32]int{}
+	}
+	d.took[op] += took
+	d.n[op]++
+	d.mu.Unlock()
+	if d.next != nil {
+		d.next.Request(op, took, errno)
+	}
+}
+
+// take returns the time and count by opcode so far, and starts again.
+func (d *daemonTime) take() (map[uint32]time.Duration, map[uint32]int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	took, n := d.took, d.n
+	d.took, d.n = nil, nil
+	return took, n
 }
 
 // benchSide is where one sub-benchmark runs: dir is the fresh directory
@@ -120,6 +162,10 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 		nm := metrics.New(mountLog)
 		mo.Requests, mo.CopyUps = nm.FUSE(), nm.CopyUps()
 	}
+	if os.Getenv("ALLOCFS_BENCH_DAEMON_TIME") == "1" {
+		env.daemon = &daemonTime{next: mo.Requests}
+		mo.Requests = env.daemon
+	}
 	env.mount, err = NewMount(mountLog, s, mnt, mo)
 	if err != nil {
 		b.Fatal(err)
@@ -145,10 +191,12 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 }
 
 // benchIOUring says whether the mount and the floor take requests over
-// io_uring (where the kernel allows it): yes, as allocfs serve does,
-// unless ALLOCFS_BENCH_IOURING=0 asks for /dev/fuse, to compare the two.
+// io_uring: no, as allocfs serve does by default (its /dev/fuse transport
+// survives a daemon's crash, the rings do not), unless
+// ALLOCFS_BENCH_IOURING=1 asks for the rings (serve --fuse-io-uring), to
+// compare the two.
 func benchIOUring() bool {
-	return DefaultMountOptions().IOUring && os.Getenv("ALLOCFS_BENCH_IOURING") != "0"
+	return os.Getenv("ALLOCFS_BENCH_IOURING") == "1"
 }
 
 // sides returns every side of the benchmark in the order
@@ -183,12 +231,18 @@ func (e *benchEnv) run(b *testing.B, fn func(b *testing.B, s benchSide)) {
 			if side.counts != nil {
 				before = side.counts()
 			}
+			if side.name == sideMount && e.daemon != nil {
+				e.daemon.take()
+			}
 			b.ResetTimer()
 			b.StartTimer()
 			fn(b, benchSide{dir: filepath.Join(side.dir, filepath.Base(backing)), backing: backing})
 			b.StopTimer()
 			if side.counts != nil {
 				e.reportRequests(b, side.counts, before)
+			}
+			if side.name == sideMount && e.daemon != nil {
+				e.reportDaemonTime(b)
 			}
 		})
 	}
@@ -217,6 +271,26 @@ func (e *benchEnv) reportRequests(b *testing.B, counts func() map[string]uint64,
 	}
 	b.ReportMetric(float64(total)/float64(b.N), "fuse-req/op")
 	e.log.Info("FUSE requests", append([]any{"benchmark", b.Name(), "total", total}, byOp...)...)
+}
+
+// reportDaemonTime reports the time the mount's handlers took per
+// benchmark op (setup included), and logs it by opcode with the mean per
+// request.
+func (e *benchEnv) reportDaemonTime(b *testing.B) {
+	took, n := e.daemon.take()
+	var total time.Duration
+	var byOp []any
+	ops := make([]uint32, 0, len(took))
+	for op := range took {
+		ops = append(ops, op)
+	}
+	sort.Slice(ops, func(i, j int) bool { return ops[i] < ops[j] })
+	for _, op := range ops {
+		total += took[op]
+		byOp = append(byOp, transport.OpName(op), fmt.Sprintf("%d x %.2fµs", n[op], float64(took[op].Nanoseconds())/1e3/float64(n[op])))
+	}
+	b.ReportMetric(total.Seconds()*1e3/float64(b.N), "daemon-ms/op")
+	e.log.Info("daemon time", append([]any{"benchmark", b.Name(), "total", total}, byOp...)...)
 }
 
 // fsTypeName names the filesystem holding p, for the log.
@@ -713,6 +787,7 @@ func benchCreate(b *testing.B, cold bool) {
 	env := newBenchEnv(b, benchConfig{floor: true})
 	data := benchData(benchFileSize)
 	env.run(b, func(b *testing.B, s benchSide) {
+		var took time.Duration
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
 			name := fmt.Sprintf("c%d", i)
@@ -720,31 +795,20 @@ func benchCreate(b *testing.B, cold bool) {
 			if err := os.Mkdir(backing, 0o755); err != nil {
 				b.Fatal(err)
 			}
-			if cold {
-				dropCaches(b)
-			} else {
+			if !cold {
 				if err := primeCreate(backing, data); err != nil {
 					b.Fatal(err)
 				}
-				settle()
 			}
-			dir := filepath.Join(s.dir, name)
-			b.StartTimer()
-			for j := 0; j < benchFiles; j++ {
-				f, err := os.OpenFile(filepath.Join(dir, benchName(j)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-				if err != nil {
-					b.Fatal(err)
+			took += benchClient(b, "create", filepath.Join(s.dir, name), func() {
+				if cold {
+					dropCaches(b)
+				} else {
+					settle()
 				}
-				if _, err := f.Write(data); err != nil {
-					b.Fatal(err)
-				}
-				if err := f.Close(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 		}
-		b.StopTimer()
-		reportRate(b, benchFiles, "files/s")
+		reportRateOf(b, benchFiles, "files/s", took)
 	})
 }
 
@@ -769,30 +833,28 @@ func BenchmarkCreate10KCold(b *testing.B) { benchCreate(b, true) }
 
 // benchMetadata sets up a directory of 10,000 4 KiB files per side and
 // times op on it: cold after drop_caches, warm after one untimed op.
-func benchMetadata(b *testing.B, cold bool, unit string, op func(dir string) error) {
+func benchMetadata(b *testing.B, cold bool, unit, op string) {
 	env := newBenchEnv(b, benchConfig{floor: true})
 	env.run(b, func(b *testing.B, s benchSide) {
 		b.StopTimer()
 		if err := makeFiles(s.backing, benchFiles, benchFileSize); err != nil {
 			b.Fatal(err)
 		}
+		var took time.Duration
 		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			if cold {
-				dropCaches(b)
-			} else {
+			if !cold {
 				settle()
-				if err := op(s.dir); err != nil {
+				if err := benchClientOps[op](s.dir); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.StartTimer()
-			if err := op(s.dir); err != nil {
-				b.Fatal(err)
-			}
+			took += benchClient(b, op, s.dir, func() {
+				if cold {
+					dropCaches(b)
+				}
+			})
 		}
-		b.StopTimer()
-		reportRate(b, benchFiles, unit)
+		reportRateOf(b, benchFiles, unit, took)
 	})
 }
 
@@ -858,31 +920,153 @@ func listEntries(dir string, lstat bool) error {
 }
 
 // BenchmarkStatCold lstats 10,000 files after drop_caches.
-func BenchmarkStatCold(b *testing.B) { benchMetadata(b, true, "stats/s", statAll) }
+func BenchmarkStatCold(b *testing.B) { benchMetadata(b, true, "stats/s", "stat") }
 
 // BenchmarkStatWarm lstats 10,000 files right after doing it once.
-func BenchmarkStatWarm(b *testing.B) { benchMetadata(b, false, "stats/s", statAll) }
+func BenchmarkStatWarm(b *testing.B) { benchMetadata(b, false, "stats/s", "stat") }
 
 // BenchmarkReaddirCold lists the names of a 10,000-entry directory after
 // drop_caches.
 func BenchmarkReaddirCold(b *testing.B) {
-	benchMetadata(b, true, "entries/s", func(dir string) error { return listEntries(dir, false) })
+	benchMetadata(b, true, "entries/s", "readdir")
 }
 
 // BenchmarkReaddirWarm lists the names of a 10,000-entry directory right
 // after listing it once.
 func BenchmarkReaddirWarm(b *testing.B) {
-	benchMetadata(b, false, "entries/s", func(dir string) error { return listEntries(dir, false) })
+	benchMetadata(b, false, "entries/s", "readdir")
 }
 
 // BenchmarkReaddirLstatCold lists a 10,000-entry directory and lstats
 // every entry, after drop_caches.
 func BenchmarkReaddirLstatCold(b *testing.B) {
-	benchMetadata(b, true, "entries/s", func(dir string) error { return listEntries(dir, true) })
+	benchMetadata(b, true, "entries/s", "readdir-lstat")
 }
 
 // BenchmarkReaddirLstatWarm lists a 10,000-entry directory and lstats
 // every entry, right after doing it once.
 func BenchmarkReaddirLstatWarm(b *testing.B) {
-	benchMetadata(b, false, "entries/s", func(dir string) error { return listEntries(dir, true) })
+	benchMetadata(b, false, "entries/s", "readdir-lstat")
+}
+
+// The metadata benchmarks' client runs in a process of its own, as a
+// task's would: a client inside the daemon's process shares its Go
+// runtime (GOMAXPROCS threads, the scheduler, the collector) with the
+// server, and each of its blocked system calls holds a processor the
+// server's readers wait for. benchClient re-executes the test binary
+// with benchClientEnv naming the workload and its directory; the child
+// (runBenchClient, from TestMain) gets ready, waits for the parent's
+// go-ahead on stdin (so that a cold run drops the caches after the
+// child's own pages are in), runs the workload once and prints the
+// nanoseconds it took.
+const benchClientEnv = "ALLOCFS_BENCH_CLIENT"
+
+// benchClientOps are the workloads a client process can run, by name.
+var benchClientOps = map[string]func(dir string) error{
+	"create":        createFiles,
+	"stat":          statAll,
+	"readdir":       func(dir string) error { return listEntries(dir, false) },
+	"readdir-lstat": func(dir string) error { return listEntries(dir, true) },
+}
+
+// runBenchClient runs the workload benchClientEnv names, in a client
+// process, and exits; it returns at once in any other process.
+func runBenchClient() {
+	spec := os.Getenv(benchClientEnv)
+	if spec == "" {
+		return
+	}
+	name, dir, _ := strings.Cut(spec, ":")
+	op, ok := benchClientOps[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "unknown benchmark client workload %q\n", name)
+		os.Exit(2)
+	}
+	fmt.Println("ready")
+	if _, err := fmt.Scanln(); err != nil {
+		fmt.Fprintf(os.Stderr, "waiting for the go-ahead: %v\n", err)
+		os.Exit(2)
+	}
+	start := time.Now()
+	if err := op(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println(time.Since(start).Nanoseconds())
+	os.Exit(0)
+}
+
+// benchClient runs the workload op on dir in a client process and
+// returns the time it took there. prepare runs once the client is ready
+// and before it starts (the timer stopped); the timer runs while the
+// client works.
+func benchClient(b *testing.B, op, dir string, prepare func()) time.Duration {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), benchClientEnv+"="+op+":"+dir)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	out := bufio.NewScanner(stdout)
+	if !out.Scan() || out.Text() != "ready" {
+		b.Fatalf("the benchmark client did not get ready: %q %v", out.Text(), out.Err())
+	}
+	if prepare != nil {
+		prepare()
+	}
+	b.StartTimer()
+	if _, err := io.WriteString(stdin, "\n"); err != nil {
+		b.Fatal(err)
+	}
+	ok := out.Scan()
+	b.StopTimer()
+	if err := cmd.Wait(); err != nil || !ok {
+		b.Fatalf("the benchmark client's %s on %s failed: %v", op, dir, err)
+	}
+	ns, err := strconv.ParseInt(out.Text(), 10, 64)
+	if err != nil {
+		b.Fatalf("the benchmark client printed %q: %v", out.Text(), err)
+	}
+	return time.Duration(ns)
+}
+
+// createFiles creates benchFiles new files in dir, each with
+// open(O_CREAT|O_EXCL), one benchFileSize write and close.
+func createFiles(dir string) error {
+	data := benchData(benchFileSize)
+	for j := 0; j < benchFiles; j++ {
+		f, err := os.OpenFile(filepath.Join(dir, benchName(j)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := f.Write(data); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reportRateOf reports count things done per op at the rate the clients
+// measured, took being their time over all of b's ops.
+func reportRateOf(b *testing.B, count int, unit string, took time.Duration) {
+	b.ReportMetric(float64(count)*float64(b.N)/took.Seconds(), unit)
 }

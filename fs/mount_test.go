@@ -29,8 +29,11 @@ type testMount struct {
 }
 
 // TestMain gives the test binary, which serves the mounts it makes, the
-// umask a FUSE server needs (NewMount refuses any other).
+// umask a FUSE server needs (NewMount refuses any other). Run as a
+// benchmark's client, it runs that client's workload instead
+// (runBenchClient).
 func TestMain(m *testing.M) {
+	runBenchClient()
 	syscall.Umask(0)
 	os.Exit(m.Run())
 }
