@@ -3,10 +3,13 @@ package fs
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -32,8 +35,11 @@ import (
 //	ino    uint64  st_ino of the backing file
 //	_      uint64
 //
-// One pwrite per registration and one per release keep it: against a
-// FUSE open's round trip, noise. The kernel hands IDs out cyclically, so
+// The file is a shared mapping, as the record of outcomes is (outcomes.go):
+// a registration or a release is three stores to memory, no system call,
+// and what was stored survives the daemon's death in the page cache. A
+// record's ID is stored last and cleared first, so a record whose ID is
+// there is whole. The kernel hands IDs out cyclically, so
 // the IDs live at once share a slot only past a million of them; the
 // later one then wins, and an open of the other's inode after a takeover
 // gets EIO, which the takeover logs.
@@ -50,7 +56,11 @@ type backingFile struct{ dev, ino uint64 }
 // the IDs of the ones an earlier daemon registered.
 type backingIDs struct {
 	*transport.Conn
-	f *os.File
+
+	// mapMu guards mem against Close: a release that comes after it
+	// finds nil, and records nothing.
+	mapMu sync.RWMutex
+	mem   []byte
 
 	mu sync.Mutex
 	// inherited are the earlier daemons' registrations. They stay for
@@ -78,20 +88,37 @@ func openBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*backi
 	if err != nil {
 		return nil, fmt.Errorf("failed to open the record of backing files: %w", err)
 	}
-	b.f = f
+	defer f.Close()
+	size := backingSlots * backingRecordSize
+	// A record an earlier daemon wrote with pwrite(2) ends at its last
+	// slot; the rest reads as free slots.
+	if err := f.Truncate(int64(size)); err != nil {
+		return nil, fmt.Errorf("failed to size the record of backing files: %w", err)
+	}
 	if adopting {
-		if err := b.load(); err != nil {
-			f.Close()
+		if err := b.load(f); err != nil {
 			return nil, err
 		}
+	}
+	if b.mem, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return nil, fmt.Errorf("failed to map the record of backing files: %w", err)
+	}
+	// Slots are touched one at a time, far apart: without this, a fault
+	// may bring in a large folio of the file, megabytes of the daemon's
+	// memory for a 32-byte record.
+	if err := unix.Madvise(b.mem, unix.MADV_RANDOM); err != nil {
+		unix.Munmap(b.mem)
+		return nil, fmt.Errorf("failed to advise the kernel on the record of backing files: %w", err)
 	}
 	return b, nil
 }
 
-func (b *backingIDs) load() error {
+// load reads the earlier daemons' registrations from f. Reading the file
+// skips its holes, where a walk of the mapping would fault in every page.
+func (b *backingIDs) load(f *os.File) error {
 	buf := make([]byte, 1<<16)
 	for off := int64(0); ; {
-		n, err := b.f.ReadAt(buf, off)
+		n, err := f.ReadAt(buf, off)
 		for i := 0; i+backingRecordSize <= n; i += backingRecordSize {
 			r := buf[i : i+backingRecordSize]
 			if id := int32(binary.LittleEndian.Uint32(r)); id > 0 {
@@ -100,27 +127,63 @@ func (b *backingIDs) load() error {
 			}
 		}
 		off += int64(n)
-		if err != nil || n == 0 {
+		if err == io.EOF || n == 0 {
 			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("failed to read the record of backing files: %w", err)
 		}
 	}
 }
 
-// write puts the record of id (bf; the zero backingFile frees it) in
-// id's slot.
-func (b *backingIDs) write(id int32, bf backingFile) {
-	var r [backingRecordSize]byte
-	if bf != (backingFile{}) {
-		binary.LittleEndian.PutUint32(r[:], uint32(id))
-		binary.LittleEndian.PutUint64(r[8:], bf.dev)
-		binary.LittleEndian.PutUint64(r[16:], bf.ino)
+// slot returns id's record's fields, or nil once the record is closed;
+// the caller holds mapMu for reading.
+func (b *backingIDs) slot(id int32) (rid *uint32, dev, ino *uint64) {
+	if b.mem == nil {
+		return nil, nil, nil
 	}
-	b.f.WriteAt(r[:], int64(id%backingSlots)*backingRecordSize)
+	p := unsafe.Pointer(&b.mem[int64(uint32(id)%backingSlots)*backingRecordSize])
+	return (*uint32)(p), (*uint64)(unsafe.Add(p, 8)), (*uint64)(unsafe.Add(p, 16))
 }
 
-// Close closes the record; it stays on disk for a daemon that takes the
+// write puts the record of id (bf) in id's slot, its ID last.
+func (b *backingIDs) write(id int32, bf backingFile) {
+	b.mapMu.RLock()
+	defer b.mapMu.RUnlock()
+	rid, dev, ino := b.slot(id)
+	if rid == nil {
+		return
+	}
+	atomic.StoreUint32(rid, 0)
+	atomic.StoreUint64(dev, bf.dev)
+	atomic.StoreUint64(ino, bf.ino)
+	atomic.StoreUint32(rid, uint32(id))
+}
+
+// free clears id's slot if it holds id's record.
+func (b *backingIDs) free(id int32) {
+	b.mapMu.RLock()
+	defer b.mapMu.RUnlock()
+	if rid, _, _ := b.slot(id); rid != nil {
+		atomic.CompareAndSwapUint32(rid, uint32(id), 0)
+	}
+}
+
+// Close unmaps the record; it stays on disk for a daemon that takes the
 // connection over.
-func (b *backingIDs) Close() error { return b.f.Close() }
+func (b *backingIDs) Close() error {
+	b.mapMu.Lock()
+	defer b.mapMu.Unlock()
+	if b.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(b.mem)
+	b.mem = nil
+	if err != nil {
+		return fmt.Errorf("failed to unmap the record of backing files: %w", err)
+	}
+	return nil
+}
 
 // RegisterBackingFd registers m.Fd, or returns the ID an earlier daemon
 // registered for the same file, every time.
@@ -154,9 +217,6 @@ func (b *backingIDs) UnregisterBackingFd(id int32) syscall.Errno {
 	}
 	// The record goes first: one that outlived its ID would have a later
 	// daemon refuse every passthrough open of the file.
-	var r [backingRecordSize]byte
-	if _, err := b.f.ReadAt(r[:], int64(id%backingSlots)*backingRecordSize); err == nil && int32(binary.LittleEndian.Uint32(r[:])) == id {
-		b.write(id, backingFile{})
-	}
+	b.free(id)
 	return b.Conn.UnregisterBackingFd(id)
 }
