@@ -113,12 +113,17 @@ func (n *volNode) upperChildAt(ctx context.Context, l layer.Loc, out *fuse.Entry
 	return n.upperChild(ctx, &st, gen, out), 0
 }
 
+// daemonIsRoot is whether this daemon runs as root: only then do new
+// entries become their callers' (owner). Asked once: os.Geteuid is a
+// system call, and the answer does not change.
+var daemonIsRoot = os.Geteuid() == 0
+
 // owner is the uid and gid a new entry of the directory dir gets: the
 // caller's, with the group of a setgid directory, as a local filesystem
 // gives it.
 func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 	c, ok := fuse.FromContext(ctx)
-	if !ok || os.Geteuid() != 0 {
+	if !ok || !daemonIsRoot {
 		// Without root, entries stay the daemon's.
 		return 0, 0, false
 	}
@@ -135,15 +140,24 @@ func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 // change: l itself, or, for a file made open, its descriptor, so that
 // another file renamed onto the name meanwhile is never the one changed.
 // An entry that cannot be finished is removed again.
+//
+// The entry is made as the daemon (root), so it usually has its owner
+// already when the caller is root too, as tasks often are: it is stat'ed
+// first, and changed (and stat'ed again) only when its owner is not the
+// caller's, which costs the directory's lstat (for its setgid bit) only
+// then.
 func (n *volNode) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok {
-		if err := file.Chown(uid, gid); err != nil {
-			n.unmake(l)
-			return nil, toErrno(n.m.logger, err)
-		}
-	}
 	var st syscall.Stat_t
 	gen, err := lstatBirth(file, &st)
+	if err == nil {
+		if c, ok := fuse.FromContext(ctx); ok && daemonIsRoot && (st.Uid != c.Uid || st.Gid != c.Gid) {
+			if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok && (st.Uid != uint32(uid) || st.Gid != uint32(gid)) {
+				if err = file.Chown(uid, gid); err == nil {
+					gen, err = lstatBirth(file, &st)
+				}
+			}
+		}
+	}
 	if err == nil && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
 		err = restoreMode(file, &st, mode)
 	}

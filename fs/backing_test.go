@@ -23,63 +23,77 @@ import (
 // TestMountNeverFollowsPlantedSymlink swaps a directory of a volume's
 // backing layer for a symbolic link to a directory outside the data dir,
 // behind the kernel's back (its cached dentries still say directory), as
-// a process racing an operation could. Every operation through the mount
-// under that directory fails, and nothing outside changes.
+// a process racing an operation could. Nothing outside ever changes.
+// While the mount still holds the directory's descriptor (layer.DirCache)
+// an operation acts on the directory the kernel's node stands for, now
+// moved; once the mount forgot it (as it does after any rename or rmdir)
+// every operation under the name fails.
 func TestMountNeverFollowsPlantedSymlink(t *testing.T) {
 	tm := newTestMount(t)
 	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}
 	d := filepath.Join(tm.dir, "a", "alloc", "data", "d")
-	must(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
-	must(t, os.WriteFile(filepath.Join(d, "f"), []byte("inside"), 0o644))
-	// The kernel now holds nodes for d, d/sub and d/f.
-	for _, p := range []string{d, filepath.Join(d, "sub"), filepath.Join(d, "f")} {
-		if _, err := os.Lstat(p); err != nil {
-			t.Fatal(err)
-		}
-	}
-
+	st, err := tm.store.Get("a")
+	must(t, err)
+	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "d")
 	outside := t.TempDir()
 	must(t, os.Mkdir(filepath.Join(outside, "sub"), 0o755))
 	must(t, os.WriteFile(filepath.Join(outside, "f"), []byte("outside"), 0o600))
 	before := treeOf(t, outside)
-	st, err := tm.store.Get("a")
-	must(t, err)
-	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "d")
-	must(t, os.Rename(backing, backing+".moved"))
-	must(t, os.Symlink(outside, backing))
 
-	// Changes of d/f's attributes may still reach the real file
-	// through a handle whose release the kernel has not sent yet (the
-	// way an unlinked open file is changed); what they may never do is
-	// reach the outside. Everything that names an entry must fail.
-	attrOnly := map[string]bool{"chmod": true, "truncate": true, "setxattr": true}
-	for _, op := range []struct {
-		name string
-		do   func() error
-	}{
-		{"create", func() error { return os.WriteFile(filepath.Join(d, "new"), []byte("x"), 0o644) }},
-		{"mkdir", func() error { return os.Mkdir(filepath.Join(d, "newdir"), 0o755) }},
-		{"mkdir below", func() error { return os.Mkdir(filepath.Join(d, "sub", "newdir"), 0o755) }},
-		{"open", func() error { _, err := os.ReadFile(filepath.Join(d, "f")); return err }},
-		{"chmod", func() error { return os.Chmod(filepath.Join(d, "f"), 0o777) }},
-		{"truncate", func() error { return os.Truncate(filepath.Join(d, "f"), 0) }},
-		{"setxattr", func() error { return unix.Setxattr(filepath.Join(d, "f"), "user.x", []byte("y"), 0) }},
-		{"symlink", func() error { return os.Symlink("t", filepath.Join(d, "link")) }},
-		{"rename", func() error { return os.Rename(filepath.Join(d, "f"), filepath.Join(d, "g")) }},
-		{"unlink", func() error { return os.Remove(filepath.Join(d, "f")) }},
-		{"rmdir", func() error { return syscall.Rmdir(filepath.Join(d, "sub")) }},
-	} {
-		if err := op.do(); err == nil && !attrOnly[op.name] {
-			t.Errorf("%s under a directory swapped for a symbolic link succeeded", op.name)
+	for _, forgotten := range []bool{false, true} {
+		must(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(d, "f"), []byte("inside"), 0o644))
+		// The kernel now holds nodes for d, d/sub and d/f.
+		for _, p := range []string{d, filepath.Join(d, "sub"), filepath.Join(d, "f")} {
+			if _, err := os.Lstat(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		moved := backing + ".moved"
+		must(t, os.Rename(backing, moved))
+		must(t, os.Symlink(outside, backing))
+		if forgotten {
+			tm.mount.dirs.Forget()
+		}
+
+		// Changes of d/f's attributes may still reach the real file
+		// through a handle whose release the kernel has not sent yet
+		// (the way an unlinked open file is changed); what they may
+		// never do is reach the outside.
+		attrOnly := map[string]bool{"chmod": true, "truncate": true, "setxattr": true}
+		for _, op := range []struct {
+			name string
+			do   func() error
+		}{
+			{"create", func() error { return os.WriteFile(filepath.Join(d, "new"), []byte("x"), 0o644) }},
+			{"mkdir", func() error { return os.Mkdir(filepath.Join(d, "newdir"), 0o755) }},
+			{"mkdir below", func() error { return os.Mkdir(filepath.Join(d, "sub", "newdir"), 0o755) }},
+			{"open", func() error { _, err := os.ReadFile(filepath.Join(d, "f")); return err }},
+			{"chmod", func() error { return os.Chmod(filepath.Join(d, "f"), 0o777) }},
+			{"truncate", func() error { return os.Truncate(filepath.Join(d, "f"), 0) }},
+			{"setxattr", func() error { return unix.Setxattr(filepath.Join(d, "f"), "user.x", []byte("y"), 0) }},
+			{"symlink", func() error { return os.Symlink("t", filepath.Join(d, "link")) }},
+			{"rename", func() error { return os.Rename(filepath.Join(d, "f"), filepath.Join(d, "g")) }},
+			{"unlink", func() error { return os.Remove(filepath.Join(d, "f")) }},
+			{"rmdir", func() error { return syscall.Rmdir(filepath.Join(d, "sub")) }},
+		} {
+			if err := op.do(); err == nil && forgotten && !attrOnly[op.name] {
+				t.Errorf("%s under a directory swapped for a symbolic link succeeded", op.name)
+			}
+		}
+		if after := treeOf(t, outside); after != before {
+			t.Fatalf("the directory outside the data dir changed (forgotten: %v):\nbefore:\n%s\nafter:\n%s", forgotten, before, after)
+		}
+		must(t, os.Remove(backing))
+		must(t, os.RemoveAll(moved))
+		tm.mount.dirs.Forget()
+		// The kernel forgets d, which is gone from the layer.
+		if err := os.Remove(d); err == nil || !errors.Is(err, os.ErrNotExist) {
+			t.Logf("removing d after the round: %v", err)
 		}
 	}
-	if after := treeOf(t, outside); after != before {
-		t.Errorf("the directory outside the data dir changed:\nbefore:\n%s\nafter:\n%s", before, after)
-	}
-	must(t, os.Remove(backing))
-	must(t, os.Rename(backing+".moved", backing))
 }
 
 // TestMountTmpfileLink makes a file with O_TMPFILE and gives it a name

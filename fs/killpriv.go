@@ -177,6 +177,12 @@ func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 		var st unix.Stat_t
 		setid = unix.Fstat(fd, &st) == nil && hasSetid(st.Mode)
 	}
+	return n.serveOpenMode(lf, setid)
+}
+
+// serveOpenMode is serveOpen of a handle whose file's set-id bits the
+// caller knows (setid): a CREATE has just stat'ed the file it made.
+func (n *volNode) serveOpenMode(lf *gofs.LoopbackFile, setid bool) (gofs.FileHandle, uint32) {
 	n.mu.Lock()
 	on := n.m.passthrough.Load()
 	daemon := n.daemonServed > 0 || setid && (n.passthroughOpen == 0 || !on)

@@ -121,8 +121,10 @@ type Mount struct {
 	// ctimes hides copy-ups from change times.
 	links  layer.Links
 	ctimes layer.Ctimes
-	// roots keeps the layer roots every fd-relative call starts from.
+	// roots keeps the layer roots every fd-relative call starts from;
+	// dirs the directories below them that entries are named in.
 	roots *layer.RootCache
+	dirs  *layer.DirCache
 	// requests counts what the kernel asks, by opcode.
 	requests *countingFS
 
@@ -163,6 +165,11 @@ type Mount struct {
 // (cmd/allocfs/fdbudget.go: 256 at least).
 const rootCacheSize = 64
 
+// dirCacheSize bounds the directories inside layers a mount keeps open
+// (layer.DirCache): the directories tasks are working in, as many again
+// as rootCacheSize, inside the same reserve.
+const dirCacheSize = 64
+
 // NewMount mounts store at dir and starts serving. The caller must call
 // Unmount. The daemon must never access dir itself: a FUSE server that
 // reads its own mount from a request handler deadlocks.
@@ -174,6 +181,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		opts:    opts,
 		started: time.Now(),
 		roots:   layer.NewRootCache(rootCacheSize),
+		dirs:    layer.NewDirCache(dirCacheSize),
 	}
 	m.deferred.ids = make(map[string]int)
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
@@ -363,6 +371,8 @@ func (m *Mount) dataThroughDaemon(op string) {
 // returns for a change a FUSE request made (handlerChange), since a
 // notification sent inside a handler can deadlock.
 func (m *Mount) invalidate(id string) {
+	// A change may have moved or removed layers, and directories in them.
+	m.dirs.Forget()
 	if m.fromHandler(id) {
 		m.later(func() { m.invalidateNow(id) })
 		return
@@ -455,7 +465,7 @@ func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
 	if v == nil {
 		return nil
 	}
-	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
+	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Dirs: m.dirs, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
 	for _, l := range v.Lowers {
 		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
 	}
@@ -543,7 +553,7 @@ func (m *Mount) Unmount() error {
 		// Notifications still being sent fail now that the connection
 		// is gone.
 		m.deferred.wg.Wait()
-		m.unmountErr = errors.Join(werr, m.roots.Close(), m.closeMemory(), m.dropTakeoverState())
+		m.unmountErr = errors.Join(werr, m.roots.Close(), m.dirs.Close(), m.closeMemory(), m.dropTakeoverState())
 	})
 	return m.unmountErr
 }

@@ -197,3 +197,72 @@ func TestLowerFileUnlinkedWhileOpen(t *testing.T) {
 		t.Errorf("read of the unlinked lower file: %q, %v", buf[:n], err)
 	}
 }
+
+// TestMountDirectoryNamesAfterMoves moves, replaces and removes
+// directories through the mount, on a plain volume and on one with a
+// lower layer, and checks that every later operation by a name reaches
+// the directory that has it now: the mount keeps directories it named
+// entries in open (layer.DirCache), and forgets them on every rename and
+// rmdir.
+func TestMountDirectoryNamesAfterMoves(t *testing.T) {
+	tm := newTestMount(t)
+	data := snapshotVolume(t, tm, func(d string) {
+		must(t, os.MkdirAll(filepath.Join(d, "low", "sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(d, "low", "sub", "f"), []byte("lower"), 0o644))
+	})
+	plain := filepath.Join(tm.dir, "new", "alloc", "logs")
+	for kind, dir := range map[string]string{"plain": plain, "snapshot": data} {
+		t.Run(kind, func(t *testing.T) {
+			p := func(parts ...string) string { return filepath.Join(append([]string{dir}, parts...)...) }
+			must(t, os.MkdirAll(p("a", "b"), 0o755))
+			must(t, os.WriteFile(p("a", "b", "one"), []byte("1"), 0o644))
+			// a is moved away and another a made: a/b/... is the new one's.
+			must(t, os.Rename(p("a"), p("moved")))
+			must(t, os.MkdirAll(p("a", "b"), 0o755))
+			must(t, os.WriteFile(p("a", "b", "two"), []byte("2"), 0o644))
+			if _, err := os.Stat(p("a", "b", "one")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a/b/one after a moved away: %v, want it gone", err)
+			}
+			if _, err := os.Stat(p("moved", "b", "two")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a file made in the new a/b shows in the moved one (stat: %v)", err)
+			}
+			// An empty directory replaced by a rename onto it.
+			must(t, os.Mkdir(p("c"), 0o755))
+			must(t, os.WriteFile(p("c", "x"), []byte("x"), 0o644))
+			must(t, os.Remove(p("c", "x")))
+			must(t, os.Mkdir(p("d"), 0o755))
+			must(t, os.WriteFile(p("d", "y"), []byte("y"), 0o644))
+			must(t, unix.Rename(p("d"), p("c")))
+			if got, err := os.ReadFile(p("c", "y")); err != nil || string(got) != "y" {
+				t.Errorf("c/y after d replaced c: %q, %v", got, err)
+			}
+			must(t, os.WriteFile(p("c", "z"), []byte("z"), 0o644))
+			// A removed directory made again.
+			must(t, os.RemoveAll(p("a")))
+			must(t, os.MkdirAll(p("a", "b"), 0o755))
+			must(t, os.WriteFile(p("a", "b", "three"), []byte("3"), 0o644))
+			names, err := os.ReadDir(p("a", "b"))
+			if err != nil || len(names) != 1 || names[0].Name() != "three" {
+				t.Errorf("a/b made again lists %v, %v; want three alone", names, err)
+			}
+			for _, f := range []string{p("moved", "b", "one"), p("c", "y"), p("c", "z")} {
+				if _, err := os.Stat(f); err != nil {
+					t.Errorf("%s: %v", f, err)
+				}
+			}
+		})
+	}
+	// A directory of the snapshot's lower layer, moved: its entries
+	// follow it, and the name made again is empty.
+	if got, err := os.ReadFile(filepath.Join(data, "low", "sub", "f")); err != nil || string(got) != "lower" {
+		t.Fatalf("low/sub/f: %q, %v", got, err)
+	}
+	must(t, os.Rename(filepath.Join(data, "low"), filepath.Join(data, "high")))
+	must(t, os.Mkdir(filepath.Join(data, "low"), 0o755))
+	if got, err := os.ReadFile(filepath.Join(data, "high", "sub", "f")); err != nil || string(got) != "lower" {
+		t.Errorf("high/sub/f after low moved: %q, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "low", "sub")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("low/sub in the new low: %v, want none", err)
+	}
+}

@@ -314,6 +314,9 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.ro {
 		return syscall.EROFS
 	}
+	// Once the directory is gone (or not), whatever was opened by its
+	// path is forgotten.
+	defer n.m.dirs.Forget()
 	if n.reserved(name) {
 		return n.task.rmdir(name)
 	}
@@ -324,6 +327,18 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return n.removeEntry(name, true)
 	}
 	return n.backingUnlink(name, true)
+}
+
+// movesDir reports whether renaming name to newName in newParent may move
+// or replace a directory: either entry is one, or the kernel has no node
+// for the name to tell.
+func (n *volNode) movesDir(name string, newParent gofs.InodeEmbedder, newName string) bool {
+	ch := n.GetChild(name)
+	if ch == nil || ch.IsDir() {
+		return true
+	}
+	dst := newParent.EmbeddedInode().GetChild(newName)
+	return dst != nil && dst.IsDir()
 }
 
 var _ = (gofs.NodeCreater)((*volNode)(nil))
@@ -345,7 +360,7 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		return nil, nil, 0, errno
 	}
 	if child, ok := ch.Operations().(*volNode); ok {
-		fh, openFlags := child.serveOpen(fh)
+		fh, openFlags := child.serveOpenMode(fh, hasSetid(out.Attr.Mode))
 		return ch, fh, openFlags, 0
 	}
 	return ch, n.m.wrapFile(fh), 0, 0
@@ -445,6 +460,11 @@ var _ = (gofs.NodeRenamer)((*volNode)(nil))
 func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if n.ro {
 		return syscall.EROFS
+	}
+	if n.movesDir(name, newParent, newName) {
+		// Once the directory has moved (or not), whatever was opened
+		// by its old path is forgotten.
+		defer n.m.dirs.Forget()
 	}
 	dst, ok := newParent.(*volNode)
 	if n.reserved(name) {

@@ -19,8 +19,9 @@ const (
 	// minReserve is the least the mount and the store keep: stdio,
 	// /dev/fuse, the runtime's poller, the listeners, the state dir, the
 	// followers' inotify instance, a collector walking a layer, a remote
-	// migration's fetch, and the backing file behind every file tasks hold
-	// open through the mount.
+	// migration's fetch, the layer roots and directories the mount keeps
+	// open (64 each at most: fs.rootCacheSize, fs.dirCacheSize), and the
+	// backing file behind every file tasks hold open through the mount.
 	minReserve = 256
 	// minNetwork is the smallest share worth serving clients with; a limit
 	// that leaves less is refused at start.

@@ -359,6 +359,13 @@ func (s *Stack) Loc(i int, rel string) (Loc, error) {
 		return Loc{Dir: root, Name: rel, path: path, release: done}, nil
 	}
 	defer done()
+	if s.Dirs != nil && !s.IsHost(i) && (s.Held == nil || base != s.Roots[0]) {
+		dir, release, err := s.Dirs.open(base, root, rel[:k])
+		if err != nil {
+			return Loc{Dir: -1}, err
+		}
+		return Loc{Dir: dir, Name: rel[k+1:], path: path, release: release}, nil
+	}
 	dir, err := openBeneath(root, rel[:k], unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return Loc{Dir: -1}, &os.PathError{Op: "open directory", Path: filepath.Dir(path), Err: err}

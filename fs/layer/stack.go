@@ -17,6 +17,10 @@ type Stack struct {
 	Roots []string
 	// Cache, when set, keeps the roots' descriptors between calls.
 	Cache *RootCache
+	// Dirs, when set, keeps descriptors of the directories entries are
+	// named in (Loc) between calls; not for a host layer or a held root.
+	// Whoever moves or removes a directory of these layers forgets them.
+	Dirs *DirCache
 	// Links, when set, keeps a lower file's names one file across its
 	// copy-up.
 	Links *Links
