@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -56,6 +57,9 @@ type benchSideSpec struct {
 	// floor's setup goes through its mount, so its counts would mix
 	// setup with the workload.
 	counts func() map[string]uint64
+	// served, where set, counts the requests the side's server answered
+	// (the floor's), for quietSide; the mount's come from counts.
+	served func() uint64
 }
 
 // benchConfig says what a benchmark needs beyond native and mount.
@@ -180,7 +184,9 @@ func (p *benchPeers) mountFloor(b *testing.B, base string) benchSideSpec {
 	side := benchSideSpec{name: sideFloor, dir: filepath.Join(mnt, benchVolPath)}
 	side.backing = side.dir
 	benchMkdirs(b, mnt)
-	server, err := mountFloorServer(p.log, mnt, newFloorRoot())
+	var served requestTally
+	side.served = served.n.Load
+	server, err := mountFloorServer(p.log, mnt, newFloorRoot(), &served)
 	if err != nil {
 		side.skip = err.Error()
 		return side
@@ -199,7 +205,7 @@ func (p *benchPeers) mountFloor(b *testing.B, base string) benchSideSpec {
 // It differs where allocfs has work the floor does not: no passthrough (the
 // floor has no backing files, so 4 KiB writes are WRITE requests) and no
 // HANDLE_KILLPRIV_V2 (the floor has no privileges to drop).
-func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport.Conn, error) {
+func mountFloorServer(log hclog.Logger, mnt string, root *floorNode, obs transport.Observer) (*transport.Conn, error) {
 	mo := DefaultMountOptions()
 	conn, err := transport.Mount(mnt, transport.Options{
 		FsName:             "floor",
@@ -210,6 +216,7 @@ func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport
 		Capabilities:       mountCapabilities &^ (fuse.CAP_PASSTHROUGH | capHandleKillprivV2),
 		IOUring:            benchIOUring(),
 		Logger:             log.Named("floor"),
+		Observer:           obs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the no-op FUSE server cannot be mounted at %q: %w", mnt, err)
@@ -227,6 +234,11 @@ func mountFloorServer(log hclog.Logger, mnt string, root *floorNode) (*transport
 	}
 	return conn, nil
 }
+
+// requestTally counts the requests a server answered.
+type requestTally struct{ n atomic.Uint64 }
+
+func (t *requestTally) Request(uint32, time.Duration, syscall.Errno) { t.n.Add(1) }
 
 // stopFloorServer unmounts the no-op server and waits for its loop.
 func stopFloorServer(conn *transport.Conn) func() error {
@@ -464,7 +476,7 @@ func TestFloorServer(t *testing.T) {
 	mnt := t.TempDir()
 	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: os.Stderr})
 	root := newFloorRoot()
-	server, err := mountFloorServer(log, mnt, root)
+	server, err := mountFloorServer(log, mnt, root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

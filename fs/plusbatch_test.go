@@ -251,3 +251,60 @@ func dropCachesForTest(t *testing.T) {
 	unix.Sync()
 	must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0))
 }
+
+// TestListingManyBatches lists, with an lstat of every entry, a directory
+// of a plain volume large enough for several READDIRPLUS batches, and
+// checks every entry's attributes against its backing file; then it
+// closes listings in the middle of a batch, again and again, as a lister
+// that stops early does.
+func TestListingManyBatches(t *testing.T) {
+	tm := newTestMount(t)
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := tm.store.Get("a")
+	must(t, err)
+	backing := filepath.Join(tm.store.LayerPath(st.Volumes["alloc/data"].Upper), "big")
+	must(t, os.Mkdir(backing, 0o755))
+	const files = 700
+	for i := range files {
+		must(t, os.WriteFile(filepath.Join(backing, fmt.Sprintf("f%04d", i)), make([]byte, i), 0o640))
+	}
+	dir := filepath.Join(tm.dir, "a", "alloc", "data", "big")
+	f, err := os.Open(dir)
+	must(t, err)
+	seen := 0
+	for {
+		ents, err := f.ReadDir(64)
+		for _, e := range ents {
+			info, lerr := os.Lstat(filepath.Join(dir, e.Name()))
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			var i int
+			if _, serr := fmt.Sscanf(e.Name(), "f%04d", &i); serr != nil || info.Size() != int64(i) || info.Mode().Perm() != 0o640 {
+				t.Errorf("%s: size %d mode %v, want %d and -rw-r-----", e.Name(), info.Size(), info.Mode(), i)
+			}
+			seen++
+		}
+		if err != nil {
+			break
+		}
+	}
+	f.Close()
+	if seen != files {
+		t.Errorf("listed %d entries, want %d", seen, files)
+	}
+	for range 20 {
+		f, err := os.Open(dir)
+		must(t, err)
+		ents, err := f.ReadDir(10)
+		if err != nil || len(ents) != 10 {
+			t.Fatalf("first 10 entries: %d, %v", len(ents), err)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, ents[0].Name())); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+}
