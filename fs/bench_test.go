@@ -1,6 +1,6 @@
 package fs
 
-// Mount-versus-native benchmarks (issue 3), with peers (issue 11). Every
+// Mount-versus-native benchmarks, with peers (benchpeers_test.go). Every
 // benchmark has sub-benchmarks running the same workload: "native" in a
 // plain directory on the filesystem that holds the store's data dir,
 // "mount" in <mnt>/<alloc>/alloc/data, a passthrough loopback volume of the

@@ -1,6 +1,6 @@
 package fs
 
-// The peers of the mount-versus-native benchmarks (issue 11): every
+// The peers of the mount-versus-native benchmarks: every
 // benchmark of bench_test.go also runs its workload on go-fuse's own
 // loopback ("loopback") and on kernel overlayfs ("overlay"), and the
 // metadata benchmarks on a FUSE server whose handlers only answer

@@ -1,6 +1,6 @@
 package fs
 
-// Real-workload benchmarks (issue 11): what a task feels on a real source
+// Real-workload benchmarks: what a task feels on a real source
 // tree, Go's own $(go env GOROOT)/src (about 12.8k files, 140 MB), run by
 // the tools a task runs (tar, git, rm, du, grep, sqlite3) on every side of
 // bench_test.go but the floor, which has no backing files to set up. One

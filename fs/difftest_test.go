@@ -39,7 +39,7 @@ const (
 var diffFixedSeeds = []uint64{201, 207, 208}
 
 // knownDivergence is a divergence of allocfs from ext4 that is known and
-// waiting for its fix: its signature and the item of issue 10 that fixes
+// waiting for its fix: its signature and the item of work that fixes
 // it.
 type knownDivergence struct {
 	sig  string
@@ -737,8 +737,8 @@ func (r *diffRun) record(sig string, d difftest.Diff) {
 		return
 	}
 	if r.fresh && os.Getenv("ALLOCFS_DIFF_STRICT") != "1" {
-		// The fresh seed explores: while issue 10's fixes are under
-		// way, a divergence no fixed seed has shown yet is a finding to
+		// The fresh seed explores: while known divergences' fixes are
+		// under way, a divergence no fixed seed has shown yet is a finding to
 		// replay and list (or fix), not a failure of an unrelated
 		// change's CI. ALLOCFS_DIFF_STRICT=1 makes it one; the fixed
 		// seeds and the witnesses always are.

@@ -155,7 +155,7 @@ func TestExec(t *testing.T) {
 		}
 	})
 
-	// Issue 9: nothing the task started outlives its main process: not a
+	// Nothing the task started outlives its main process: not a
 	// background child, not one that started its own session after a
 	// double fork, not one that ignores SIGTERM, which is killed after
 	// --kill-timeout. Through the task's cgroup where exec can make one,

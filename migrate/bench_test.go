@@ -1,6 +1,6 @@
 package migrate
 
-// Remote migration benchmarks (issue 4): Fetch of a snapshot served by
+// Remote migration benchmarks: Fetch of a snapshot served by
 // SnapshotHandler over loopback TCP, against `tar -c | tar -x` of the
 // same tree through a pipe, on the same machine and filesystem. The
 // source is an on-disk allocation (disk.AllocDir) with one task, "web",

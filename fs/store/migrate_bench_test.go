@@ -1,6 +1,6 @@
 package store
 
-// Local migration benchmarks (issue 4): Store.Remap (adopt) and Store.Seal
+// Local migration benchmarks: Store.Remap (adopt) and Store.Seal
 // (snapshot) of an allocation whose alloc/data holds either 10,000 4 KiB
 // files or one 1 GiB file. No mount is involved: the data is written
 // straight into the layer, and only the store's records change.
