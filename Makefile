@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 10m
 REVISION  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS   := -ldflags "-X main.revision=$(REVISION)"
 
-.PHONY: all build test test-btrfs lint darwin bench tools clean
+.PHONY: all build test test-btrfs lint darwin bench tools clean fuzz
 
 all: lint build test
 
@@ -22,6 +22,19 @@ build:
 
 test:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# fuzz runs each fuzz test for FUZZTIME on top of its seed corpus (the
+# f.Add calls): the parsers of what a peer node, the kernel or a torn disk
+# hands allocfs. A finding is written to the package's testdata/fuzz, from
+# where go test replays it on every run.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./internal/mountinfo:FuzzParse ./fs/store:FuzzDecodeJournal ./allocdir/snapshot:FuzzExtract
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 # test-btrfs runs the tree's tests (./fs/...) again with every store on a
 # btrfs image with disk limits on: layers as subvolumes, inode numbers

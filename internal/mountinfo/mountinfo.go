@@ -34,7 +34,11 @@ func Parse(r io.Reader) ([]Entry, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for line := 1; sc.Scan(); line++ {
-		fields := strings.Fields(sc.Text())
+		// Fields are separated by one space, and the kernel escapes only
+		// space, tab, newline and backslash in paths: any other byte,
+		// a carriage return or a vertical tab included, is part of the
+		// field it is in.
+		fields := strings.Split(sc.Text(), " ")
 		sep := -1
 		for i := 6; i < len(fields); i++ {
 			if fields[i] == "-" {
