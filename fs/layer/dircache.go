@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,28 +26,14 @@ import (
 // that is not may be closed to make room (CLOCK), and a Forget closes
 // the pinned ones once their users are done with them.
 type DirCache struct {
-	mu   sync.Mutex
-	max  int
-	gen  uint64
-	dirs map[dirKey]*cachedDir
-	// hand is the CLOCK's order of the cached directories.
-	hand []dirKey
+	c fdCache[dirKey]
 }
 
 type dirKey struct{ root, rel string }
 
-type cachedDir struct {
-	fd   int
-	pins int
-	used bool
-	// dead is set by Forget on a pinned directory: its last user closes
-	// it.
-	dead bool
-}
-
 // NewDirCache returns a cache of at most size directories (at least 1).
 func NewDirCache(size int) *DirCache {
-	return &DirCache{max: max(size, 1), dirs: make(map[dirKey]*cachedDir)}
+	return &DirCache{c: newFdCache[dirKey](size)}
 }
 
 // open returns a descriptor of the directory rel (relative, cleaned,
@@ -56,112 +41,37 @@ func NewDirCache(size int) *DirCache {
 // function that gives it back.
 func (c *DirCache) open(rootPath string, root int, rel string) (int, func(), error) {
 	key := dirKey{rootPath, rel}
-	c.mu.Lock()
-	if d, ok := c.dirs[key]; ok {
-		d.pins++
-		d.used = true
-		c.mu.Unlock()
-		return d.fd, func() { c.unpin(d) }, nil
+	fd, release, gen, ok := c.c.get(key)
+	if ok {
+		return fd, release, nil
 	}
-	gen := c.gen
-	c.mu.Unlock()
 	fd, err := openBeneath(root, rel, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return -1, nil, &os.PathError{Op: "open directory", Path: filepath.Join(rootPath, rel), Err: err}
 	}
-	alone := func() { unix.Close(fd) }
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.gen != gen {
-		return fd, alone, nil
-	}
-	if d, ok := c.dirs[key]; ok {
-		// Opened by another caller meanwhile.
-		unix.Close(fd)
-		d.pins++
-		d.used = true
-		return d.fd, func() { c.unpin(d) }, nil
-	}
-	if len(c.dirs) >= c.max && !c.evictLocked() {
-		return fd, alone, nil
-	}
-	d := &cachedDir{fd: fd, pins: 1, used: true}
-	c.dirs[key] = d
-	c.hand = append(c.hand, key)
-	return fd, func() { c.unpin(d) }, nil
-}
-
-func (c *DirCache) unpin(d *cachedDir) {
-	c.mu.Lock()
-	d.pins--
-	closing := d.dead && d.pins == 0
-	c.mu.Unlock()
-	if closing {
-		unix.Close(d.fd)
-	}
-}
-
-// evictLocked closes one unpinned directory not used since the hand last
-// passed it, and reports whether it found one.
-func (c *DirCache) evictLocked() bool {
-	for range 2 * len(c.hand) {
-		key := c.hand[0]
-		c.hand = append(c.hand[1:], key)
-		d := c.dirs[key]
-		if d.pins > 0 {
-			continue
-		}
-		if d.used {
-			d.used = false
-			continue
-		}
-		unix.Close(d.fd)
-		delete(c.dirs, key)
-		c.hand = c.hand[:len(c.hand)-1]
-		return true
-	}
-	return false
+	fd, release = c.c.put(key, fd, gen)
+	return fd, release, nil
 }
 
 // Forget drops every cached directory: a directory of some layer moved or
 // went away. Those in use are closed when their users are done.
-func (c *DirCache) Forget() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.gen++
-	c.dropLocked()
-}
-
-func (c *DirCache) dropLocked() {
-	for _, d := range c.dirs {
-		if d.pins > 0 {
-			d.dead = true
-			continue
-		}
-		unix.Close(d.fd)
-	}
-	c.dirs, c.hand = make(map[dirKey]*cachedDir), nil
-}
+func (c *DirCache) Forget() { c.c.drop(nil) }
 
 // Len is how many directories the cache holds open.
-func (c *DirCache) Len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.dirs)
-}
+func (c *DirCache) Len() int { return c.c.len() }
 
 // Close closes every cached directory. Directories still pinned are an
-// error: an operation is running in them.
+// error: an operation is running in them; each is closed when it is given
+// back.
 func (c *DirCache) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var errs []error
-	for key, d := range c.dirs {
-		if d.pins > 0 {
-			errs = append(errs, errors.New("directory "+filepath.Join(key.root, key.rel)+" still in use at close"))
+	pinned := c.c.drop(func(key dirKey, err error) {
+		if err != nil {
+			errs = append(errs, &os.PathError{Op: "close directory", Path: filepath.Join(key.root, key.rel), Err: err})
 		}
+	})
+	for _, key := range pinned {
+		errs = append(errs, errors.New("directory "+filepath.Join(key.root, key.rel)+" still in use at close"))
 	}
-	c.gen++
-	c.dropLocked()
 	return errors.Join(errs...)
 }

@@ -40,7 +40,10 @@
 //
 // Layer roots, where every walk starts, come from a RootCache: bounded,
 // pinned while in use, so a busy mount does not re-walk the data dir for
-// each call and never keeps one descriptor per layer it ever served.
+// each call and never keeps one descriptor per layer it ever served. The
+// directories entries are named in come from a DirCache the same way
+// (both are an fdCache), which whoever moves or removes a directory of a
+// layer tells to forget.
 // PathLoc names an absolute path for the store's own walks and tests.
 //
 // # Copy-up

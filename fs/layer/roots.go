@@ -3,7 +3,6 @@ package layer
 import (
 	"errors"
 	"os"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,107 +16,44 @@ import (
 // a descriptor of a deleted directory, on which every call fails as the
 // path would: layer IDs are never reused.
 type RootCache struct {
-	mu    sync.Mutex
-	max   int
-	roots map[string]*cachedRoot
-	// hand is the CLOCK's order of the cached roots.
-	hand []string
-}
-
-type cachedRoot struct {
-	fd   int
-	pins int
-	used bool
+	c fdCache[string]
 }
 
 // NewRootCache returns a cache of at most size layer roots (at least 1).
 func NewRootCache(size int) *RootCache {
-	return &RootCache{max: max(size, 1), roots: make(map[string]*cachedRoot)}
+	return &RootCache{c: newFdCache[string](size)}
 }
 
 // open returns a descriptor of the layer root at path and the function
 // that gives it back. With every cached root pinned, the root is opened
 // for this caller alone.
 func (c *RootCache) open(path string) (int, func(), error) {
-	c.mu.Lock()
-	if r, ok := c.roots[path]; ok {
-		r.pins++
-		r.used = true
-		c.mu.Unlock()
-		return r.fd, func() { c.unpin(r) }, nil
+	fd, release, gen, ok := c.c.get(path)
+	if ok {
+		return fd, release, nil
 	}
-	c.mu.Unlock()
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, nil, &os.PathError{Op: "open layer", Path: path, Err: err}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.roots[path]; ok {
-		// Opened by another caller meanwhile.
-		unix.Close(fd)
-		r.pins++
-		r.used = true
-		return r.fd, func() { c.unpin(r) }, nil
-	}
-	if len(c.roots) >= c.max && !c.evictLocked() {
-		return fd, func() { unix.Close(fd) }, nil
-	}
-	r := &cachedRoot{fd: fd, pins: 1, used: true}
-	c.roots[path] = r
-	c.hand = append(c.hand, path)
-	return fd, func() { c.unpin(r) }, nil
-}
-
-func (c *RootCache) unpin(r *cachedRoot) {
-	c.mu.Lock()
-	r.pins--
-	c.mu.Unlock()
-}
-
-// evictLocked closes one unpinned root not used since the hand last
-// passed it, and reports whether it found one.
-func (c *RootCache) evictLocked() bool {
-	for range 2 * len(c.hand) {
-		path := c.hand[0]
-		c.hand = append(c.hand[1:], path)
-		r := c.roots[path]
-		if r.pins > 0 {
-			continue
-		}
-		if r.used {
-			r.used = false
-			continue
-		}
-		unix.Close(r.fd)
-		delete(c.roots, path)
-		c.hand = c.hand[:len(c.hand)-1]
-		return true
-	}
-	return false
+	fd, release = c.c.put(path, fd, gen)
+	return fd, release, nil
 }
 
 // Len is how many roots the cache holds open.
-func (c *RootCache) Len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.roots)
-}
+func (c *RootCache) Len() int { return c.c.len() }
 
 // Close closes every cached root. Roots still pinned are an error: an
-// operation is running on them.
+// operation is running on them; each is closed when it is given back.
 func (c *RootCache) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var errs []error
-	for path, r := range c.roots {
-		if r.pins > 0 {
-			errs = append(errs, errors.New("layer root "+path+" still in use at close"))
-		}
-		if err := unix.Close(r.fd); err != nil {
+	pinned := c.c.drop(func(path string, err error) {
+		if err != nil {
 			errs = append(errs, &os.PathError{Op: "close layer", Path: path, Err: err})
 		}
+	})
+	for _, path := range pinned {
+		errs = append(errs, errors.New("layer root "+path+" still in use at close"))
 	}
-	c.roots, c.hand = make(map[string]*cachedRoot), nil
 	return errors.Join(errs...)
 }
