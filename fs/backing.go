@@ -135,6 +135,14 @@ func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 	return uid, gid, true
 }
 
+// ownedBy reports whether an entry whose lstat is st has the owner and
+// group of the caller of ctx, or no caller to give it to (a daemon that
+// is not root leaves its entries its own).
+func ownedBy(ctx context.Context, st *syscall.Stat_t) bool {
+	c, ok := fuse.FromContext(ctx)
+	return !ok || !daemonIsRoot || st.Uid == c.Uid && st.Gid == c.Gid
+}
+
 // made finishes an entry just made at l: it gets its owner (owner), the
 // mode bits asked for (restoreMode) and a node. file is the new entry to
 // change: l itself, or, for a file made open, its descriptor, so that
@@ -149,12 +157,10 @@ func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 func (n *volNode) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var st syscall.Stat_t
 	gen, err := lstatBirth(file, &st)
-	if err == nil {
-		if c, ok := fuse.FromContext(ctx); ok && daemonIsRoot && (st.Uid != c.Uid || st.Gid != c.Gid) {
-			if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok && (st.Uid != uint32(uid) || st.Gid != uint32(gid)) {
-				if err = file.Chown(uid, gid); err == nil {
-					gen, err = lstatBirth(file, &st)
-				}
+	if err == nil && !ownedBy(ctx, &st) {
+		if uid, gid, ok := n.owner(ctx, layer.Loc{Dir: l.Dir}); ok && (st.Uid != uint32(uid) || st.Gid != uint32(gid)) {
+			if err = file.Chown(uid, gid); err == nil {
+				gen, err = lstatBirth(file, &st)
 			}
 		}
 	}

@@ -3,7 +3,6 @@ package fs
 import (
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -163,7 +162,7 @@ func TestRequestsPerOperation(t *testing.T) {
 			// A listing with lstat of every entry (ls -l without its
 			// xattr reads): the first batch comes with attributes.
 			before := settled()
-			if err := listWithLstat(filepath.Join(dir, "lower"), n); err != nil {
+			if err := listEntries(filepath.Join(dir, "lower"), true, n); err != nil {
 				t.Fatal(err)
 			}
 			after := settled()
@@ -182,34 +181,4 @@ func TestRequestsPerOperation(t *testing.T) {
 			}
 		})
 	}
-}
-
-// listWithLstat lists dir as ls -l does, lstat'ing each entry after its
-// batch is read, and checks it has want entries.
-func listWithLstat(dir string, want int) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	count := 0
-	for {
-		ents, err := f.ReadDir(32)
-		for _, e := range ents {
-			if _, err := os.Lstat(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-			count++
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if count != want {
-		return fmt.Errorf("%s lists %d entries, want %d", dir, count, want)
-	}
-	return nil
 }

@@ -26,6 +26,10 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
+# An interrupted run removes its image too: bash runs the EXIT trap on an
+# exit, not on a death by signal.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 truncate -s "$size" "$work/ext4.img"
 mkfs.ext4 -q -F "$work/ext4.img"
 mkdir "$work/mnt"

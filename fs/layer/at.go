@@ -359,7 +359,7 @@ func (s *Stack) Loc(i int, rel string) (Loc, error) {
 		return Loc{Dir: root, Name: rel, path: path, release: done}, nil
 	}
 	defer done()
-	if s.Dirs != nil && !s.IsHost(i) && (s.Held == nil || base != s.Roots[0]) {
+	if s.Dirs != nil && !s.IsHost(i) && !s.held(base) {
 		dir, release, err := s.Dirs.open(base, root, rel[:k])
 		if err != nil {
 			return Loc{Dir: -1}, err

@@ -182,7 +182,7 @@ func (s *Stack) where(i int, rel string) (string, string, error) {
 // host layer's source), from the stack's cache when it has one, and the
 // function that gives it back.
 func (s *Stack) rootAt(root string) (int, func(), error) {
-	if s.Held != nil && root == s.Roots[0] {
+	if s.held(root) {
 		return s.Held.Root()
 	}
 	if s.Cache != nil {
@@ -194,6 +194,10 @@ func (s *Stack) rootAt(root string) (int, func(), error) {
 	}
 	return fd, func() { unix.Close(fd) }, nil
 }
+
+// held reports whether root is the upper layer's root reached by
+// descriptor only (Held).
+func (s *Stack) held(root string) bool { return s.Held != nil && root == s.Roots[0] }
 
 // IsHost reports whether the layer at position i is a host layer.
 func (s *Stack) IsHost(i int) bool { return s.Host != nil && i == len(s.Roots)-1 }
