@@ -398,15 +398,17 @@ func (m *Mount) invalidateNow(id string) {
 
 // invalidateVolumes drops the kernel's entries of the volume roots of an
 // allocation that show what its record st no longer says (other layers
-// after a remap, a volume frozen by a seal, a volume removed, another
-// allocation's view of a volume renamed here), so that the next lookup
-// sees the layers the record names now. Dropped, not expired: a frozen
-// volume's root keeps its node ID, and only the node's FORGET, once the
-// entry is gone, retires the writable node. Entries that still show what
-// the record says are left alone: the kernel detaches the mounts below a
-// dropped entry, and Nomad mounts on the task directories and the
-// <task>/alloc views (nothing of Nomad's lies below a volume that
-// migrates).
+// after a remap, a volume removed, another allocation's view of a volume
+// renamed here), so that the next lookup sees the layers the record names
+// now. Dropped, not expired: only the node's FORGET, once the entry is
+// gone, retires the old node. A volume frozen by a seal keeps its layers,
+// and with them its inode number and node: the kernel may look it up again
+// before it forgets the node (a FORGET and a LOOKUP are served by
+// different readers), or a process may hold it open, so the node itself
+// is frozen (followRecord). Entries that still show what the record says
+// are left alone: the kernel detaches the mounts below a dropped entry,
+// and Nomad mounts on the task directories and the <task>/alloc views
+// (nothing of Nomad's lies below a volume that migrates).
 func (m *Mount) invalidateVolumes(id string, st *store.State) {
 	a := m.root.GetChild(id)
 	if a == nil {
@@ -427,7 +429,7 @@ func (m *Mount) invalidateVolumes(id string, st *store.State) {
 				if n.task != nil {
 					walk(ch)
 				}
-				if !m.showsRecord(n, st) {
+				if !m.followRecord(n, st) {
 					m.dropEntry(dir, name)
 				}
 			}
@@ -446,15 +448,20 @@ func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 	dir.NotifyEntry(name)
 }
 
-// showsRecord reports whether the volume root n shows the volume st
-// names at its key, in st's own slot for its view.
-func (m *Mount) showsRecord(n *volNode, st *store.State) bool {
+// followRecord reports whether the volume root n can go on showing the
+// volume st names at its key: the same layers, in st's own slot for its
+// view. If so, n (and every node below it) takes the record's read-only
+// flag.
+func (m *Mount) followRecord(n *volNode, st *store.State) bool {
 	v := st.Volumes[n.key]
-	if v == nil || n.ro != v.ReadOnly || n.slot != m.slots.peek(st.ID, n.view) {
+	if v == nil || n.slot != m.slots.peek(st.ID, n.view) {
 		return false
 	}
-	want := m.volumeStack(st, n.key).Roots
-	return slices.Equal(n.st.Roots, want)
+	if !slices.Equal(n.st.Roots, m.volumeStack(st, n.key).Roots) {
+		return false
+	}
+	n.ro.Store(v.ReadOnly)
+	return true
 }
 
 // volumeStack is the stack of layers of the volume key of st, or nil for

@@ -12,6 +12,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"golang.org/x/sys/unix"
 )
 
 // migrationFixture creates a stopped allocation "prev" with data, local
@@ -99,10 +100,17 @@ func TestMountAdopt(t *testing.T) {
 
 // TestMountSeal checks the snapshot migration: the new allocation sees
 // the previous data and copies a file up on its first write; the previous
-// allocation keeps a frozen view in which writes fail with EROFS.
+// allocation keeps a frozen view in which writes fail with EROFS, also
+// through a directory a process held open across the seal (the kernel
+// keeps that node, and a lookup after the seal finds it again).
 func TestMountSeal(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := migrationFixture(t, tm)
+	held, err := os.Open(filepath.Join(tm.dir, "prev/web/local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
 		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
 	}
@@ -132,6 +140,14 @@ func TestMountSeal(t *testing.T) {
 			return os.WriteFile(filepath.Join(tm.dir, "prev/alloc/data/test.txt"), []byte("x"), 0o644)
 		},
 		func() error { return os.Remove(filepath.Join(tm.dir, "prev/web/local/conf")) },
+		func() error { return unix.Unlinkat(int(held.Fd()), "conf", 0) },
+		func() error {
+			fd, err := unix.Openat(int(held.Fd()), "new", unix.O_CREAT|unix.O_WRONLY, 0o644)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		},
 		func() error { return os.Mkdir(filepath.Join(tm.dir, "prev/alloc/data/d"), 0o755) },
 		func() error { return os.Chmod(filepath.Join(tm.dir, "prev/alloc/data/test.txt"), 0o600) },
 	} {

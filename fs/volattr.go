@@ -130,7 +130,7 @@ const setattrChanges = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.
 
 // Setattr copies a lower entry up first: metadata changes are writes.
 func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if n.ro {
+	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if uid, ok := in.GetUID(); ok && n.task != nil && n.EmbeddedInode() == n.vroot {
@@ -258,7 +258,7 @@ func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 // changeUpper makes change to the node's entry in the upper layer,
 // copying it up first: every change is a write.
 func (n *volNode) changeUpper(change func(l layer.Loc) error) syscall.Errno {
-	if n.ro {
+	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if errno := n.copyUp(); errno != 0 {

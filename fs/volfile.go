@@ -13,7 +13,7 @@ import (
 var _ = (gofs.NodeOpener)((*volNode)(nil))
 
 func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ro && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+	if n.readOnly() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
 	if n.lowerOnly() {
@@ -26,7 +26,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 				return nil, 0, toErrno(n.m.logger, err)
 			}
 			lf := gofs.NewLoopbackFile(fd)
-			if n.ro {
+			if n.readOnly() {
 				// Nothing in a frozen volume is ever copied up.
 				return n.passthroughFile(lf), 0, 0
 			}
@@ -224,7 +224,7 @@ var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
 
 // Tmpfile needs the directory in the upper layer, like any creation.
 func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, nil, 0, syscall.EROFS
 	}
 	if errno := n.copyUp(); errno != 0 {

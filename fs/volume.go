@@ -6,6 +6,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
@@ -33,8 +34,12 @@ type volNode struct {
 	// alloc is the allocation whose volume this is, whose disk limit df
 	// shows.
 	alloc string
-	// ro freezes the volume: every change fails with EROFS.
-	ro bool
+	// ro freezes the volume: every change fails with EROFS. One flag is
+	// shared by the root and every node below it, so that a seal freezes
+	// the nodes the kernel still holds, or looks up again before it
+	// forgets them, at once (Mount.followRecord). nil for a memory
+	// volume, which is never frozen.
+	ro *atomic.Bool
 	// ovl is set for a volume with lower layers; layers then says where
 	// the node is visible, the layer it is shown from first (0 is the
 	// upper layer). Guarded by mu.
@@ -86,6 +91,9 @@ type volNode struct {
 	recorded bool
 }
 
+// readOnly reports whether the node's volume is frozen.
+func (n *volNode) readOnly() bool { return n.ro != nil && n.ro.Load() }
+
 // volumeInode returns the root node of the volume at key ("alloc/data",
 // "<task>/local", ...) of an allocation, as seen in view. task is set for
 // a task directory's own volume, whose layout children it presents.
@@ -105,7 +113,9 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
 		return nil, syscall.EIO
 	}
-	node := &volNode{m: m, st: stack, slot: slot, alloc: st.ID, ro: v.ReadOnly, task: task, layers: []int{0}, key: key, view: view}
+	ro := new(atomic.Bool)
+	ro.Store(v.ReadOnly)
+	node := &volNode{m: m, st: stack, slot: slot, alloc: st.ID, ro: ro, task: task, layers: []int{0}, key: key, view: view}
 	node.vroot = node.EmbeddedInode()
 	if len(stack.Roots) > 1 {
 		node.ovl = stack
@@ -294,7 +304,7 @@ func (l *listDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 var _ = (gofs.NodeUnlinker)((*volNode)(nil))
 
 func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
-	if n.ro {
+	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if errno := n.refuse(name, false); errno != 0 {
@@ -311,7 +321,7 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRmdirer)((*volNode)(nil))
 
 func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if n.ro {
+	if n.readOnly() {
 		return syscall.EROFS
 	}
 	// Once the directory is gone (or not), whatever was opened by its
@@ -344,7 +354,7 @@ func (n *volNode) movesDir(name string, newParent gofs.InodeEmbedder, newName st
 var _ = (gofs.NodeCreater)((*volNode)(nil))
 
 func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, nil, 0, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
@@ -369,7 +379,7 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 var _ = (gofs.NodeMkdirer)((*volNode)(nil))
 
 func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if n.reserved(name) {
@@ -400,7 +410,7 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 var _ = (gofs.NodeMknoder)((*volNode)(nil))
 
 func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
@@ -417,7 +427,7 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 var _ = (gofs.NodeSymlinker)((*volNode)(nil))
 
 func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
@@ -434,7 +444,7 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 var _ = (gofs.NodeLinker)((*volNode)(nil))
 
 func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro {
+	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
@@ -458,7 +468,7 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 var _ = (gofs.NodeRenamer)((*volNode)(nil))
 
 func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	if n.ro {
+	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if n.movesDir(name, newParent, newName) {
