@@ -18,6 +18,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/internal/taskproc"
 	"github.com/allocfs/allocfs/logmon"
 	"github.com/hashicorp/go-hclog"
 )
@@ -172,9 +173,9 @@ func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan
 	if err != nil {
 		return 0, fmt.Errorf("failed to set up the logs of task %s: %w", req.task, err)
 	}
-	procs := trackTask(logger)
+	procs := taskproc.Track(logger)
 	defer func() {
-		if cerr := procs.close(); cerr != nil {
+		if cerr := procs.Close(); cerr != nil {
 			logger.Warn("cannot clean up after the task", "error", cerr)
 		}
 	}()
@@ -189,7 +190,7 @@ func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan
 		// started, and a Ctrl-C on the terminal reaches the task once,
 		// through us.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: req.cred}
-		procs.prepare(cmd.SysProcAttr)
+		procs.Prepare(cmd.SysProcAttr)
 		return cmd
 	}
 
@@ -201,7 +202,7 @@ func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan
 	}
 	cmd := newCmd()
 	startErr := cmd.Start()
-	if startErr != nil && procs.retryStart(startErr) {
+	if startErr != nil && procs.RetryStart(startErr) {
 		cmd = newCmd()
 		startErr = cmd.Start()
 	}
@@ -213,7 +214,7 @@ func runTask(logger hclog.Logger, allocPath string, req execRequest, sigs <-chan
 		}
 		return 0, errors.Join(fmt.Errorf("failed to start task %s of allocation %q: %w", req.task, req.id, startErr), mon.Stop(execDrainGrace))
 	}
-	procs.started(cmd.Process.Pid)
+	procs.Started(cmd.Process.Pid)
 
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
@@ -225,20 +226,20 @@ wait:
 	for {
 		select {
 		case sig := <-sigs:
-			procs.signalGroup(sig.(syscall.Signal))
+			procs.SignalGroup(sig.(syscall.Signal))
 			if killTimer == nil {
 				killTimer = time.After(req.grace)
 			}
 		case <-killTimer:
 			logger.Warn("the task is still running after the kill timeout: killing it", "kill_timeout", req.grace)
-			procs.killAll()
+			procs.KillAll()
 		case waitErr = <-waited:
 			break wait
 		}
 	}
 	// Whatever the task left running is ended before its output is
 	// drained: then the FIFOs end with it and nothing is cut off.
-	if err := procs.terminate(req.grace); err != nil {
+	if err := procs.Terminate(req.grace); err != nil {
 		logger.Error("processes of the task are left running", "error", err)
 	}
 	logErr := mon.Stop(execDrainGrace)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package taskproc
 
 import (
 	"bufio"
@@ -37,19 +37,19 @@ const (
 	trackGroup = "process group"
 )
 
-// envNoCgroup, set to 1, makes exec track a task as a subreaper even
+// EnvNoCgroup, set to 1, makes exec track a task as a subreaper even
 // where it could use a cgroup: the tests use it to run the fallback on
 // machines that have cgroup v2.
-const envNoCgroup = "ALLOCFS_EXEC_NO_CGROUP"
+const EnvNoCgroup = "ALLOCFS_EXEC_NO_CGROUP"
 
 // killWait bounds the wait for processes to die once SIGKILL was sent:
 // only one stuck in the kernel (an unresponsive mount) takes longer.
 const killWait = 10 * time.Second
 
-// taskProcs finds and ends every process of one task run. Exec's process
+// Tracker finds and ends every process of one task run. Exec's process
 // must start no child other than the task: as a subreaper it takes any
 // descendant for the task's.
-type taskProcs struct {
+type Tracker struct {
 	logger    hclog.Logger
 	method    string
 	cg        *taskCgroup // for trackCgroup
@@ -58,19 +58,19 @@ type taskProcs struct {
 	pgid      int // the task's process group, once started
 }
 
-// trackTask prepares to track the processes of a task about to start:
+// Track prepares to track the processes of a task about to start:
 // a cgroup if the kernel and permissions allow, else a subreaper. It
 // logs the method it uses and never fails: the process group is the
 // last resort.
-func trackTask(logger hclog.Logger) *taskProcs {
-	p := &taskProcs{logger: logger, self: os.Getpid()}
+func Track(logger hclog.Logger) *Tracker {
+	p := &Tracker{logger: logger, self: os.Getpid()}
 	subreaperErr := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	p.subreaper = subreaperErr == nil
 	if !p.subreaper {
 		p.logger.Warn("exec cannot be a child subreaper", "error", subreaperErr)
 	}
-	if os.Getenv(envNoCgroup) == "1" {
-		p.fallBack(fmt.Errorf("%s=1", envNoCgroup))
+	if os.Getenv(EnvNoCgroup) == "1" {
+		p.fallBack(fmt.Errorf("%s=1", EnvNoCgroup))
 		return p
 	}
 	cg, err := newTaskCgroup(fmt.Sprintf("allocfs-exec-%d", p.self))
@@ -85,7 +85,7 @@ func trackTask(logger hclog.Logger) *taskProcs {
 
 // fallBack gives up the cgroup for the subreaper, or for the process
 // group alone if exec could not become a subreaper either.
-func (p *taskProcs) fallBack(why error) {
+func (p *Tracker) fallBack(why error) {
 	if p.cg != nil {
 		if err := p.cg.remove(); err != nil {
 			p.logger.Warn("cannot remove the task's cgroup", "cgroup", p.cg.path, "error", err)
@@ -101,20 +101,20 @@ func (p *taskProcs) fallBack(why error) {
 	p.logger.Info("tracking the task's processes", "method", p.method, "no_cgroup", why)
 }
 
-// prepare makes the task start inside its cgroup: with clone3's
+// Prepare makes the task start inside its cgroup: with clone3's
 // CLONE_INTO_CGROUP it is in there before it runs a single instruction.
-func (p *taskProcs) prepare(attr *syscall.SysProcAttr) {
+func (p *Tracker) Prepare(attr *syscall.SysProcAttr) {
 	attr.UseCgroupFD, attr.CgroupFD = false, 0
 	if p.cg != nil {
 		attr.UseCgroupFD, attr.CgroupFD = true, int(p.cg.dir.Fd())
 	}
 }
 
-// retryStart reports whether a start that failed with err failed because
+// RetryStart reports whether a start that failed with err failed because
 // of the cgroup, and if so falls back so that the task can be started
 // again. clone3 refuses a cgroup that cannot hold processes (EBUSY,
 // EOPNOTSUPP) and does not exist before Linux 5.7 (ENOSYS).
-func (p *taskProcs) retryStart(err error) bool {
+func (p *Tracker) RetryStart(err error) bool {
 	if p.cg == nil {
 		return false
 	}
@@ -125,11 +125,11 @@ func (p *taskProcs) retryStart(err error) bool {
 	return true
 }
 
-// started records the task's main process, the leader of its group.
-func (p *taskProcs) started(pid int) { p.pgid = pid }
+// Started records the task's main process, the leader of its group.
+func (p *Tracker) Started(pid int) { p.pgid = pid }
 
-// signalGroup passes sig on to the task's process group.
-func (p *taskProcs) signalGroup(sig syscall.Signal) {
+// SignalGroup passes sig on to the task's process group.
+func (p *Tracker) SignalGroup(sig syscall.Signal) {
 	if p.pgid <= 0 {
 		return // not started: kill(0) would signal exec's own group
 	}
@@ -139,10 +139,10 @@ func (p *taskProcs) signalGroup(sig syscall.Signal) {
 	}
 }
 
-// killAll sends SIGKILL to every process of the task, the main one
+// KillAll sends SIGKILL to every process of the task, the main one
 // included.
-func (p *taskProcs) killAll() {
-	p.signalGroup(syscall.SIGKILL)
+func (p *Tracker) KillAll() {
+	p.SignalGroup(syscall.SIGKILL)
 	if p.cg != nil && p.cg.kill() {
 		return
 	}
@@ -151,10 +151,10 @@ func (p *taskProcs) killAll() {
 	}
 }
 
-// terminate ends what is left of the task once its main process has
+// Terminate ends what is left of the task once its main process has
 // exited and been waited for: SIGTERM to every process, SIGKILL to those
 // still there after grace, until none is left.
-func (p *taskProcs) terminate(grace time.Duration) error {
+func (p *Tracker) Terminate(grace time.Duration) error {
 	if p.method == trackGroup {
 		return p.endGroup(grace)
 	}
@@ -170,13 +170,13 @@ func (p *taskProcs) terminate(grace time.Duration) error {
 		switch {
 		case killDeadline.IsZero() && !now.Before(deadline):
 			p.logger.Info("killing what is left of the task", "processes", len(left), "kill_timeout", grace)
-			p.killAll()
+			p.KillAll()
 			killDeadline = now.Add(killWait)
 		case !killDeadline.IsZero() && now.After(killDeadline):
 			return fmt.Errorf("%d process(es) of the task survived SIGKILL for %v: %v", len(left), killWait, pids(left))
 		case !killDeadline.IsZero():
 			// New ones: a process that forked while being killed.
-			p.killAll()
+			p.KillAll()
 		default:
 			for _, pr := range left {
 				if !termed[pr.pid] && !pr.zombie {
@@ -190,16 +190,16 @@ func (p *taskProcs) terminate(grace time.Duration) error {
 }
 
 // endGroup is terminate for a task tracked by its process group alone.
-func (p *taskProcs) endGroup(grace time.Duration) error {
+func (p *Tracker) endGroup(grace time.Duration) error {
 	alive := func() bool { return syscall.Kill(-p.pgid, 0) == nil }
 	if !alive() {
 		return nil
 	}
-	p.signalGroup(syscall.SIGTERM)
+	p.SignalGroup(syscall.SIGTERM)
 	for _, step := range []struct {
 		wait time.Duration
 		then func()
-	}{{grace, func() { p.signalGroup(syscall.SIGKILL) }}, {killWait, nil}} {
+	}{{grace, func() { p.SignalGroup(syscall.SIGKILL) }}, {killWait, nil}} {
 		end := time.Now().Add(step.wait)
 		for pause := time.Millisecond; alive() && time.Now().Before(end); pause = min(2*pause, 100*time.Millisecond) {
 			time.Sleep(pause)
@@ -219,7 +219,7 @@ func (p *taskProcs) endGroup(grace time.Duration) error {
 // its cgroup and exec's descendants. With reap set, it first reaps the
 // descendants that became exec's children and died: only then are they
 // gone.
-func (p *taskProcs) remaining(reap bool) []proc {
+func (p *Tracker) remaining(reap bool) []proc {
 	var left []proc
 	if p.cg != nil && p.cg.populated() {
 		left = p.cg.members()
@@ -241,8 +241,8 @@ func (p *taskProcs) remaining(reap bool) []proc {
 	return left
 }
 
-// close removes the task's cgroup, which must be empty.
-func (p *taskProcs) close() error {
+// Close removes the task's cgroup, which must be empty.
+func (p *Tracker) Close() error {
 	if p.cg == nil {
 		return nil
 	}
@@ -359,7 +359,7 @@ type taskCgroup struct {
 // down ("no internal processes"), the root excepted. Exec's own cgroup
 // holds exec, so it passes none down, and a new leaf below it can take
 // the task. Should the kernel refuse all the same, clone3 fails and
-// retryStart falls back.
+// RetryStart falls back.
 func newTaskCgroup(name string) (_ *taskCgroup, err error) {
 	own, err := readOwnCgroup("/proc/self/cgroup")
 	if err != nil {

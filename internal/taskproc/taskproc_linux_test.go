@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package taskproc
 
 import (
 	"github.com/allocfs/allocfs/fs/fstest"
