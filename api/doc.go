@@ -29,7 +29,10 @@
 // Nomad's client API is answered too (ClientAPI): the fs endpoints of
 // package fsapi, forced GC, and GET /v1/allocations?prefix= (Nomad's
 // allocation stubs, how a client turns an ID prefix into an ID). It is
-// what a node serves other machines behind its token.
+// what a node serves other machines behind its token: NodeHandler puts
+// each route of the TCP listener behind its token (the API token, or the
+// snapshot checker of package migrate), as X-Nomad-Token or a Bearer
+// header, and logs refusals at a bounded rate (Linux only, with the node).
 //
 // # The client
 //

@@ -162,7 +162,7 @@ type Mount struct {
 // rootCacheSize bounds the layer roots a mount keeps open: two or three
 // per live volume (its upper layer and lowers), for a few dozen busy
 // allocations, well inside the descriptors the mount keeps in reserve
-// (cmd/allocfs/fdbudget.go: 256 at least).
+// (netlimit.Budget: 256 at least).
 const rootCacheSize = 64
 
 // dirCacheSize bounds the directories inside layers a mount keeps open

@@ -7,9 +7,27 @@
 // Every accepted connection is a file descriptor, and a FUSE daemon shares
 // its descriptors between its clients and the mount it serves: when a flood
 // of idle connections takes the last descriptor, every open(2) through the
-// mount fails with EMFILE. The caller decides how many descriptors its
-// listeners and requests may take (see cmd/allocfs's fdBudget); this
-// package holds them to it.
+// mount fails with EMFILE. [Budget] splits the daemon's RLIMIT_NOFILE
+// between the mount's reserve and its clients' shares; this package holds
+// the clients to them.
+//
+// # The split: Budget
+//
+// [NewBudget] raises the soft limit to the hard one and splits it
+// ([SplitFDs]): half, at least 256, stays with the mount and the store;
+// the rest (at most 16384) is the network share, split between the control
+// socket's connections, the TCP listener's and the requests that stream,
+// each capped on its own so that a flood of one kind leaves the others
+// their slots. A limit that leaves too little is refused with the number
+// to raise it to.
+//
+// # Putting it together: Guard
+//
+// [Guard] holds a daemon's listeners and handlers to a Budget: capped
+// listeners, the stream cap shared by every listener, HTTP servers with
+// timeouts that close idle connections (and never cut a long answer), and
+// one rate-limited log of refusals that the daemon's token checks write
+// to as well.
 //
 // # Connections: Listener
 //

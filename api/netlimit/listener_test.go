@@ -9,10 +9,6 @@ import (
 	"time"
 )
 
-// patience bounds how long a test waits for something that must happen;
-// it decides when to give up, never what passes.
-const patience = 10 * time.Second
-
 func listen(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

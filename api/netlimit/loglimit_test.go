@@ -1,49 +1,22 @@
 package netlimit
 
 import (
-	"bytes"
-	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
 
-// fakeClock is a clock the test moves by hand.
-type fakeClock struct{ t time.Time }
-
-func (c *fakeClock) now() time.Time          { return c.t }
-func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
-
-// logLines decodes the JSON lines hclog wrote.
-func logLines(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var lines []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		lines = append(lines, m)
-	}
-	buf.Reset()
-	return lines
-}
-
 // TestLogLimiter: one line per kind per interval; the next line after
 // some were dropped says how many; kinds do not share a budget.
 func TestLogLimiter(t *testing.T) {
-	var buf bytes.Buffer
+	var buf lockedBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &buf, JSONFormat: true, Level: hclog.Trace})
-	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clock := &frozenClock{t: time.Unix(1_700_000_000, 0)}
 	l := NewLogLimiter(logger, 10*time.Second, clock.now)
 
 	l.Warn("bad_token", "refused", "remote", "a")
-	lines := logLines(t, &buf)
+	lines := buf.lines(t)
 	if len(lines) != 1 || lines[0]["@message"] != "refused" || lines[0]["remote"] != "a" || lines[0]["@level"] != "warn" {
 		t.Fatalf("first line: %v, want one warning \"refused\" with remote=a", lines)
 	}
@@ -57,14 +30,14 @@ func TestLogLimiter(t *testing.T) {
 	}
 	// Another kind is written even while bad_token is held back.
 	l.Warn("tls_handshake", "handshake failed")
-	lines = logLines(t, &buf)
+	lines = buf.lines(t)
 	if len(lines) != 1 || lines[0]["@message"] != "handshake failed" {
 		t.Fatalf("within the interval: %v, want only the other kind's line", lines)
 	}
 
 	clock.advance(5 * time.Second) // 10s after the first line
 	l.Warn("bad_token", "refused", "remote", "b")
-	lines = logLines(t, &buf)
+	lines = buf.lines(t)
 	if len(lines) != 1 {
 		t.Fatalf("after the interval: %d lines, want 1: %v", len(lines), lines)
 	}
@@ -75,7 +48,7 @@ func TestLogLimiter(t *testing.T) {
 	// The count restarts with each line written.
 	clock.advance(10 * time.Second)
 	l.Warn("bad_token", "refused", "remote", "c")
-	lines = logLines(t, &buf)
+	lines = buf.lines(t)
 	if len(lines) != 1 {
 		t.Fatalf("next interval: %d lines, want 1: %v", len(lines), lines)
 	}
@@ -87,9 +60,9 @@ func TestLogLimiter(t *testing.T) {
 // TestLogLimiterConcurrent: many goroutines logging one kind at once
 // produce one line, and every other call is counted (run with -race).
 func TestLogLimiterConcurrent(t *testing.T) {
-	var buf bytes.Buffer
+	var buf lockedBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &buf, JSONFormat: true})
-	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clock := &frozenClock{t: time.Unix(1_700_000_000, 0)}
 	l := NewLogLimiter(logger, time.Minute, clock.now)
 	const n = 200
 	done := make(chan struct{})
@@ -102,12 +75,12 @@ func TestLogLimiterConcurrent(t *testing.T) {
 	for range n {
 		<-done
 	}
-	if lines := logLines(t, &buf); len(lines) != 1 {
+	if lines := buf.lines(t); len(lines) != 1 {
 		t.Fatalf("%d concurrent calls wrote %d lines, want 1", n, len(lines))
 	}
 	clock.advance(time.Minute)
 	l.Warn("over_cap", "full")
-	lines := logLines(t, &buf)
+	lines := buf.lines(t)
 	if len(lines) != 1 || lines[0]["suppressed"] != float64(n-1) {
 		t.Errorf("line after the interval: %v, want suppressed=%d", lines, n-1)
 	}

@@ -6,15 +6,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/api"
-	"github.com/allocfs/allocfs/api/netlimit"
-	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -106,6 +102,15 @@ func (c nodeConfig) load() (*nodeSecrets, error) {
 	return &out, nil
 }
 
+// nodeTokens is what secrets holds now, as the TCP listener's handler checks
+// it at each request.
+func nodeTokens(secrets *atomic.Pointer[nodeSecrets]) func() api.NodeTokens {
+	return func() api.NodeTokens {
+		s := secrets.Load()
+		return api.NodeTokens{Snapshots: s.migrateTokens, API: s.apiToken}
+	}
+}
+
 // servesSnapshots and servesClientAPI tell which routes the listener has;
 // they follow the flags, so a reload changes what the tokens are, never
 // which routes exist.
@@ -185,62 +190,4 @@ func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
 		return nil, nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.tlsCA)
 	}
 	return &cert, pool, nil
-}
-
-// nodeHandler is what other machines reach over TCP: snapshots behind the
-// migration token; the client API (with the allocation stubs a client
-// resolves ID prefixes with, and the health check) and the metrics behind
-// the API token; nothing else (the control API stays on the unix socket).
-// The tokens are those secrets holds at each request. Refusals are logged
-// through refusals, at a bounded rate: anyone who can connect can cause
-// them.
-func nodeHandler(refusals *netlimit.LogLimiter, cfg nodeConfig, secrets *atomic.Pointer[nodeSecrets], snapshots, client, metricsHandler http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	if cfg.servesSnapshots() {
-		mux.Handle("GET /v1/client/allocation/{id}/snapshot", requireSnapshotToken(refusals, secrets, snapshots))
-	}
-	if cfg.servesClientAPI() {
-		mux.Handle("/v1/client/", requireToken(refusals, secrets, client))
-		mux.Handle("GET "+api.AllocationsPath, requireToken(refusals, secrets, client))
-		mux.Handle("GET "+api.HealthPath, requireToken(refusals, secrets, client))
-		// The series name the node's allocations: whoever may browse
-		// their files may read them, and nobody else.
-		mux.Handle(metrics.Path, requireToken(refusals, secrets, metricsHandler))
-	}
-	return mux
-}
-
-// requireToken admits requests that present token as X-Nomad-Token or as
-// an "Authorization: Bearer" header, as Nomad's API does, and answers 403
-// to the rest.
-func requireToken(refusals *netlimit.LogLimiter, secrets *atomic.Pointer[nodeSecrets], next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token := secrets.Load().apiToken
-		if token == "" || !migrate.SharedToken(token).Check("", migrate.RequestToken(r)) {
-			refusals.Warn("token/client_api", "refused a client API request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.WriteHeader(http.StatusForbidden)
-			io.WriteString(w, "Permission denied")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// requireSnapshotToken answers 403 to a snapshot request whose token tokens
-// refuse for the allocation it names. The snapshot handler checks again,
-// but logs every refusal; checked here first, refusals are logged at a
-// bounded rate.
-func requireSnapshotToken(refusals *netlimit.LogLimiter, secrets *atomic.Pointer[nodeSecrets], next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token := migrate.RequestToken(r)
-		tokens := secrets.Load().migrateTokens
-		if token == "" || tokens == nil || !tokens.Check(r.PathValue("id"), token) {
-			refusals.Warn("token/snapshot", "refused a snapshot request: bad or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
-			// The snapshot handler's own answer, word for word.
-			http.Error(w, "Permission denied", http.StatusForbidden)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }

@@ -21,6 +21,8 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/api/fsapi"
+	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/metrics"
@@ -310,11 +312,11 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	secrets.Store(cfg.secrets)
 
 	// Clients get what the mount and the store leave them, and no more.
-	budget, err := newFDBudget(logger)
+	budget, err := netlimit.NewBudget(logger)
 	if err != nil {
 		return err
 	}
-	guard, err := newNetGuard(logger, budget)
+	guard, err := netlimit.NewGuard(logger, budget)
 	if err != nil {
 		return err
 	}
@@ -406,7 +408,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	if err != nil {
 		return err
 	}
-	if ln, err = guard.limitListener(ln, budget.UnixConns, "unix"); err != nil {
+	if ln, err = guard.LimitListener(ln, budget.UnixConns, "unix"); err != nil {
 		return err
 	}
 
@@ -504,7 +506,7 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	stopMetrics := watchNode(nodeMetrics, m, s, apiServer.Followers, cfg.usageInterval)
 	defer stopMetrics()
 	metricsHandler := nodeMetrics.Handler()
-	srv := guard.httpServer(guard.limitStreams(withMetrics(apiServer, metricsHandler), false), "unix")
+	srv := guard.HTTPServer(guard.LimitStreams(withMetrics(apiServer, metricsHandler), fsapi.Prefix), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	srv.RegisterOnShutdown(apiServer.StopStreams)
 	served := make(chan error, 2)
@@ -520,19 +522,22 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 			srv.Close()
 			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.node.addr, err), m.Unmount())
 		}
-		if tcp, err = guard.limitListener(tcp, budget.TCPConns, "tcp"); err != nil {
+		if tcp, err = guard.LimitListener(tcp, budget.TCPConns, "tcp"); err != nil {
 			srv.Close()
 			return errors.Join(err, m.Unmount())
 		}
-		var snapshots http.Handler
+		routes := api.NodeRoutes{MetricsPath: metrics.Path}
 		if cfg.node.servesSnapshots() {
 			tokens := migrate.TokenCheckerFunc(func(id, token string) bool {
 				t := secrets.Load().migrateTokens
 				return t != nil && t.Check(id, token)
 			})
-			snapshots = guard.limitStreams(migrate.SnapshotHandler(logger, svc.FS, tokens), true)
+			routes.Snapshots = guard.LimitStreams(migrate.SnapshotHandler(logger, svc.FS, tokens), "")
 		}
-		nodeSrv = guard.httpServer(nodeHandler(guard.refusals, cfg.node, &secrets, snapshots, guard.limitStreams(clientAPI, false), metricsHandler), "tcp")
+		if cfg.node.servesClientAPI() {
+			routes.Client, routes.Metrics = guard.LimitStreams(clientAPI, fsapi.Prefix), metricsHandler
+		}
+		nodeSrv = guard.HTTPServer(api.NodeHandler(guard.Refusals(), nodeTokens(&secrets), routes), "tcp")
 		nodeSrv.TLSConfig = tlsCfg
 		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
 		go func() {

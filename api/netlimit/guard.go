@@ -1,6 +1,4 @@
-//go:build linux
-
-package main
+package netlimit
 
 import (
 	"errors"
@@ -10,57 +8,64 @@ import (
 	"strings"
 	"time"
 
-	"github.com/allocfs/allocfs/api/fsapi"
-	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/hashicorp/go-hclog"
 )
 
 // refusalLogEvery is how often each kind of refusal may be logged.
 const refusalLogEvery = 10 * time.Second
 
-// serverTimeouts are the timeouts of serve's HTTP servers. A connection
-// that sends nothing is closed after readHeader (the TLS handshake
-// included); one that waits between requests, after idle; read bounds
+// Timeouts are the timeouts of a Guard's HTTP servers. A connection
+// that sends nothing is closed after ReadHeader (the TLS handshake
+// included); one that waits between requests, after Idle; Read bounds
 // reading a whole request, body included. It does not bound the answer:
 // net/http lifts the read deadline once the request is read (the read
 // that watches for the client going away starts with none), so it never
 // cuts a follower or a snapshot; TestServerStreamOutlivesReadTimeout
 // holds net/http to that.
-type serverTimeouts struct {
-	readHeader, read, idle time.Duration
+type Timeouts struct {
+	ReadHeader, Read, Idle time.Duration
 }
 
-var defaultTimeouts = serverTimeouts{readHeader: 10 * time.Second, read: 30 * time.Second, idle: 60 * time.Second}
+// DefaultTimeouts are a daemon's: long enough for a client on a slow
+// link, short enough that idle connections give their descriptors back.
+var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Idle: 60 * time.Second}
 
-// netGuard holds serve's listeners and requests to the descriptor budget
-// and writes the log lines of what it refuses at a bounded rate.
-type netGuard struct {
-	budget   fdBudget
-	timeouts serverTimeouts
-	refusals *netlimit.LogLimiter
+// Guard holds a daemon's listeners and requests to its descriptor budget
+// and writes the log lines of what it refuses at a bounded rate, through
+// one LogLimiter that the daemon's other refusals (bad tokens) share.
+type Guard struct {
+	budget   Budget
+	timeouts Timeouts
+	refusals *LogLimiter
 	// streams caps the client-API and snapshot requests of both listeners
 	// together.
-	streams *netlimit.Gate
+	streams *Gate
 }
 
-func newNetGuard(logger hclog.Logger, budget fdBudget) (*netGuard, error) {
-	streams, err := netlimit.NewGate(budget.Streams)
+// NewGuard returns the guard of budget; its refusals are logged by a
+// logger named "refused".
+func NewGuard(logger hclog.Logger, budget Budget) (*Guard, error) {
+	streams, err := NewGate(budget.Streams)
 	if err != nil {
 		return nil, err
 	}
-	return &netGuard{
+	return &Guard{
 		budget:   budget,
-		timeouts: defaultTimeouts,
-		refusals: netlimit.NewLogLimiter(logger.Named("refused"), refusalLogEvery, nil),
+		timeouts: DefaultTimeouts,
+		refusals: NewLogLimiter(logger.Named("refused"), refusalLogEvery, nil),
 		streams:  streams,
 	}, nil
 }
 
-// limitListener caps ln at max open connections; name says which
+// Refusals is the rate-limited log of what the guard, and whatever the
+// caller adds to it, refuses.
+func (g *Guard) Refusals() *LogLimiter { return g.refusals }
+
+// LimitListener caps ln at max open connections; name says which
 // listener it is in the log. On failure it closes ln.
-func (g *netGuard) limitListener(ln net.Listener, max int, name string) (net.Listener, error) {
+func (g *Guard) LimitListener(ln net.Listener, max int, name string) (net.Listener, error) {
 	addr := ln.Addr().String()
-	l, err := netlimit.NewListener(ln, max, func() {
+	l, err := NewListener(ln, max, func() {
 		g.refusals.Warn("conns/"+name, "connection limit reached: new connections wait in the kernel's accept queue",
 			"listener", name, "addr", addr, "limit", max)
 	})
@@ -70,18 +75,19 @@ func (g *netGuard) limitListener(ln net.Listener, max int, name string) (net.Lis
 	return l, nil
 }
 
-// limitStreams runs next under the stream cap: all of its requests when
-// all is set (the snapshot handler), else those of the file-system API.
-func (g *netGuard) limitStreams(next http.Handler, all bool) http.Handler {
+// LimitStreams runs next under the stream cap: those of its requests
+// whose path starts with prefix (the file-system API's), or all of them
+// for an empty prefix (a snapshot handler).
+func (g *Guard) LimitStreams(next http.Handler, prefix string) http.Handler {
 	gated := g.streams.Handler(next, func(r *http.Request) {
 		g.refusals.Warn("streams", "too many streams in progress: refused a request",
 			"limit", g.streams.Cap(), "remote", r.RemoteAddr, "path", r.URL.Path)
 	})
-	if all {
+	if prefix == "" {
 		return gated
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, fsapi.Prefix) {
+		if strings.HasPrefix(r.URL.Path, prefix) {
 			gated.ServeHTTP(w, r)
 			return
 		}
@@ -92,12 +98,12 @@ func (g *netGuard) limitStreams(next http.Handler, all bool) http.Handler {
 // errorLog is the ErrorLog of an HTTP server: net/http writes a line there
 // for every failed TLS handshake and failed accept, which any client can
 // cause, so every line goes through the rate limit, by kind.
-func (g *netGuard) errorLog(name string) *log.Logger {
+func (g *Guard) errorLog(name string) *log.Logger {
 	return log.New(httpErrorWriter{refusals: g.refusals, listener: name}, "", 0)
 }
 
 type httpErrorWriter struct {
-	refusals *netlimit.LogLimiter
+	refusals *LogLimiter
 	listener string
 }
 
@@ -116,14 +122,14 @@ func (h httpErrorWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// httpServer returns the HTTP server of the listener called name, with
+// HTTPServer returns the HTTP server of the listener called name, with
 // the timeouts and the rate-limited error log.
-func (g *netGuard) httpServer(handler http.Handler, name string) *http.Server {
+func (g *Guard) HTTPServer(handler http.Handler, name string) *http.Server {
 	return &http.Server{
 		Handler:           handler,
-		ReadHeaderTimeout: g.timeouts.readHeader,
-		ReadTimeout:       g.timeouts.read,
-		IdleTimeout:       g.timeouts.idle,
+		ReadHeaderTimeout: g.timeouts.ReadHeader,
+		ReadTimeout:       g.timeouts.Read,
+		IdleTimeout:       g.timeouts.Idle,
 		ErrorLog:          g.errorLog(name),
 	}
 }

@@ -1,6 +1,4 @@
-//go:build linux
-
-package main
+package netlimit
 
 import (
 	"fmt"
@@ -36,7 +34,7 @@ const (
 	fdsPerStream = 2
 )
 
-// fdBudget is how serve splits its descriptors. Reserve is never handed to
+// Budget is how serve splits its descriptors. Reserve is never handed to
 // clients; the rest, the network share, is split between the connections
 // of each listener and the requests that stream, each capped on its own
 // so that one kind of client cannot starve another: a flood of TCP
@@ -44,7 +42,7 @@ const (
 // still works.
 //
 //	Limit = Reserve + UnixConns + TCPConns + Streams*fdsPerStream
-type fdBudget struct {
+type Budget struct {
 	// Limit is the soft RLIMIT_NOFILE serve runs with.
 	Limit int
 	// Reserve is what the mount and the store keep for their own I/O: half
@@ -61,23 +59,23 @@ type fdBudget struct {
 	Streams int
 }
 
-// splitFDs splits a descriptor limit into a budget, or says how far the
+// SplitFDs splits a descriptor limit into a budget, or says how far the
 // limit must be raised for clients to be served at all.
-func splitFDs(limit int) (fdBudget, error) {
+func SplitFDs(limit int) (Budget, error) {
 	network := min(limit-max(limit/2, minReserve), maxNetwork)
 	if network < minNetwork {
-		return fdBudget{}, fmt.Errorf("the open files limit (RLIMIT_NOFILE) of %d is too low: the mount and the store keep %d descriptors, "+
+		return Budget{}, fmt.Errorf("the open files limit (RLIMIT_NOFILE) of %d is too low: the mount and the store keep %d descriptors, "+
 			"which leaves %d for connections; raise it to at least %d (ulimit -n, or LimitNOFILE= in a systemd unit)",
 			limit, max(limit/2, minReserve), max(network, 0), minReserve+minNetwork)
 	}
-	b := fdBudget{Limit: limit, Reserve: limit - network}
+	b := Budget{Limit: limit, Reserve: limit - network}
 	b.UnixConns = network / 8
 	b.Streams = network / 4 / fdsPerStream
 	b.TCPConns = network - b.UnixConns - b.Streams*fdsPerStream
 	return b, nil
 }
 
-// raiseNoFile raises the soft RLIMIT_NOFILE to the hard limit and returns
+// RaiseNoFile raises the soft RLIMIT_NOFILE to the hard limit and returns
 // both as they were and the soft limit it leaves. Since Go 1.19 the
 // runtime raises the soft limit itself at start, but to one below the hard
 // limit (so that it can tell whether someone changed it since), and not at
@@ -85,7 +83,7 @@ func splitFDs(limit int) (fdBudget, error) {
 // this mostly adds that last descriptor. Going through syscall.Setrlimit
 // tells the runtime, whose children (fusermount3) then inherit the raised
 // limit instead of the original one.
-func raiseNoFile() (was syscall.Rlimit, soft uint64, err error) {
+func RaiseNoFile() (was syscall.Rlimit, soft uint64, err error) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
 		return was, 0, fmt.Errorf("failed to read the open files limit: %w", err)
 	}
@@ -99,19 +97,19 @@ func raiseNoFile() (was syscall.Rlimit, soft uint64, err error) {
 	return was, raised.Cur, nil
 }
 
-// newFDBudget raises the open files limit and splits it; the numbers go
+// NewBudget raises the open files limit and splits it; the numbers go
 // to the log, so that an operator who sees connections wait knows why.
-func newFDBudget(logger hclog.Logger) (fdBudget, error) {
-	was, soft, err := raiseNoFile()
+func NewBudget(logger hclog.Logger) (Budget, error) {
+	was, soft, err := RaiseNoFile()
 	if err != nil {
-		return fdBudget{}, err
+		return Budget{}, err
 	}
 	// The kernel's nr_open bounds the hard limit far below this; the
 	// clamp only keeps the conversion honest.
 	limit := int(min(soft, math.MaxInt32))
-	b, err := splitFDs(limit)
+	b, err := SplitFDs(limit)
 	if err != nil {
-		return fdBudget{}, err
+		return Budget{}, err
 	}
 	logger.Info("file descriptor budget", "limit", b.Limit, "soft_was", was.Cur, "hard", was.Max,
 		"reserve", b.Reserve, "unix_conns", b.UnixConns, "tcp_conns", b.TCPConns,

@@ -1,6 +1,4 @@
-//go:build linux
-
-package main
+package netlimit
 
 import (
 	"strings"
@@ -14,37 +12,37 @@ import (
 func TestSplitFDs(t *testing.T) {
 	for _, tc := range []struct {
 		limit int
-		want  fdBudget
+		want  Budget
 	}{
 		// prlimit --nofile=1024:1024, the case.
-		{1024, fdBudget{Limit: 1024, Reserve: 512, UnixConns: 64, TCPConns: 320, Streams: 64}},
-		{minReserve + minNetwork, fdBudget{Limit: 320, Reserve: 256, UnixConns: 8, TCPConns: 40, Streams: 8}},
+		{1024, Budget{Limit: 1024, Reserve: 512, UnixConns: 64, TCPConns: 320, Streams: 64}},
+		{minReserve + minNetwork, Budget{Limit: 320, Reserve: 256, UnixConns: 8, TCPConns: 40, Streams: 8}},
 		// A systemd default (LimitNOFILE=524288): the clients' share is
 		// capped, the mount keeps the rest.
-		{524288, fdBudget{Limit: 524288, Reserve: 524288 - maxNetwork, UnixConns: 2048, TCPConns: 10240, Streams: 2048}},
+		{524288, Budget{Limit: 524288, Reserve: 524288 - maxNetwork, UnixConns: 2048, TCPConns: 10240, Streams: 2048}},
 	} {
-		got, err := splitFDs(tc.limit)
+		got, err := SplitFDs(tc.limit)
 		if err != nil {
-			t.Errorf("splitFDs(%d): %v", tc.limit, err)
+			t.Errorf("SplitFDs(%d): %v", tc.limit, err)
 			continue
 		}
 		if got != tc.want {
-			t.Errorf("splitFDs(%d):\ngot  %+v\nwant %+v", tc.limit, got, tc.want)
+			t.Errorf("SplitFDs(%d):\ngot  %+v\nwant %+v", tc.limit, got, tc.want)
 		}
 	}
 	for limit := minReserve + minNetwork; limit <= 1<<20; limit = limit*3/2 + 1 {
-		b, err := splitFDs(limit)
+		b, err := SplitFDs(limit)
 		if err != nil {
-			t.Fatalf("splitFDs(%d): %v", limit, err)
+			t.Fatalf("SplitFDs(%d): %v", limit, err)
 		}
 		if sum := b.Reserve + b.UnixConns + b.TCPConns + b.Streams*fdsPerStream; sum != limit {
-			t.Errorf("splitFDs(%d) = %+v: shares add up to %d", limit, b, sum)
+			t.Errorf("SplitFDs(%d) = %+v: shares add up to %d", limit, b, sum)
 		}
 		if b.Reserve < limit/2 || b.Reserve < minReserve {
-			t.Errorf("splitFDs(%d) = %+v: reserve below half the limit or below %d", limit, b, minReserve)
+			t.Errorf("SplitFDs(%d) = %+v: reserve below half the limit or below %d", limit, b, minReserve)
 		}
 		if b.UnixConns < 1 || b.TCPConns < 1 || b.Streams < 1 {
-			t.Errorf("splitFDs(%d) = %+v: a share with no room", limit, b)
+			t.Errorf("SplitFDs(%d) = %+v: a share with no room", limit, b)
 		}
 	}
 }
@@ -53,16 +51,16 @@ func TestSplitFDs(t *testing.T) {
 // refused with the limit to raise it to.
 func TestSplitFDsTooLow(t *testing.T) {
 	for _, limit := range []int{0, 64, 256, minReserve + minNetwork - 1} {
-		b, err := splitFDs(limit)
+		b, err := SplitFDs(limit)
 		if err == nil {
-			t.Errorf("splitFDs(%d) = %+v, nil error; want a refusal", limit, b)
+			t.Errorf("SplitFDs(%d) = %+v, nil error; want a refusal", limit, b)
 			continue
 		}
-		if b != (fdBudget{}) {
-			t.Errorf("splitFDs(%d) refused but returned %+v", limit, b)
+		if b != (Budget{}) {
+			t.Errorf("SplitFDs(%d) refused but returned %+v", limit, b)
 		}
 		if !strings.Contains(err.Error(), "at least 320") {
-			t.Errorf("splitFDs(%d): %q does not say how far to raise the limit", limit, err)
+			t.Errorf("SplitFDs(%d): %q does not say how far to raise the limit", limit, err)
 		}
 	}
 }
@@ -86,23 +84,23 @@ func TestRaiseNoFile(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	was, soft, err := raiseNoFile()
+	was, soft, err := RaiseNoFile()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if was != low || soft != orig.Max {
-		t.Errorf("raiseNoFile from %+v: was %+v, soft %d; want was %+v, soft %d", low, was, soft, low, orig.Max)
+		t.Errorf("RaiseNoFile from %+v: was %+v, soft %d; want was %+v, soft %d", low, was, soft, low, orig.Max)
 	}
 	var now syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &now); err != nil {
 		t.Fatal(err)
 	}
 	if now.Cur != orig.Max || now.Max != orig.Max {
-		t.Errorf("limit after raiseNoFile: %+v, want soft and hard %d", now, orig.Max)
+		t.Errorf("limit after RaiseNoFile: %+v, want soft and hard %d", now, orig.Max)
 	}
 	// Equal already: nothing to do.
-	was, soft, err = raiseNoFile()
+	was, soft, err = RaiseNoFile()
 	if err != nil || soft != orig.Max || was != now {
-		t.Errorf("raiseNoFile at the hard limit: was %+v, soft %d, %v; want %+v, %d, nil", was, soft, err, now, orig.Max)
+		t.Errorf("RaiseNoFile at the hard limit: was %+v, soft %d, %v; want %+v, %d, nil", was, soft, err, now, orig.Max)
 	}
 }
