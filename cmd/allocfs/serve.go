@@ -3,31 +3,21 @@
 package main
 
 import (
-	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/api"
-	"github.com/allocfs/allocfs/api/fsapi"
-	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/metrics"
-	"github.com/allocfs/allocfs/migrate"
-	"github.com/allocfs/allocfs/node"
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -289,12 +279,12 @@ type serveConfig struct {
 }
 
 // serve checks the machine, opens the store, mounts it, serves the API and
-// tears everything down on SIGINT or SIGTERM.
+// tears everything down on SIGINT or SIGTERM (daemon.go).
 func serve(logger hclog.Logger, cfg serveConfig) error {
 	// The FUSE server creates files for callers whose umask the kernel
 	// has applied already: its own must be 0 (fs.NewMount checks).
 	unix.Umask(0)
-	// SIGINT and SIGTERM start the shutdown below instead of killing the
+	// SIGINT and SIGTERM start the shutdown instead of killing the
 	// process. One that arrives while the mount comes up is acted on as
 	// soon as it is up.
 	sigs := make(chan os.Signal, 2)
@@ -305,402 +295,13 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
-	var secrets atomic.Pointer[nodeSecrets]
-	if cfg.secrets == nil {
-		cfg.secrets = &nodeSecrets{}
-	}
-	secrets.Store(cfg.secrets)
-
-	// Clients get what the mount and the store leave them, and no more.
-	budget, err := netlimit.NewBudget(logger)
-	if err != nil {
+	d := &daemon{logger: logger, cfg: cfg}
+	if err := d.start(); err != nil {
 		return err
 	}
-	guard, err := netlimit.NewGuard(logger, budget)
-	if err != nil {
-		return err
-	}
-	if err := checkLayout(cfg); err != nil {
-		return err
-	}
-	if err := checkFUSE(); err != nil {
-		return err
-	}
-	if err := checkTmpfs(logger); err != nil {
-		return err
-	}
-	// A mount point that cannot be one is refused before the data dir
-	// is created; the rest of its preparation waits for the lock. One a
-	// holder keeps waits for a daemon: it is not touched.
-	if _, _, err := askHolder(holderSocket(cfg.dataDir), "version"); cfg.stored < 0 && (err != nil || !cfg.live) {
-		if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
-			return notADirectory(cfg.mountDir, fi)
-		}
-	}
-	s, err := store.OpenWith(logger, cfg.dataDir, cfg.storeOpts)
-	if errors.Is(err, store.ErrLocked) && cfg.live {
-		if _, mount, _ := store.LockHolder(cfg.dataDir); mount == cfg.mountDir {
-			// An upgrade: the running daemon hands its mount over.
-			s, err = takeOverRunning(logger, cfg)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("failed to open the store in %q: %w", cfg.dataDir, err)
-	}
-	// Every return before the end closes the store, which releases the
-	// data dir's lock.
-	storeOpen := true
-	defer func() {
-		if storeOpen {
-			if err := s.Close(); err != nil {
-				logger.Error("failed to close the store", "error", err)
-			}
-		}
-	}()
-	if err := s.Announce(cfg.mountDir); err != nil {
-		return err
-	}
-	logQuota(logger, s)
-	nodeMetrics := metrics.New(logger)
-	s.SetObserver(nodeMetrics.Store())
-	// A connection systemd or a holder keeps (a restart, a crash) is
-	// taken over; only without one is the mount point prepared for a new
-	// mount.
-	heldFd, holderPid, holderV := cfg.stored, 0, 0
-	var heldMem map[string]int
-	if heldFd >= 0 {
-		if err := checkHeld(cfg, heldFd, "systemd's descriptor store"); err != nil {
-			closeAll(cfg.storedMem)
-			return err
-		}
-		heldMem = storedMemory(s, cfg.storedMem)
-	} else {
-		// Memory volumes without their connection are of a mount that
-		// is gone.
-		for name, fd := range cfg.storedMem {
-			unix.Close(fd)
-			sdNotify("FDSTOREREMOVE=1\nFDNAME=" + name)
-		}
-		if cfg.live {
-			heldFd, holderPid, holderV, err = takeHeld(cfg)
-			if err != nil {
-				return err
-			}
-		}
-		if heldFd >= 0 && holderV >= 2 {
-			if heldMem, err = heldMemory(holderSocket(cfg.dataDir)); err != nil {
-				logger.Error("the holder did not hand its memory volumes over: the tasks find secrets/ and private/ empty", "error", err)
-			}
-		}
-	}
-	// Only the holder of the data dir's lock may touch the mount point:
-	// a second serve on the same data dir must fail before it detaches
-	// or mounts anything.
-	if heldFd < 0 {
-		if err := prepareMountPoint(logger, cfg.mountDir, mountinfoPath, cfg.allowNonEmpty); err != nil {
-			return err
-		}
-	}
-	// The socket is bound before the mount comes up (clients that connect
-	// meanwhile wait in the backlog) because binding it later would race
-	// the FUSE server over the process umask; see listenSocket.
-	ln, err := listenSocket(logger, cfg.socket)
-	if err != nil {
-		return err
-	}
-	if ln, err = guard.LimitListener(ln, budget.UnixConns, "unix"); err != nil {
-		return err
-	}
-
-	opts := fs.DefaultMountOptions()
-	opts.Debug = cfg.mount.Debug
-	opts.IOUring = cfg.mount.IOUring
-	opts.ChrootEnv = cfg.mount.ChrootEnv
-	opts.Requests = nodeMetrics.FUSE()
-	opts.CopyUps = nodeMetrics.CopyUps()
-	sizes, err := startNomadSizes(logger, s, cfg.quota)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	defer sizes.Close()
-	opts.Created = sizes.Created
-	var m *fs.Mount
-	if heldFd >= 0 {
-		opts.HeldMemory = heldMem
-		switch {
-		case cfg.stored >= 0:
-			opts.Memory = systemdKeeper{}
-		case holderV >= 2:
-			opts.Memory = holderKeeper{holderSocket(cfg.dataDir)}
-		}
-		m, err = fs.AdoptMount(logger, s, heldFd, opts)
-		if err != nil {
-			unix.Close(heldFd)
-			closeAll(heldMem)
-			ln.Close()
-			return fmt.Errorf("%w; the mount stays kept for the next serve", err)
-		}
-		if holderPid != 0 && holderV < 2 {
-			// A holder of version 1 keeps no memory volume: a new one
-			// takes its place.
-			if holderPid, err = replaceHolder(cfg.dataDir, m); err != nil {
-				logger.Error("the mount will not survive a crash of this daemon", "error", err)
-			}
-		}
-	} else {
-		if m, err = fs.NewMount(logger, s, cfg.mountDir, opts); err != nil {
-			ln.Close()
-			return err
-		}
-		if fd, ok := m.FuseFd(); ok && cfg.live && !underSystemd() {
-			if holderPid, err = startHolder(cfg.dataDir, fd); err != nil {
-				logger.Error("the mount will not survive a crash of this daemon", "error", err)
-			} else if err := m.KeepMemory(holderKeeper{holderSocket(cfg.dataDir)}); err != nil {
-				logger.Error("the holder did not take every memory volume: those end with this daemon", "error", err)
-			}
-		}
-	}
-	sizes.Resume()
-	// keeper is what keeps the connection while no daemon runs.
-	keeper := ""
-	stopWatch := func() {}
-	if holderPid != 0 {
-		keeper = "holder"
-		logger.Info("the FUSE connection's holder runs", "holder_pid", holderPid)
-		stopWatch = watchHolder(logger, cfg.dataDir, m, holderPid)
-	}
-	if fd, ok := m.FuseFd(); ok && cfg.live && underSystemd() {
-		// One entry, whatever systemd kept of the last start's.
-		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
-		if err := sdNotify("FDSTORE=1\nFDNAME="+fuseFDName, fd); err != nil {
-			logger.Error("the mount will not survive a crash of this daemon", "error", err)
-		} else {
-			keeper = "systemd"
-			logger.Info("the FUSE connection is in systemd's descriptor store")
-			if err := m.KeepMemory(systemdKeeper{}); err != nil {
-				logger.Error("systemd did not take every memory volume: those end with this daemon", "error", err)
-			}
-		}
-	}
-
-	// Every read of an allocation's files, for the client API and for
-	// snapshots, goes through the store, never through the mount; a
-	// follower of a collected allocation's file sees it deleted.
-	logFusectl(logger)
-	svc := node.New(node.Config{
-		Logger:      logger,
-		Store:       s,
-		GC:          cfg.gc,
-		MountDir:    m.Dir(),
-		Passthrough: m.Passthrough,
-		AllocFS:     func(id string) allocdir.FS { return fs.NewAllocDir(logger, s, m, m.Dir(), id) },
-		Health:      nodeHealth(m, s, cfg.storeOpts.Quotas),
-		Fetches:     nodeMetrics.Fetches(),
-	})
-	svc.SetFetchTLS(cfg.secrets.fetchTLS)
-	apiServer := api.NewServer(logger, svc)
-	clientAPI := apiServer.ClientAPI()
-	// Deferred after the store's close, so that it runs before it on
-	// an early return; the end of serve stops it before closing the store.
-	stopMetrics := watchNode(nodeMetrics, m, s, apiServer.Followers, cfg.usageInterval)
-	defer stopMetrics()
-	metricsHandler := nodeMetrics.Handler()
-	srv := guard.HTTPServer(guard.LimitStreams(withMetrics(apiServer, metricsHandler), fsapi.Prefix), "unix")
-	// Followers never finish by themselves: a shutdown ends them.
-	srv.RegisterOnShutdown(apiServer.StopStreams)
-	served := make(chan error, 2)
-	go func() { served <- srv.Serve(ln) }()
-	var nodeSrv *http.Server
-	if cfg.node.addr != "" {
-		var tlsCfg *tls.Config
-		if cfg.secrets.serverTLS != nil {
-			tlsCfg = liveServerTLS(&secrets)
-		}
-		tcp, err := net.Listen("tcp", cfg.node.addr)
-		if err != nil {
-			srv.Close()
-			return errors.Join(fmt.Errorf("failed to listen on %s: %w", cfg.node.addr, err), m.Unmount())
-		}
-		if tcp, err = guard.LimitListener(tcp, budget.TCPConns, "tcp"); err != nil {
-			srv.Close()
-			return errors.Join(err, m.Unmount())
-		}
-		routes := api.NodeRoutes{MetricsPath: metrics.Path}
-		if cfg.node.servesSnapshots() {
-			tokens := migrate.TokenCheckerFunc(func(id, token string) bool {
-				t := secrets.Load().migrateTokens
-				return t != nil && t.Check(id, token)
-			})
-			routes.Snapshots = guard.LimitStreams(migrate.SnapshotHandler(logger, svc.FS, tokens), "")
-		}
-		if cfg.node.servesClientAPI() {
-			routes.Client, routes.Metrics = guard.LimitStreams(clientAPI, fsapi.Prefix), metricsHandler
-		}
-		nodeSrv = guard.HTTPServer(api.NodeHandler(guard.Refusals(), nodeTokens(&secrets), routes), "tcp")
-		nodeSrv.TLSConfig = tlsCfg
-		nodeSrv.RegisterOnShutdown(apiServer.StopStreams)
-		go func() {
-			if tlsCfg != nil {
-				served <- nodeSrv.ServeTLS(tcp, "", "")
-				return
-			}
-			served <- nodeSrv.Serve(tcp)
-		}()
-		logger.Info("serving other machines", "addr", tcp.Addr().String(), "tls", tlsCfg != nil,
-			"mutual_tls", cfg.secrets.serverTLS != nil && cfg.secrets.serverTLS.ClientCAs != nil,
-			"snapshots", cfg.node.servesSnapshots(), "client_api", cfg.node.servesClientAPI())
-		if tlsCfg == nil {
-			// Anyone on the path reads the token, and with it the
-			// client API or the snapshots, as they go by.
-			logger.Warn("tokens are accepted over plain HTTP: they and the files they admit to travel in clear text; serve with --tls-cert and --tls-key", "addr", tcp.Addr().String())
-		}
-	}
-	gcCtx, stopGC := context.WithCancel(context.Background())
-	gcDone := make(chan struct{})
-	go func() {
-		defer close(gcDone)
-		svc.Run(gcCtx)
-	}()
-	logger.Info("serving", "data_dir", cfg.dataDir, "mount", m.Dir(), "socket", cfg.socket,
-		"passthrough", m.Passthrough(), "allocations", s.Len())
-	if err := sdNotify("READY=1\nSTATUS=serving " + m.Dir()); err != nil {
-		logger.Warn("systemd was not told the daemon is ready", "error", err)
-	}
-
-	var failure error
-	// leave hands the connection to the holder instead of unmounting.
-	leave := false
-	reloader := &reloader{logger: logger, args: cfg.args, reread: cfg.reread, secrets: &secrets, fetchTLS: svc.SetFetchTLS}
-wait:
-	for {
-		select {
-		case <-hups:
-			sdNotify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
-			reloader.reload()
-			sdNotify("READY=1")
-		case sig := <-sigs:
-			if keeper == "holder" && !holderAlive(cfg.dataDir) {
-				logger.Error("the FUSE connection's holder is gone: this daemon's end will end the mount", "holder_pid", holderPid)
-				keeper = ""
-			}
-			if sig == sigHandOver {
-				reason := ""
-				if held := m.MemoryInUse(); len(held) > 0 {
-					// An upgrade must not cost a task its secrets.
-					reason = fmt.Sprintf("memory volumes hold data that nothing but this process keeps, which would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
-				}
-				if keeper == "" {
-					reason = "nothing keeps its FUSE connection (--live-restart=false, or the holder died): the mount would end with it"
-				}
-				if reason != "" {
-					logger.Error("refused to hand the mount over", "reason", reason)
-					refuseHandOver(cfg.dataDir, reason)
-					continue
-				}
-			}
-			leave = keeper != "" && (sig == sigHandOver || sig != sigFullStop && anyRunning(s))
-			sdNotify("STOPPING=1")
-			if leave {
-				if held := m.MemoryInUse(); len(held) > 0 {
-					logger.Warn("leaving the mount: the content of its memory volumes is lost, the next serve starts them empty", "volumes", strings.Join(held, ", "))
-				}
-				logger.Info("shutting down; the mount stays for the next serve", "signal", sig.String(), "kept_by", keeper)
-			} else {
-				logger.Info("shutting down", "signal", sig.String())
-			}
-			break wait
-		case err := <-served:
-			failure = fmt.Errorf("control API stopped: %w", err)
-			logger.Error("control API stopped; shutting down", "error", err)
-			break wait
-		}
-	}
-	// The holder, from now on, is left as it is: kept for the next
-	// daemon, or stopped with the mount.
-	stopWatch()
-	// A second signal means "now": leave at once, detaching the mount
-	// unless it stays with its holder. Another hand-over request (two
-	// upgrades racing) changes nothing.
-	go func() {
-		for sig := range sigs {
-			if sig == sigHandOver && leave {
-				continue
-			}
-			logger.Error("second signal: exiting without a clean shutdown", "signal", sig.String())
-			if !leave {
-				if err := unix.Unmount(cfg.mountDir, unix.MNT_DETACH); err != nil {
-					logger.Error("lazy unmount failed", "error", err)
-				}
-			}
-			os.Exit(exitFailed)
-		}
-	}()
-
-	stopGC()
-	<-gcDone
-	logger.Info("stopping control API")
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	// Both at once, so that the second does not get what the first left
-	// of the timeout.
-	nodeDown := make(chan error, 1)
-	go func() {
-		if nodeSrv == nil {
-			nodeDown <- nil
-			return
-		}
-		nodeDown <- nodeSrv.Shutdown(ctx)
-	}()
-	err = errors.Join(srv.Shutdown(ctx), <-nodeDown)
-	cancel()
-	if err != nil {
-		logger.Warn("requests still running after the timeout; closing their connections", "timeout", shutdownTimeout, "error", err)
-		srv.Close()
-		if nodeSrv != nil {
-			nodeSrv.Close()
-		}
-	}
-	svc.Wait()
-	stopMetrics()
-	logger.Info("control API stopped")
-
-	if leave {
-		// What the kernel sends from now on waits for the next serve,
-		// which has it sent again.
-		if err := m.Park(parkTimeout); err != nil {
-			logger.Warn("leaving the mount with requests in progress; the next serve runs them again", "error", err)
-		}
-		storeOpen = false
-		if err := s.Close(); err != nil {
-			failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
-		}
-		logger.Info("stopped; the mount waits for the next serve", "mount", m.Dir(), "kept_by", keeper)
-		return failure
-	}
-	logger.Info("unmounting", "mount", m.Dir())
-	uerr := m.Unmount()
-	if keeper == "systemd" {
-		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
-	}
-	if keeper == "holder" {
-		// After a lazy detach the connection lives on in the files still
-		// open: without its holder it ends with this daemon.
-		askHolder(holderSocket(cfg.dataDir), "stop")
-	}
-	if uerr != nil {
-		logger.Error("unmount failed", "mount", m.Dir(), "error", uerr)
-		return errors.Join(failure, fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), uerr, m.Dir()))
-	}
-	logger.Info("unmounted", "mount", m.Dir())
-	storeOpen = false
-	if err := s.Close(); err != nil {
-		failure = errors.Join(failure, fmt.Errorf("failed to close the store: %w", err))
-	}
-	if failure != nil {
-		return failure
-	}
-	logger.Info("stopped")
-	return nil
+	leave, failure := d.wait(sigs, hups)
+	go d.exitOnSecondSignal(sigs, leave)
+	return errors.Join(failure, d.shutdown(leave))
 }
 
 // resolvePath makes p absolute and resolves the symbolic links of its
