@@ -126,7 +126,7 @@ type Mount struct {
 	roots *layer.RootCache
 	dirs  *layer.DirCache
 	// requests counts what the kernel asks, by opcode.
-	requests *countingFS
+	requests *requestCounter
 
 	// passthrough is whether the kernel negotiated passthrough; it is
 	// learnt after the mount is up, when requests are already served.
@@ -175,13 +175,14 @@ const dirCacheSize = 64
 // reads its own mount from a request handler deadlocks.
 func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOptions) (*Mount, error) {
 	m := &Mount{
-		logger:  logger.Named("mount").With("mountpoint", dir),
-		store:   store,
-		dir:     dir,
-		opts:    opts,
-		started: time.Now(),
-		roots:   layer.NewRootCache(rootCacheSize),
-		dirs:    layer.NewDirCache(dirCacheSize),
+		logger:   logger.Named("mount").With("mountpoint", dir),
+		store:    store,
+		dir:      dir,
+		opts:     opts,
+		started:  time.Now(),
+		roots:    layer.NewRootCache(rootCacheSize),
+		dirs:     layer.NewDirCache(dirCacheSize),
+		requests: &requestCounter{next: opts.Requests},
 	}
 	m.deferred.ids = make(map[string]int)
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
@@ -279,7 +280,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			Capabilities:       mountCapabilities,
 			IOUring:            opts.IOUring,
 			Logger:             m.logger.Named("fuse"),
-			Observer:           opts.Requests,
+			Observer:           m.requests,
 		}
 		var conn *transport.Conn
 		var err error
@@ -320,10 +321,10 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			fopts.ServerCallbacks = cb
 			m.backingIDs = cb
 		}
-		m.requests = m.newHandler(fopts, generation, serr == nil)
+		h := m.newHandler(fopts, generation, serr == nil)
 		m.server = ownServer{conn}
 		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
-		if err := conn.Serve(m.requests); err != nil {
+		if err := conn.Serve(h); err != nil {
 			return nil, errors.Join(fmt.Errorf("failed to serve allocfs at %q: %w", dir, err), unix.Unmount(dir, unix.MNT_DETACH), conn.Wait())
 		}
 		m.ioUring = conn.IOUring()

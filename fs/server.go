@@ -45,12 +45,12 @@ func (s goFuseServer) Wait() error {
 // newHandler makes what serves the mount's requests: the node tree behind
 // go-fuse's bridge, with the write flags passed on (killpriv.go), the
 // attributes a SETATTR answers cached (setattrTimeout), the release
-// ordering and the counts around it.
+// ordering around it.
 // A daemon of a later generation than 0 took the connection over, and
 // resolves what the kernel got from earlier ones (takeover.go); one whose
 // connection can be taken over records the outcome of namespace requests
 // (outcomes.go), for the next.
-func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) *countingFS {
+func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) fuse.RawFileSystem {
 	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killFlags{gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
 		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
@@ -69,13 +69,12 @@ func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool
 	if m.opts.interpose != nil {
 		h = m.opts.interpose(h)
 	}
-	return &countingFS{fs: h}
+	return h
 }
 
 // serveGoFuse mounts and serves with go-fuse's server.
 func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
-	m.requests = m.newHandler(fopts, 0, false)
-	server, err := fuse.NewServer(m.requests, dir, &fopts.MountOptions)
+	server, err := fuse.NewServer(m.newHandler(fopts, 0, false), dir, &fopts.MountOptions)
 	if err != nil {
 		return fmt.Errorf("failed to mount allocfs at %q: %w", dir, err)
 	}

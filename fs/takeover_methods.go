@@ -14,7 +14,8 @@ import (
 // takeoverFS stands in front of go-fuse's bridge in a daemon that
 // adopted its connection (takeover.go): it resolves the node IDs and
 // handles the kernel got from earlier daemons. Every method of go-fuse's
-// fuse.RawFileSystem (v2.12.1) is spelled out, as countingFS's are.
+// fuse.RawFileSystem (v2.12.1) is spelled out, so that the compiler says
+// when go-fuse adds one.
 type takeoverFS struct {
 	fs  fuse.RawFileSystem
 	log hclog.Logger
