@@ -14,24 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/hashicorp/go-hclog"
 )
 
-// testLogger routes a component's log lines to the test.
-func testLogger(t *testing.T) hclog.Logger {
-	t.Helper()
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: testWriter{t}, Level: hclog.Debug})
-}
+// testLogger writes to the test's log; see allocdirtest.Logger.
+var testLogger = allocdirtest.Logger
 
 // hclogOff is a logger for tests that make it warn by the hundred.
 func hclogOff() hclog.Logger { return hclog.NewNullLogger() }
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
 
 // openTestDir returns a fresh log directory, closed at the end of the
 // test.

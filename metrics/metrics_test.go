@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
@@ -82,9 +83,8 @@ func (f families) value(name string, labels map[string]string) float64 {
 	return -1
 }
 
-func testLogger(t *testing.T) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Debug, Output: t.Output()})
-}
+// testLogger writes to the test's log; see allocdirtest.Logger.
+var testLogger = allocdirtest.Logger
 
 // TestHandlerFormats: the text format, whatever the Accept header asks
 // for, with or without Nomad's format=prometheus; any other format is a

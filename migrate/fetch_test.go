@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -267,39 +268,39 @@ func TestFetchMaliciousArchive(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
-		entries []tarEntry
+		entries []allocdirtest.TarEntry
 	}{
-		{"symlink escape", []tarEntry{
-			dirEntry("alloc/data"),
-			symlinkEntry("alloc/data/evil", "../../../../etc"),
-			fileEntry("alloc/data/ok", "x"),
+		{"symlink escape", []allocdirtest.TarEntry{
+			allocdirtest.TarDir("alloc/data"),
+			allocdirtest.TarSymlink("alloc/data/evil", "../../../../etc"),
+			allocdirtest.TarFile("alloc/data/ok", "x"),
 		}},
-		{"symlink escape through another link", []tarEntry{
-			dirEntry("alloc/data"),
-			symlinkEntry("alloc/data/up", "../.."),
-			symlinkEntry("alloc/data/evil", "up/../etc"),
+		{"symlink escape through another link", []allocdirtest.TarEntry{
+			allocdirtest.TarDir("alloc/data"),
+			allocdirtest.TarSymlink("alloc/data/up", "../.."),
+			allocdirtest.TarSymlink("alloc/data/evil", "up/../etc"),
 		}},
-		{"absolute symlink", []tarEntry{
-			dirEntry("alloc/data"),
-			symlinkEntry("alloc/data/evil", "/etc/shadow"),
+		{"absolute symlink", []allocdirtest.TarEntry{
+			allocdirtest.TarDir("alloc/data"),
+			allocdirtest.TarSymlink("alloc/data/evil", "/etc/shadow"),
 		}},
-		{"write through a symlink", []tarEntry{
-			dirEntry("alloc/data"),
-			symlinkEntry("alloc/data/d", "."),
-			fileEntry("alloc/data/d/x", "x"),
+		{"write through a symlink", []allocdirtest.TarEntry{
+			allocdirtest.TarDir("alloc/data"),
+			allocdirtest.TarSymlink("alloc/data/d", "."),
+			allocdirtest.TarFile("alloc/data/d/x", "x"),
 		}},
-		{"dot-dot name", []tarEntry{
-			dirEntry("alloc/data"),
-			fileEntry("alloc/data/../../x", "x"),
+		{"dot-dot name", []allocdirtest.TarEntry{
+			allocdirtest.TarDir("alloc/data"),
+			allocdirtest.TarFile("alloc/data/../../x", "x"),
 		}},
-		{"outside the layout", []tarEntry{
-			fileEntry("web/secrets/token", "x"),
+		{"outside the layout", []allocdirtest.TarEntry{
+			allocdirtest.TarFile("web/secrets/token", "x"),
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var count atomic.Int32
-			srv := staticServer(t, makeTar(t, tc.entries...), &count)
+			srv := staticServer(t, allocdirtest.Tar(t, true, tc.entries...), &count)
 			opts := fetchOptions(t, srv.URL)
 			_, err := migrate.Fetch(t.Context(), opts)
 			if !errors.Is(err, allocdir.ErrArchive) {
@@ -338,8 +339,8 @@ func TestFetchSenderError(t *testing.T) {
 	})
 	t.Run("nomad source", func(t *testing.T) {
 		t.Parallel()
-		body := makeTar(t, dirEntry("alloc/data"), fileEntry("alloc/data/x", strings.Repeat("x", 5000)),
-			fileEntry("NOMAD-"+srcID+"-ERROR.log", "Error snapshotting: disk on fire"))
+		body := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/x", strings.Repeat("x", 5000)),
+			allocdirtest.TarFile("NOMAD-"+srcID+"-ERROR.log", "Error snapshotting: disk on fire"))
 		body = append(body, "failed to snapshot: disk on fire"...)
 		var count atomic.Int32
 		srv := staticServer(t, body, &count)

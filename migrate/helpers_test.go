@@ -1,7 +1,6 @@
 package migrate_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"fmt"
@@ -15,9 +14,9 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/allocdir/disk"
 	"github.com/allocfs/allocfs/migrate"
-	"github.com/hashicorp/go-hclog"
 )
 
 const (
@@ -32,11 +31,8 @@ const (
 	helloBody = "hello from the previous allocation\n"
 )
 
-// testLogger routes logs to the test's output, shown under -v or on
-// failure.
-func testLogger(t *testing.T) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
-}
+// testLogger writes to the test's log; see allocdirtest.Logger.
+var testLogger = allocdirtest.Logger
 
 // newSource builds the previous allocation on disk: alloc/data and
 // web/local with files of several modes, a 3 MiB file (so that a
@@ -270,48 +266,4 @@ func readTree(t *testing.T, dir string) map[string]treeNode {
 		}
 	}
 	return tree
-}
-
-// tarEntry is one entry of a hand-made archive.
-type tarEntry struct {
-	hdr  tar.Header
-	body string
-}
-
-// makeTar writes entries and the end-of-archive marker.
-func makeTar(t *testing.T, entries ...tarEntry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := e.hdr
-		if hdr.Typeflag == tar.TypeReg {
-			hdr.Size = int64(len(e.body))
-		}
-		if hdr.Mode == 0 {
-			hdr.Mode = 0o755
-		}
-		if err := tw.WriteHeader(&hdr); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write([]byte(e.body)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func dirEntry(name string) tarEntry {
-	return tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: name}}
-}
-
-func fileEntry(name, body string) tarEntry {
-	return tarEntry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644}, body: body}
-}
-
-func symlinkEntry(name, target string) tarEntry {
-	return tarEntry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target}}
 }

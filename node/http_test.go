@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/allocfs/allocfs/migrate"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,20 +16,17 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/allocfs/allocfs/api"
-
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
+	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/hashicorp/go-hclog"
+	"github.com/allocfs/allocfs/migrate"
 )
 
 const testMount = "/test/mnt"
 
-// testLogger routes logs to the test's output, shown under -v or on
-// failure.
-func testLogger(t *testing.T) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
-}
+// testLogger writes to the test's log; see allocdirtest.Logger.
+var testLogger = allocdirtest.Logger
 
 // newTestServer opens a store in a temporary data dir and returns it with
 // its control API. No mount is involved.

@@ -15,73 +15,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/snapshot"
 )
-
-// tarEntry is one entry of a hand-made archive.
-type tarEntry struct {
-	name     string
-	typ      byte
-	body     string
-	linkname string
-	mode     int64
-}
-
-func tDir(name string) tarEntry { return tarEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
-func tFile(name, body string) tarEntry {
-	return tarEntry{name: name, typ: tar.TypeReg, body: body, mode: 0o644}
-}
-func tSymlink(name, target string) tarEntry {
-	return tarEntry{name: name, typ: tar.TypeSymlink, linkname: target, mode: 0o777}
-}
-func tHardLink(name, target string) tarEntry {
-	return tarEntry{name: name, typ: tar.TypeLink, linkname: target, mode: 0o644}
-}
-
-// makeTar writes entries as a tar archive; without trailer the stream
-// stops at the last entry's boundary, as a cut connection would.
-func makeTar(t *testing.T, trailer bool, entries ...tarEntry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := &tar.Header{
-			Name:     e.name,
-			Typeflag: e.typ,
-			Linkname: e.linkname,
-			Mode:     e.mode,
-			Size:     int64(len(e.body)),
-			ModTime:  time.Unix(1700000000, 0),
-		}
-		if e.typ != tar.TypeReg {
-			hdr.Size = 0
-		}
-		if e.typ == tar.TypeChar || e.typ == tar.TypeBlock {
-			hdr.Devmajor, hdr.Devminor = 1, 3
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			t.Fatalf("tar header %q: %v", e.name, err)
-		}
-		if hdr.Size > 0 {
-			if _, err := tw.Write([]byte(e.body)); err != nil {
-				t.Fatalf("tar body %q: %v", e.name, err)
-			}
-		}
-	}
-	var err error
-	if trailer {
-		err = tw.Close()
-	} else {
-		err = tw.Flush()
-	}
-	if err != nil {
-		t.Fatalf("tar: %v", err)
-	}
-	return buf.Bytes()
-}
 
 // archiveScene is the ground a malicious archive is extracted on:
 //
@@ -158,84 +95,84 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 	}{
 		// CVE-2024-1329: a link to /etc is refused outright.
 		{name: "CVE-2024-1329/LinkToEtc", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", "/etc"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", "/etc"))
 		}},
 		// CVE-2024-1329: an absolute link out, then a file written through it.
 		{name: "CVE-2024-1329/WriteThroughAbsoluteLink", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", s.victim), tFile("alloc/data/l/pwned", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", s.victim), TarFile("alloc/data/l/pwned", "x"))
 		}},
 		// CVE-2022-24683 style: a relative link climbing out of dest.
 		{name: "CVE-2022-24683/RelativeClimb", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", "../../../../victim"), tFile("alloc/data/l/pwned", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", "../../../../victim"), TarFile("alloc/data/l/pwned", "x"))
 		}},
 		// CVE-2022-24683 style: a deep climb to the host root.
 		{name: "CVE-2022-24683/DeepClimb", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", strings.Repeat("../", 20)+"etc/passwd"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", strings.Repeat("../", 20)+"etc/passwd"))
 		}},
 		// Links that each stay inside lexically but climb out when followed
 		// one through the other: d/a is the root, so b = d/a/.. is dest's
 		// parent.
 		{name: "CVE-2022-24683/ChainedClimb", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tDir("alloc/data/d"),
-				tSymlink("alloc/data/d/a", "../../.."), tSymlink("alloc/data/b", "d/a/.."))
+			return Tar(t, true, TarDir("alloc/data"), TarDir("alloc/data/d"),
+				TarSymlink("alloc/data/d/a", "../../.."), TarSymlink("alloc/data/b", "d/a/.."))
 		}},
 		// PR-23738: a file written through a link to "." (a parent that is
 		// a link, even one that stays inside).
 		{name: "PR-23738/WriteThroughDotLink", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", "."), tFile("alloc/data/l/f", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", "."), TarFile("alloc/data/l/f", "x"))
 		}},
 		// PR-23738: a file written through a link that climbs out.
 		{name: "PR-23738/WriteThroughClimbLink", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", "../../.."), tFile("alloc/data/l/x", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", "../../.."), TarFile("alloc/data/l/x", "x"))
 		}},
 		// PR-23738: a file entry over an earlier link of the same name.
 		{name: "PR-23738/FileOverLink", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/f", "../../../../victim/sentinel"), tFile("alloc/data/f", "overwritten"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/f", "../../../../victim/sentinel"), TarFile("alloc/data/f", "overwritten"))
 		}},
 		// The same file twice.
 		{name: "DuplicateFile", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "one"), tFile("alloc/data/f", "two"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "one"), TarFile("alloc/data/f", "two"))
 		}},
 		// A file, then a directory of the same name.
 		{name: "DuplicateFileThenDir", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "one"), tDir("alloc/data/f"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "one"), TarDir("alloc/data/f"))
 		}},
 		// An absolute entry name.
 		{name: "AbsoluteName", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile(filepath.Join(s.victim, "pwned"), "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile(filepath.Join(s.victim, "pwned"), "x"))
 		}},
 		// An absolute name that looks like the layout.
 		{name: "AbsoluteLayoutName", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("/alloc/data"), tFile("/alloc/data/f", "x"))
+			return Tar(t, true, TarDir("/alloc/data"), TarFile("/alloc/data/f", "x"))
 		}},
 		// A name climbing out with "..".
 		{name: "DotDotName", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/../../../victim/pwned", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/../../../victim/pwned", "x"))
 		}},
 		// A ".." that would clean away inside is refused all the same.
 		{name: "DotDotInsideName", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tDir("alloc/data/d"), tFile("alloc/data/d/../f", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarDir("alloc/data/d"), TarFile("alloc/data/d/../f", "x"))
 		}},
 		// A hard link to /etc/passwd.
 		{name: "HardLinkToEtcPasswd", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tHardLink("alloc/data/p", "/etc/passwd"))
+			return Tar(t, true, TarDir("alloc/data"), TarHardLink("alloc/data/p", "/etc/passwd"))
 		}},
 		// A hard link climbing out to the victim.
 		{name: "HardLinkOutside", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tHardLink("alloc/data/p", "../../victim/sentinel"))
+			return Tar(t, true, TarDir("alloc/data"), TarHardLink("alloc/data/p", "../../victim/sentinel"))
 		}},
 		// A hard link through an archive link that points out.
 		{name: "HardLinkThroughLink", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tSymlink("alloc/data/l", s.victim), tHardLink("alloc/data/p", "alloc/data/l/sentinel"))
+			return Tar(t, true, TarDir("alloc/data"), TarSymlink("alloc/data/l", s.victim), TarHardLink("alloc/data/p", "alloc/data/l/sentinel"))
 		}},
 		// A hard link to a file of the archive itself: no snapshot writer
 		// makes one (each name is a full file), so it is refused too.
 		{name: "HardLinkInside", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"), tHardLink("alloc/data/g", "alloc/data/f"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "x"), TarHardLink("alloc/data/g", "alloc/data/f"))
 		}},
 		// A FIFO.
 		{name: "FIFO", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/fifo", typ: tar.TypeFifo, mode: 0o644})
+			return Tar(t, true, TarDir("alloc/data"), TarEntry{Name: "alloc/data/fifo", Type: tar.TypeFifo, Mode: 0o644})
 		}},
 		// A 16 GiB file of zeros from 2 KiB on the wire, old GNU form.
 		{name: "SparseGNU", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
@@ -251,41 +188,41 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		}},
 		// A character device (/dev/null's numbers).
 		{name: "CharDevice", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/null", typ: tar.TypeChar, mode: 0o666})
+			return Tar(t, true, TarDir("alloc/data"), TarEntry{Name: "alloc/data/null", Type: tar.TypeChar, Mode: 0o666, Major: 1, Minor: 3})
 		}},
 		// A block device.
 		{name: "BlockDevice", wantType: true, archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tarEntry{name: "alloc/data/disk", typ: tar.TypeBlock, mode: 0o660})
+			return Tar(t, true, TarDir("alloc/data"), TarEntry{Name: "alloc/data/disk", Type: tar.TypeBlock, Mode: 0o660, Major: 1, Minor: 3})
 		}},
 		// More file bytes than MaxBytes allows.
 		{name: "Oversize", opts: snapshot.ExtractOptions{MaxBytes: 100}, archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/big", big))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/big", big))
 		}},
 		// More entries than MaxEntries allows.
 		{name: "TooManyEntries", opts: snapshot.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, s *archiveScene) []byte {
-			entries := []tarEntry{tDir("alloc/data")}
+			entries := []TarEntry{TarDir("alloc/data")}
 			for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
-				entries = append(entries, tFile("alloc/data/"+n, n))
+				entries = append(entries, TarFile("alloc/data/"+n, n))
 			}
-			return makeTar(t, true, entries...)
+			return Tar(t, true, entries...)
 		}},
 		// The sender's in-band error entry, after good entries.
 		{name: "SenderErrorEntry", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"),
-				tFile("NOMAD-"+allocA+"-ERROR.log", "Error snapshotting: disk on fire"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "x"),
+				TarFile("NOMAD-"+allocA+"-ERROR.log", "Error snapshotting: disk on fire"))
 		}},
 		// A stream cut at an entry boundary: no end-of-archive trailer.
 		{name: "TruncatedAtBoundary", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, false, tDir("alloc/data"), tFile("alloc/data/f", "x"), tFile("alloc/data/g", big))
+			return Tar(t, false, TarDir("alloc/data"), TarFile("alloc/data/f", "x"), TarFile("alloc/data/g", big))
 		}},
 		// A stream cut in the middle of a file's body.
 		{name: "TruncatedMidFile", archive: func(t *testing.T, s *archiveScene) []byte {
-			b := makeTar(t, false, tDir("alloc/data"), tFile("alloc/data/g", big))
+			b := Tar(t, false, TarDir("alloc/data"), TarFile("alloc/data/g", big))
 			return b[:len(b)-300]
 		}},
 		// A stream cut in the middle of a header.
 		{name: "TruncatedMidHeader", archive: func(t *testing.T, s *archiveScene) []byte {
-			b := makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"))
+			b := Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "x"))
 			return b[:512+100]
 		}},
 		// Nothing at all.
@@ -298,19 +235,19 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 		}},
 		// Entries outside Nomad's snapshot layout.
 		{name: "Layout/AllocLogs", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/logs/x", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/logs/x", "x"))
 		}},
 		{name: "Layout/AllocTmp", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("alloc/tmp/x", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("alloc/tmp/x", "x"))
 		}},
 		{name: "Layout/TaskSecrets", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tDir("web/local"), tFile("web/secrets/x", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarDir("web/local"), TarFile("web/secrets/x", "x"))
 		}},
 		{name: "Layout/TaskPrivate", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("web/private/x", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("web/private/x", "x"))
 		}},
 		{name: "Layout/TaskTopLevelFile", archive: func(t *testing.T, s *archiveScene) []byte {
-			return makeTar(t, true, tDir("alloc/data"), tFile("web/executor.out", "x"))
+			return Tar(t, true, TarDir("alloc/data"), TarFile("web/executor.out", "x"))
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -332,8 +269,8 @@ func testMaliciousArchives(t *testing.T, _ *harness) {
 	// the refusals above are about the attack, not the scene.
 	t.Run("Control", func(t *testing.T) {
 		s := newArchiveScene(t)
-		b := makeTar(t, true, tDir("alloc/data"), tFile("alloc/data/f", "x"), tSymlink("alloc/data/l", "f"),
-			tDir("web/local"), tFile("web/local/g", "y"))
+		b := Tar(t, true, TarDir("alloc/data"), TarFile("alloc/data/f", "x"), TarSymlink("alloc/data/l", "f"),
+			TarDir("web/local"), TarFile("web/local/g", "y"))
 		if _, err := snapshot.Extract(bytes.NewReader(b), s.dest, snapshot.ExtractOptions{}); err != nil {
 			t.Fatalf("snapshot.Extract of a benign archive: %v", err)
 		}

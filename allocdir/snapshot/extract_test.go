@@ -106,71 +106,6 @@ func snapAssertNoTemp(t *testing.T, dir string) {
 	}
 }
 
-// snapEntry describes one entry of a hand-made archive. Size overrides
-// the header size when set (the body is still what is written).
-type snapEntry struct {
-	name  string
-	typ   byte
-	body  string
-	link  string
-	mode  int64
-	size  int64
-	major int64
-	uid   int
-}
-
-func dirEntry(name string) snapEntry { return snapEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
-func fileEntry(name, body string) snapEntry {
-	return snapEntry{name: name, typ: tar.TypeReg, body: body, mode: 0o644}
-}
-func linkEntry(name, target string) snapEntry {
-	return snapEntry{name: name, typ: tar.TypeSymlink, link: target, mode: 0o777}
-}
-func hardEntry(name, target string) snapEntry {
-	return snapEntry{name: name, typ: tar.TypeLink, link: target, mode: 0o644}
-}
-
-// snapTar writes entries as an archive; without the trailer when open.
-func snapTar(t *testing.T, open bool, entries ...snapEntry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := &tar.Header{
-			Name:     e.name,
-			Typeflag: e.typ,
-			Linkname: e.link,
-			Mode:     e.mode,
-			Size:     int64(len(e.body)),
-			ModTime:  time.Date(2022, 1, 2, 3, 4, 5, 0, time.UTC),
-			Devmajor: e.major,
-			Uid:      e.uid,
-		}
-		if e.typ != tar.TypeReg {
-			hdr.Size = 0
-		}
-		if e.size != 0 {
-			hdr.Size = e.size
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			t.Fatalf("writing header %q: %v", e.name, err)
-		}
-		if e.body != "" {
-			if _, err := tw.Write([]byte(e.body)); err != nil {
-				t.Fatalf("writing body %q: %v", e.name, err)
-			}
-		}
-	}
-	if open {
-		if err := tw.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	} else if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
 // TestExtractRefusesMaliciousArchives runs every refused archive through
 // the same assertions: ErrArchive, no dest, no temp directory, nothing
 // written anywhere else.
@@ -183,7 +118,7 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 	passwdLinks := passwd.Sys().(*syscall.Stat_t).Nlink
 
 	valid := func(t *testing.T, e *snapEnv) []byte {
-		return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)), dirEntry("web/local"))
+		return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", strings.Repeat("a", 700)), allocdirtest.TarDir("web/local"))
 	}
 	cases := []struct {
 		name    string
@@ -192,80 +127,80 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 		check   func(t *testing.T, e *snapEnv)
 	}{
 		{name: "absolute_name", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, fileEntry(filepath.Join(e.outside, "abs"), "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarFile(filepath.Join(e.outside, "abs"), "x"))
 		}, check: func(t *testing.T, e *snapEnv) { snapAssertAbsent(t, filepath.Join(e.outside, "abs")) }},
 		{name: "dotdot_name", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/../../../x", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/../../../x", "x"))
 		}, check: func(t *testing.T, e *snapEnv) { snapAssertAbsent(t, filepath.Join(e.parent, "x")) }},
 		{name: "dotdot_name_that_cleans_inside", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, fileEntry("alloc/data/x/../y", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarFile("alloc/data/x/../y", "x"))
 		}},
 		{name: "empty_name", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, fileEntry("", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarFile("", "x"))
 		}},
 		{name: "name_cleans_to_root", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("./"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("./"))
 		}},
 		{name: "outside_layout_alloc_logs", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/logs/x", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/logs/x", "x"))
 		}},
 		{name: "outside_layout_task_secrets", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("web/local"), fileEntry("web/secrets/token", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("web/local"), allocdirtest.TarFile("web/secrets/token", "x"))
 		}},
 		{name: "outside_layout_task_private", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, fileEntry("web/private/key", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarFile("web/private/key", "x"))
 		}},
 		{name: "outside_layout_alloc_local", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, fileEntry("alloc/local/x", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarFile("alloc/local/x", "x"))
 		}},
 		{name: "duplicate_entry", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "1"), fileEntry("alloc/data/f", "2"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", "1"), allocdirtest.TarFile("alloc/data/f", "2"))
 		}},
 		{name: "duplicate_entry_after_cleaning", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "1"), fileEntry("./alloc//data/./f", "2"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", "1"), allocdirtest.TarFile("./alloc//data/./f", "2"))
 		}},
 		{name: "duplicate_directory", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), dirEntry("alloc/data"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarDir("alloc/data"))
 		}},
 		{name: "CVE-2024-6717_duplicate_file_replaces_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/f", "../../web/local/g"), fileEntry("alloc/data/f", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/f", "../../web/local/g"), allocdirtest.TarFile("alloc/data/f", "x"))
 		}},
 		{name: "CVE-2022-24683_absolute_symlink_to_etc", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/etc", "/etc"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/etc", "/etc"))
 		}},
 		{name: "CVE-2024-1329_relative_symlink_climbs_out", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "../../../../etc"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", "../../../../etc"))
 		}},
 		{name: "CVE-2024-1329_symlink_to_parent_of_root", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, linkEntry("web", ".."))
+			return allocdirtest.Tar(t, true, allocdirtest.TarSymlink("web", ".."))
 		}},
 		{name: "CVE-2024-1329_symlink_chain_climbs_out", archive: func(t *testing.T, e *snapEnv) []byte {
 			// t is fine lexically (alloc/data/s/../../../etc cleans to
 			// etc) and arrives before the link that makes it escape.
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/t", "s/../../../etc"), linkEntry("alloc/data/s", "../.."))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/t", "s/../../../etc"), allocdirtest.TarSymlink("alloc/data/s", "../.."))
 		}},
 		{name: "CVE-2024-7625_write_through_symlink_to_dot", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), fileEntry("alloc/data/l/f", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", "."), allocdirtest.TarFile("alloc/data/l/f", "x"))
 		}},
 		{name: "CVE-2024-7625_write_through_symlink_to_root", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "../../"), fileEntry("alloc/data/l/web/local/f", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", "../../"), allocdirtest.TarFile("alloc/data/l/web/local/f", "x"))
 		}},
 		{name: "CVE-2024-7625_mkdir_through_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), dirEntry("alloc/data/l/d"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", "."), allocdirtest.TarDir("alloc/data/l/d"))
 		}},
 		{name: "CVE-2024-7625_write_through_absolute_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", e.outside), fileEntry("alloc/data/l/sentinel", "overwritten"), fileEntry("alloc/data/l/new", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", e.outside), allocdirtest.TarFile("alloc/data/l/sentinel", "overwritten"), allocdirtest.TarFile("alloc/data/l/new", "x"))
 		}, check: func(t *testing.T, e *snapEnv) {
 			snapAssertAbsent(t, filepath.Join(e.outside, "new"))
 		}},
 		{name: "write_under_regular_file", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"), fileEntry("alloc/data/f/g", "y"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", "x"), allocdirtest.TarFile("alloc/data/f/g", "y"))
 		}},
 		{name: "symlink_empty_target", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, linkEntry("alloc/data/l", ""))
+			return allocdirtest.Tar(t, true, allocdirtest.TarSymlink("alloc/data/l", ""))
 		}},
 		{name: "hardlink_to_etc_passwd", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/passwd", "/etc/passwd"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarHardLink("alloc/data/passwd", "/etc/passwd"))
 		}, check: func(t *testing.T, e *snapEnv) {
 			fi, err := os.Lstat("/etc/passwd")
 			if err != nil {
@@ -276,10 +211,10 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 			}
 		}},
 		{name: "hardlink_dotdot", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "../x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarHardLink("alloc/data/x", "../x"))
 		}},
 		{name: "hardlink_dotdot_to_outside_file", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "alloc/data/../../../../../outside/sentinel"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarHardLink("alloc/data/x", "alloc/data/../../../../../outside/sentinel"))
 		}, check: func(t *testing.T, e *snapEnv) {
 			fi, err := os.Lstat(filepath.Join(e.outside, "sentinel"))
 			if err != nil {
@@ -290,45 +225,45 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 			}
 		}},
 		{name: "hardlink_unknown_entry", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), hardEntry("alloc/data/x", "alloc/data/nope"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarHardLink("alloc/data/x", "alloc/data/nope"))
 		}},
 		{name: "hardlink_to_directory", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), dirEntry("alloc/data/d"), hardEntry("alloc/data/x", "alloc/data/d"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarDir("alloc/data/d"), allocdirtest.TarHardLink("alloc/data/x", "alloc/data/d"))
 		}},
 		{name: "hardlink_to_symlink", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), linkEntry("alloc/data/l", "."), hardEntry("alloc/data/x", "alloc/data/l"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarSymlink("alloc/data/l", "."), allocdirtest.TarHardLink("alloc/data/x", "alloc/data/l"))
 		}},
 		{name: "char_device", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/mem", typ: tar.TypeChar, mode: 0o666, major: 1})
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarEntry{Name: "alloc/data/mem", Type: tar.TypeChar, Mode: 0o666, Major: 1})
 		}},
 		{name: "block_device", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/sda", typ: tar.TypeBlock, mode: 0o666, major: 8})
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarEntry{Name: "alloc/data/sda", Type: tar.TypeBlock, Mode: 0o666, Major: 8})
 		}},
 		{name: "owner_out_of_range", opts: snapshot.ExtractOptions{Chown: true}, archive: func(t *testing.T, e *snapEnv) []byte {
 			// -1 as a uid_t would mean "leave the owner alone".
-			return snapTar(t, false, dirEntry("alloc/data"), snapEntry{name: "alloc/data/f", typ: tar.TypeReg, body: "x", mode: 0o644, uid: 1<<32 - 1})
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarEntry{Name: "alloc/data/f", Type: tar.TypeReg, Body: "x", Mode: 0o644, UID: 1<<32 - 1})
 		}},
 		{name: "oversize_file", opts: snapshot.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 51)))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", strings.Repeat("x", 51)))
 		}},
 		{name: "oversize_total", opts: snapshot.ExtractOptions{MaxBytes: 50}, archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", strings.Repeat("x", 30)), fileEntry("alloc/data/g", strings.Repeat("x", 30)))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", strings.Repeat("x", 30)), allocdirtest.TarFile("alloc/data/g", strings.Repeat("x", 30)))
 		}},
 		{name: "name_longer_than_64KiB", archive: func(t *testing.T, e *snapEnv) []byte {
 			deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256)
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep+"/f", "x"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile(deep+"/f", "x"))
 		}},
 		{name: "too_many_entries", opts: snapshot.ExtractOptions{MaxEntries: 3}, archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", ""), fileEntry("alloc/data/b", ""), fileEntry("alloc/data/c", ""))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", ""), allocdirtest.TarFile("alloc/data/b", ""), allocdirtest.TarFile("alloc/data/c", ""))
 		}},
 		{name: "error_entry", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", "x"), fileEntry("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
+			return allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", "x"), allocdirtest.TarFile("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
 		}},
 		{name: "truncated_at_entry_boundary", archive: func(t *testing.T, e *snapEnv) []byte {
-			return snapTar(t, true, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)), dirEntry("web/local"))
+			return allocdirtest.Tar(t, false, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", strings.Repeat("a", 700)), allocdirtest.TarDir("web/local"))
 		}},
 		{name: "truncated_after_one_zero_block", archive: func(t *testing.T, e *snapEnv) []byte {
-			b := snapTar(t, true, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 700)))
+			b := allocdirtest.Tar(t, false, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", strings.Repeat("a", 700)))
 			return append(b, make([]byte, 512)...)
 		}},
 		{name: "truncated_mid_body", archive: func(t *testing.T, e *snapEnv) []byte {
@@ -343,7 +278,7 @@ func TestExtractRefusesMaliciousArchives(t *testing.T) {
 			return bytes.Repeat([]byte("this is not a tar archive\n"), 100)
 		}},
 		{name: "garbage_after_valid_entry", archive: func(t *testing.T, e *snapEnv) []byte {
-			b := snapTar(t, true, dirEntry("alloc/data"))
+			b := allocdirtest.Tar(t, false, allocdirtest.TarDir("alloc/data"))
 			return append(b, bytes.Repeat([]byte{0xa5}, 1024)...)
 		}},
 	}
@@ -366,7 +301,7 @@ func TestExtractOverlongNameErrorIsShort(t *testing.T) {
 	t.Parallel()
 	e := newSnapEnv(t)
 	deep := "alloc/data" + strings.Repeat("/"+strings.Repeat("d", 255), 64<<10/256) + "/f"
-	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry(deep, "x"))
+	archive := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile(deep, "x"))
 	_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 	e.assertRefused(t, err)
 	if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "longer than 65536 bytes") {
@@ -378,7 +313,7 @@ func TestExtractOverlongNameErrorIsShort(t *testing.T) {
 func TestExtractErrorEntryText(t *testing.T) {
 	t.Parallel()
 	e := newSnapEnv(t)
-	archive := snapTar(t, false, fileEntry("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
+	archive := allocdirtest.Tar(t, true, allocdirtest.TarFile("NOMAD-prev-ERROR.log", "Error snapshotting: disk on fire"))
 	_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 	e.assertRefused(t, err)
 	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
@@ -451,7 +386,7 @@ func TestExtractAcceptsForeignArchives(t *testing.T) {
 func TestExtractEmptyArchive(t *testing.T) {
 	t.Parallel()
 	dest := filepath.Join(t.TempDir(), "dest")
-	stats, err := snapshot.Extract(bytes.NewReader(snapTar(t, false)), dest, snapshot.ExtractOptions{})
+	stats, err := snapshot.Extract(bytes.NewReader(allocdirtest.Tar(t, true)), dest, snapshot.ExtractOptions{})
 	if err != nil {
 		t.Fatalf("got error %v, want nil", err)
 	}
@@ -471,7 +406,7 @@ func TestExtractEmptyArchive(t *testing.T) {
 // never replaced nor written into.
 func TestExtractDestExists(t *testing.T) {
 	t.Parallel()
-	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"))
+	archive := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", "x"))
 	for _, kind := range []string{"dir", "symlink"} {
 		t.Run(kind, func(t *testing.T) {
 			e := newSnapEnv(t)
@@ -496,7 +431,7 @@ func TestExtractDestExists(t *testing.T) {
 func TestExtractParentMissing(t *testing.T) {
 	t.Parallel()
 	dest := filepath.Join(t.TempDir(), "missing", "dest")
-	_, err := snapshot.Extract(bytes.NewReader(snapTar(t, false)), dest, snapshot.ExtractOptions{})
+	_, err := snapshot.Extract(bytes.NewReader(allocdirtest.Tar(t, true)), dest, snapshot.ExtractOptions{})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("got error %v, want one wrapping fs.ErrNotExist", err)
 	}
@@ -521,7 +456,7 @@ func (f *snapFailingReader) Read(p []byte) (int, error) {
 // bad archive, and leaves nothing behind.
 func TestExtractReaderError(t *testing.T) {
 	t.Parallel()
-	full := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/a", strings.Repeat("a", 5000)))
+	full := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/a", strings.Repeat("a", 5000)))
 	for _, cut := range []int{0, 512, 512 + 512 + 1000, 512 + 512 + 5120} {
 		e := newSnapEnv(t)
 		r := &snapFailingReader{r: bytes.NewReader(full[:cut]), err: errSnapBoom}
@@ -553,7 +488,7 @@ func TestExtractDiskFull(t *testing.T) {
 		}
 	})
 	dest := filepath.Join(mnt, "dest")
-	archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/big", strings.Repeat("x", 1<<20)))
+	archive := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/big", strings.Repeat("x", 1<<20)))
 	_, err := snapshot.Extract(bytes.NewReader(archive), dest, snapshot.ExtractOptions{})
 	if !errors.Is(err, unix.ENOSPC) {
 		t.Errorf("got error %v, want one wrapping ENOSPC", err)
@@ -618,19 +553,19 @@ func TestExtractRefusesEntryTypes(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
-		entry snapEntry
+		entry allocdirtest.TarEntry
 	}{
-		{"hard_link_to_archive_file", hardEntry("alloc/data/g", "alloc/data/f")},
-		{"fifo", snapEntry{name: "alloc/data/fifo", typ: tar.TypeFifo, mode: 0o644}},
-		{"char_device", snapEntry{name: "alloc/data/null", typ: tar.TypeChar, mode: 0o666, major: 1}},
-		{"block_device", snapEntry{name: "alloc/data/sda", typ: tar.TypeBlock, mode: 0o660, major: 8}},
-		{"contiguous_file", snapEntry{name: "alloc/data/c", typ: tar.TypeCont, mode: 0o644}},
-		{"vendor_type", snapEntry{name: "alloc/data/v", typ: 'V', mode: 0o644}},
+		{"hard_link_to_archive_file", allocdirtest.TarHardLink("alloc/data/g", "alloc/data/f")},
+		{"fifo", allocdirtest.TarEntry{Name: "alloc/data/fifo", Type: tar.TypeFifo, Mode: 0o644}},
+		{"char_device", allocdirtest.TarEntry{Name: "alloc/data/null", Type: tar.TypeChar, Mode: 0o666, Major: 1}},
+		{"block_device", allocdirtest.TarEntry{Name: "alloc/data/sda", Type: tar.TypeBlock, Mode: 0o660, Major: 8}},
+		{"contiguous_file", allocdirtest.TarEntry{Name: "alloc/data/c", Type: tar.TypeCont, Mode: 0o644}},
+		{"vendor_type", allocdirtest.TarEntry{Name: "alloc/data/v", Type: 'V', Mode: 0o644}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newSnapEnv(t)
-			archive := snapTar(t, false, dirEntry("alloc/data"), fileEntry("alloc/data/f", "x"), tc.entry, fileEntry("alloc/data/z", "z"))
+			archive := allocdirtest.Tar(t, true, allocdirtest.TarDir("alloc/data"), allocdirtest.TarFile("alloc/data/f", "x"), tc.entry, allocdirtest.TarFile("alloc/data/z", "z"))
 			_, err := snapshot.Extract(bytes.NewReader(archive), e.dest, snapshot.ExtractOptions{})
 			e.assertRefused(t, err)
 			if !errors.Is(err, snapshot.ErrEntryType) {

@@ -9,12 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 )
 
-func testLogger(t *testing.T) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: t.Output(), Level: hclog.Debug})
-}
+// testLogger writes to the test's log; see allocdirtest.Logger.
+var testLogger = allocdirtest.Logger
 
 // TestCheckLayout: a mount point that would hide the store, or a socket
 // inside the mount, is refused before anything is touched.

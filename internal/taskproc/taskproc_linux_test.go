@@ -3,7 +3,6 @@
 package taskproc
 
 import (
-	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
