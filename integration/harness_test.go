@@ -67,7 +67,7 @@ func startNodeWith(t *testing.T, prefix []string, args ...string) *node {
 }
 
 // kill9 kills the daemon with SIGKILL, as a crash or the OOM killer would.
-// Its mount stays, held for the next serve (cmd/allocfs/holder.go).
+// Its mount stays, held for the next serve (restart/holder.go).
 func (n *node) kill9(t *testing.T) { n.Signal(t, syscall.SIGKILL) }
 
 // stop asks for a full stop (SIGUSR1: unmount, running allocations or

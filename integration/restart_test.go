@@ -598,7 +598,7 @@ func TestSystemdKeepsTheConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A memory volume goes to the store as it is made, named by a hash
-	// of its key (cmd/allocfs/memkeep.go).
+	// of its key (restart/memkeep.go).
 	secret := filepath.Join(n.mnt, "a1/web/secrets/token")
 	if err := os.WriteFile(secret, []byte("s3cr3t"), 0o600); err != nil {
 		t.Fatal(err)

@@ -65,7 +65,7 @@ func askSocket(path string) (string, error) {
 }
 
 // askHolder sends one request to the holder of the node's mount, in its
-// protocol (cmd/allocfs/holder.go), and returns its answer.
+// protocol (restart/holder.go), and returns its answer.
 func (n *node) askHolder(t *testing.T, request string) string {
 	t.Helper()
 	c, err := net.DialTimeout("unix", filepath.Join(n.dataDir, "fuse/holder.sock"), 5*time.Second)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/api"
+	"github.com/allocfs/allocfs/daemon"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 	"github.com/allocfs/allocfs/internal/mountinfo"
@@ -106,8 +107,8 @@ func TestServeMountLifecycle(t *testing.T) {
 	fstest.RequireFUSE(t)
 	dataDir, mnt := testDirs(t)
 	d := startServe(t, dataDir, mnt)
-	if got := mountedAt(t, mnt); got != allocfsFSType {
-		t.Fatalf("mount at %s: got fstype %q, want %q", mnt, got, allocfsFSType)
+	if got := mountedAt(t, mnt); got != daemon.FSType {
+		t.Fatalf("mount at %s: got fstype %q, want %q", mnt, got, daemon.FSType)
 	}
 	sock := "--socket=" + d.Socket
 
@@ -222,7 +223,7 @@ func TestServeRecoversAfterCrash(t *testing.T) {
 	if code := d.Signal(t, syscall.SIGINT); code != exitOK {
 		t.Fatalf("serve after SIGINT: exit %d, want 0", code)
 	}
-	if got := mountedAt(t, mnt); got != allocfsFSType {
+	if got := mountedAt(t, mnt); got != daemon.FSType {
 		t.Errorf("after SIGINT with a running allocation, %s is %q; want it still mounted for the next serve", mnt, got)
 	}
 	d = startServe(t, dataDir, mnt)
@@ -257,7 +258,7 @@ func TestServeRecoversAfterCrashWithoutHolder(t *testing.T) {
 
 	d.Signal(t, syscall.SIGKILL)
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(mnt, &sfs); !staleMount(err) {
+	if err := unix.Statfs(mnt, &sfs); !daemon.StaleMount(err) {
 		t.Fatalf("statfs of the mount point after SIGKILL: got %v, want ENOTCONN or ECONNABORTED (a stale mount)", err)
 	}
 
@@ -289,7 +290,7 @@ func TestServeMountPointIsAFile(t *testing.T) {
 		t.Errorf("exit: got %d, want %d", r.code, exitFailed)
 	}
 	// Without FUSE the check of /dev/fuse comes first, with its own advice.
-	if checkFUSE() == nil && !strings.Contains(r.stderr, fmt.Sprintf("mount point %q is not a directory", mnt)) {
+	if daemon.CheckFUSE() == nil && !strings.Contains(r.stderr, fmt.Sprintf("mount point %q is not a directory", mnt)) {
 		t.Errorf("stderr: got %q, want it to say the mount point is not a directory", r.stderr)
 	}
 	if _, err := os.Lstat(dataDir); !errors.Is(err, os.ErrNotExist) {

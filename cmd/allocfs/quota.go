@@ -5,14 +5,10 @@ package main
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/allocfs/allocfs/node"
-	"github.com/hashicorp/go-hclog"
-	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/spf13/pflag"
 )
 
@@ -57,43 +53,4 @@ func (q quotaArgs) storeOptions() (store.Options, error) {
 	opts.Groups = [2]uint64{a, b}
 	opts.DefaultLimit = store.Limit{Bytes: q.defaultDiskMB << 20}
 	return opts, nil
-}
-
-// logQuota says once, at start, whether disk limits are enforced, and
-// where they are not, what would enforce them.
-func logQuota(logger hclog.Logger, s *store.Store) {
-	r := s.Quota()
-	if r.Enforced() {
-		logger.Info("allocations' disk limits are enforced", "mechanism", r.Mechanism, "filesystem", r.Filesystem,
-			"default_limit_mb", s.DefaultLimit().Bytes>>20)
-		return
-	}
-	logger.Info("allocations' disk limits are not enforced: an allocation that asks for one is refused", "filesystem", r.Filesystem, "how_to_enable", r.Why)
-}
-
-// startNomadSizes makes what reads allocations' sizes from Nomad, or nil
-// without --nomad-addr, or where nothing could enforce them (said once).
-func startNomadSizes(logger hclog.Logger, s *store.Store, q quotaArgs) (*node.NomadSizes, error) {
-	if q.nomadAddr == "" {
-		return nil, nil
-	}
-	if !s.Quota().Enforced() {
-		logger.Warn("--nomad-addr is set, but disk limits are not enforced here: Nomad's sizes are not read", "how_to_enable", s.Quota().Why)
-		return nil, nil
-	}
-	cfg := nomadapi.DefaultConfig()
-	cfg.Address = q.nomadAddr
-	if q.nomadTokenFile != "" {
-		b, err := os.ReadFile(q.nomadTokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("failed to read --nomad-token-file: %w", err)
-		}
-		cfg.SecretID = strings.TrimSpace(string(b))
-	}
-	sizes, err := node.NewNomadSizes(logger, s, cfg)
-	if err != nil {
-		return nil, err
-	}
-	logger.Info("allocations Nomad's client makes take their size from Nomad", "nomad_addr", q.nomadAddr)
-	return sizes, nil
 }

@@ -3,69 +3,53 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
-	"sync/atomic"
+	"path/filepath"
 
+	"github.com/allocfs/allocfs/daemon"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hashicorp/go-hclog"
 )
 
-// reloader applies a SIGHUP: serve's flags are parsed again (the command
-// line and --config's file, which may have changed), and what can change
-// while the daemon runs does: the log level, and the token and TLS files,
-// which are read again even when their names stay (a rotated certificate
-// or token). What cannot (the data dir, the mount, the sockets, whether
-// the listener speaks TLS and which routes it has, the collector's
-// settings) is logged as waiting for the next start. A reload that fails
-// (a flag or file that does not parse) changes nothing and says why.
+// reloader reads serve's configuration again for a SIGHUP: the flags
+// are parsed again (the command line and --config's file, which may have
+// changed), and what can change while the daemon runs does: the log
+// level, and the token and TLS files, which are read again even when
+// their names stay (a rotated certificate or token). What cannot (the
+// data dir, the mount, the sockets, whether the listener speaks TLS and
+// which routes it has, the collector's settings) is named as waiting for
+// the next start. A reload that fails (a flag or file that does not
+// parse) changes nothing and says why.
 type reloader struct {
-	logger hclog.Logger
 	// args are the flags in effect; reread parses them again.
 	args   *serveArgs
 	reread func() (*serveArgs, error)
-	// secrets are the listener's tokens and TLS; fetchTLS sets the TLS
-	// of remote migrations' fetches.
-	secrets  *atomic.Pointer[nodeSecrets]
-	fetchTLS func(*tls.Config)
 }
 
-func (r *reloader) reload() {
-	if r.reread == nil || r.args == nil {
-		r.logger.Info("SIGHUP: nothing to reload")
-		return
-	}
+func (r *reloader) reload() (*daemon.Reload, error) {
 	next, err := r.reread()
 	if err == nil {
 		err = resolveServePaths(next)
 	}
 	if err != nil {
-		r.logger.Error("reload failed; the configuration in effect stays", "error", err)
-		return
+		return nil, err
 	}
 	inEffect := *r.args
 	inEffect.logLevel = next.logLevel
 	waiting := restartOnly(r.args, next)
 	node := r.args.node
-	if sameListener(r.args.node, next.node) {
+	if node.SameListener(next.node) {
 		node = next.node
 	} else {
 		waiting = append(waiting, "http-addr, its token files or its TLS")
 	}
-	secrets, err := node.load()
+	secrets, err := node.Load()
 	if err != nil {
-		r.logger.Error("reload failed; the configuration in effect stays", "error", err)
-		return
+		return nil, err
 	}
 	inEffect.node = node
-	r.logger.SetLevel(hclog.LevelFromString(next.logLevel))
-	r.secrets.Store(secrets)
-	r.fetchTLS(secrets.fetchTLS)
 	r.args = &inEffect
-	r.logger.Info("reloaded", "log_level", next.logLevel, "config", next.configFile,
-		"tokens", secrets.migrateTokens != nil || secrets.apiToken != "", "tls", secrets.serverTLS != nil || secrets.fetchTLS != nil)
-	if len(waiting) > 0 {
-		r.logger.Warn("changed flags take effect at the next start", "flags", fmt.Sprint(waiting))
-	}
+	return &daemon.Reload{Level: hclog.LevelFromString(next.logLevel), Secrets: secrets, Waiting: waiting, Config: next.configFile}, nil
 }
 
 // resolveServePaths makes a's paths absolute and resolved, as serve
@@ -107,11 +91,27 @@ func restartOnly(old, next *serveArgs) []string {
 	return names
 }
 
-// sameListener reports whether next can secure the running listener:
-// same address and routes, and TLS on or off as it is. The files
-// themselves, and whether client certificates are required, may change.
-func sameListener(old, next nodeConfig) bool {
-	tlsOn := func(c nodeConfig) bool { return c.tlsCert != "" }
-	return old.addr == next.addr && old.servesSnapshots() == next.servesSnapshots() &&
-		old.servesClientAPI() == next.servesClientAPI() && tlsOn(old) == tlsOn(next)
+// resolveMountPath is resolvePath for the mount point, which it never
+// touches when an allocfs mount is there: a mount a holder keeps has no
+// daemon until this one takes it, so a stat of it would wait for this
+// very process. A mount point is not a symbolic link, so resolving its
+// parent is enough.
+func resolveMountPath(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+	}
+	parent, err := resolvePath(filepath.Dir(abs))
+	if err != nil {
+		return "", err
+	}
+	candidate := filepath.Join(parent, filepath.Base(abs))
+	if mounts, err := mountinfo.Read("/proc/self/mountinfo"); err == nil {
+		for _, m := range mounts {
+			if m.MountPoint == candidate && m.FSType == daemon.FSType {
+				return candidate, nil
+			}
+		}
+	}
+	return resolvePath(abs)
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,21 +14,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allocfs/allocfs/daemon"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/metrics"
+	"github.com/allocfs/allocfs/restart"
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
-const (
-	defaultDataDir = "/var/lib/allocfs"
-
-	// shutdownTimeout bounds how long requests in flight may keep the
-	// API up once a signal asked the daemon to stop.
-	shutdownTimeout = 5 * time.Second
-)
+const defaultDataDir = "/var/lib/allocfs"
 
 const serveCmd = "allocfs serve"
 
@@ -40,7 +35,7 @@ type serveArgs struct {
 	logLevel                        string
 	logJSON, debugFuse, fuseIOUring bool
 	liveRestart, allowNonEmpty      bool
-	node                            nodeConfig
+	node                            daemon.NodeConfig
 	gc                              store.GCConfig
 	metricsUsageInterval            time.Duration
 	chrootEnv                       []string
@@ -70,13 +65,13 @@ reload that changes them says so in the log.`)
 	fset.BoolVar(&a.liveRestart, "live-restart", true, "keep the mount alive across restarts: a holder process keeps the FUSE connection, the next serve takes it over (after a crash too), and SIGTERM with running allocations leaves it to that one; false: every stop unmounts")
 	fset.BoolVar(&a.fuseIOUring, "fuse-io-uring", false, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y), about twice as fast for metadata; needs --live-restart=false, since the kernel resends nothing a dead daemon's rings held")
 	fset.BoolVar(&a.debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
-	fset.StringVar(&a.node.addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
-	fset.StringVar(&a.node.migrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
-	fset.StringVar(&a.node.nodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
-	fset.StringVar(&a.node.apiTokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
-	fset.StringVar(&a.node.tlsCert, "tls-cert", "", "this node's certificate `file` (PEM): --http-addr serves TLS with it, and fetches from other nodes present it")
-	fset.StringVar(&a.node.tlsKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
-	fset.StringVar(&a.node.tlsCA, "tls-ca", "", "the cluster's CA `file` (PEM): --http-addr requires client certificates it signed (mutual TLS), and fetches trust the nodes it signed")
+	fset.StringVar(&a.node.Addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
+	fset.StringVar(&a.node.MigrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
+	fset.StringVar(&a.node.NodeSecretFile, "node-secret-file", "", "`file` holding this node's secret (Nomad's node SecretID): snapshot requests with the migrate token Nomad derives from it are admitted")
+	fset.StringVar(&a.node.APITokenFile, "token-file", "", "`file` holding the token (X-Nomad-Token or Authorization: Bearer) that the client API on --http-addr requires")
+	fset.StringVar(&a.node.TLSCert, "tls-cert", "", "this node's certificate `file` (PEM): --http-addr serves TLS with it, and fetches from other nodes present it")
+	fset.StringVar(&a.node.TLSKey, "tls-key", "", "the private key `file` (PEM) of --tls-cert")
+	fset.StringVar(&a.node.TLSCA, "tls-ca", "", "the cluster's CA `file` (PEM): --http-addr requires client certificates it signed (mutual TLS), and fetches trust the nodes it signed")
 	fset.DurationVar(&a.gc.Interval, "gc-interval", a.gc.Interval, "how often the collector checks the node's `duration`")
 	fset.Float64Var(&a.gc.DiskUsagePercent, "gc-disk-usage-threshold", a.gc.DiskUsagePercent, "collect terminal allocations while the data dir's disk is fuller than this `percent` (0: never)")
 	fset.Float64Var(&a.gc.InodeUsagePercent, "gc-inode-usage-threshold", a.gc.InodeUsagePercent, "likewise for inodes, in `percent` (0: never)")
@@ -195,12 +190,12 @@ func readConfigFile(path string) ([]string, error) {
 func runServe(e *env, args []string) error {
 	// Taken before anything else: the variables describe this process's
 	// descriptors as it started.
-	stored, storedMem := listenedFds()
+	stored, storedMem := restart.ListenedFds()
 	a, err := parseServeArgs(e, args)
 	if err != nil {
 		return err
 	}
-	secrets, err := a.node.load()
+	secrets, err := a.node.Load()
 	if err != nil {
 		return usageErrorf(serveCmd, "%v", err)
 	}
@@ -223,64 +218,29 @@ func runServe(e *env, args []string) error {
 	// inherited node is found (fs/takeover.go), so it is debug talk.
 	log.SetFlags(0)
 	log.SetOutput(logger.Named("fuse").StandardWriter(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}))
-	return serve(logger, serveConfig{
-		dataDir:       a.dataDir,
-		mountDir:      a.mountDir,
-		socket:        a.socket,
-		mount:         fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring, ChrootEnv: chrootEnv},
-		live:          a.liveRestart && !a.debugFuse,
-		allowNonEmpty: a.allowNonEmpty,
-		stored:        stored,
-		storedMem:     storedMem,
-		node:          a.node,
-		secrets:       secrets,
-		gc:            a.gc,
-		usageInterval: a.metricsUsageInterval,
-		storeOpts:     storeOpts,
-		quota:         a.quota,
-		args:          a,
-		reread:        func() (*serveArgs, error) { return parseServeArgs(e, args) },
+	r := &reloader{args: a, reread: func() (*serveArgs, error) { return parseServeArgs(e, args) }}
+	return serve(logger, daemon.Config{
+		DataDir:        a.dataDir,
+		MountDir:       a.mountDir,
+		Socket:         a.socket,
+		Mount:          fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring, ChrootEnv: chrootEnv},
+		Live:           a.liveRestart && !a.debugFuse,
+		AllowNonEmpty:  a.allowNonEmpty,
+		Stored:         stored,
+		StoredMem:      storedMem,
+		Node:           a.node,
+		Secrets:        secrets,
+		GC:             a.gc,
+		UsageInterval:  a.metricsUsageInterval,
+		StoreOpts:      storeOpts,
+		NomadAddr:      a.quota.nomadAddr,
+		NomadTokenFile: a.quota.nomadTokenFile,
+		Reload:         r.reload,
 	})
 }
 
-// serveConfig is what serve needs, with every path absolute and free of
-// symbolic links as far as it exists.
-type serveConfig struct {
-	dataDir  string
-	mountDir string
-	socket   string
-	mount    fs.MountOptions
-	// live keeps the connection alive across restarts (holder.go).
-	live bool
-	// allowNonEmpty mounts over a mount point that holds files.
-	allowNonEmpty bool
-	// stored is the FUSE connection systemd passed from its descriptor
-	// store (systemd.go), or -1.
-	stored int
-	// storedMem are the memory volumes' descriptors systemd passed with
-	// it, by their names in the store (memkeep.go).
-	storedMem map[string]int
-	// node is what other machines reach over TCP, and secrets what its
-	// files held at the start.
-	node    nodeConfig
-	secrets *nodeSecrets
-	gc      store.GCConfig
-	// usageInterval is how often the metrics' allocation usage is
-	// measured.
-	usageInterval time.Duration
-	// storeOpts are the store's options: its disk limits; quota the
-	// flags they came from.
-	storeOpts store.Options
-	quota     quotaArgs
-	// args are the flags serve started with, and reread parses them
-	// again, for SIGHUP; nil reread: nothing to reload.
-	args   *serveArgs
-	reread func() (*serveArgs, error)
-}
-
-// serve checks the machine, opens the store, mounts it, serves the API and
-// tears everything down on SIGINT or SIGTERM (daemon.go).
-func serve(logger hclog.Logger, cfg serveConfig) error {
+// serve runs the daemon of cfg until SIGINT or SIGTERM (package daemon).
+func serve(logger hclog.Logger, cfg daemon.Config) error {
 	// The FUSE server creates files for callers whose umask the kernel
 	// has applied already: its own must be 0 (fs.NewMount checks).
 	unix.Umask(0)
@@ -288,20 +248,20 @@ func serve(logger hclog.Logger, cfg serveConfig) error {
 	// process. One that arrives while the mount comes up is acted on as
 	// soon as it is up.
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, sigFullStop, sigHandOver)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, restart.SigFullStop, restart.SigHandOver)
 	defer signal.Stop(sigs)
 	// SIGHUP, which a closed terminal or a reload by habit sends,
 	// reloads (reload.go) and never stops the daemon.
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
-	d := &daemon{logger: logger, cfg: cfg}
-	if err := d.start(); err != nil {
+	d := daemon.New(logger, cfg)
+	if err := d.Start(); err != nil {
 		return err
 	}
-	leave, failure := d.wait(sigs, hups)
-	go d.exitOnSecondSignal(sigs, leave)
-	return errors.Join(failure, d.shutdown(leave))
+	leave, failure := d.Wait(sigs, hups)
+	go d.ExitOnSecondSignal(sigs, leave)
+	return errors.Join(failure, d.Shutdown(leave))
 }
 
 // resolvePath makes p absolute and resolves the symbolic links of its
@@ -323,51 +283,4 @@ func resolvePath(p string) (string, error) {
 		}
 		rest = append([]string{filepath.Base(dir)}, rest...)
 	}
-}
-
-// listenSocket binds the control socket with mode 0600 (the API can
-// destroy allocations). A socket left by a daemon that died is removed; one
-// that still answers belongs to a live daemon, and anything that is not a
-// socket is left alone.
-//
-// The umask is set to 0177 around bind(2) so the socket never exists with
-// a wider mode, then chmod makes sure of it. This must happen before
-// fs.NewMount: the FUSE server, which runs with umask 0, must not see it
-// change while it creates files.
-func listenSocket(logger hclog.Logger, path string) (net.Listener, error) {
-	// sun_path holds 108 bytes including the terminating NUL.
-	if len(path) > 107 {
-		return nil, fmt.Errorf("socket path %q is %d bytes, more than a unix socket allows (107): pass a shorter --socket", path, len(path))
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("failed to create the socket's directory: %w", err)
-	}
-	fi, err := os.Lstat(path)
-	switch {
-	case err == nil && fi.Mode().Type() == os.ModeSocket:
-		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			conn.Close()
-			return nil, fmt.Errorf("another allocfs is listening on %s; stop it first", path)
-		}
-		logger.Info("removing stale socket", "socket", path)
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("failed to remove stale socket %q: %w", path, err)
-		}
-	case err == nil:
-		return nil, fmt.Errorf("%q exists and is not a socket (%s): move it away or pass another --socket", path, fi.Mode().Type())
-	case !errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("failed to inspect socket path %q: %w", path, err)
-	}
-
-	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	unix.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("failed to listen on %q: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("failed to restrict socket %q to its owner: %w", path, err)
-	}
-	return ln, nil
 }

@@ -252,7 +252,7 @@ func (d *Daemon) waitReady(t testing.TB) {
 }
 
 // StopHolder ends the holder of the FUSE connection of dataDir, if one
-// runs (cmd/allocfs/holder.go): the connection ends with it, unless a
+// runs (restart/holder.go): the connection ends with it, unless a
 // daemon serves it.
 func StopHolder(dataDir string) {
 	c, err := net.DialTimeout("unix", filepath.Join(dataDir, "fuse", "holder.sock"), time.Second)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"crypto/tls"
@@ -14,26 +14,26 @@ import (
 	"github.com/allocfs/allocfs/migrate"
 )
 
-// nodeConfig is what the TCP listener serves and how it is secured: the
+// NodeConfig is what the TCP listener serves and how it is secured: the
 // address, and the files that hold its tokens and its TLS material, which
-// SIGHUP reads again (nodeSecrets).
-type nodeConfig struct {
-	// addr is the TCP address; empty: no TCP listener.
-	addr string
-	// migrateTokenFile and nodeSecretFile, either or both, admit
+// SIGHUP reads again (NodeSecrets).
+type NodeConfig struct {
+	// Addr is the TCP address; empty: no TCP listener.
+	Addr string
+	// MigrateTokenFile and NodeSecretFile, either or both, admit
 	// snapshot requests (GET /v1/client/allocation/<id>/snapshot).
-	migrateTokenFile, nodeSecretFile string
-	// apiTokenFile admits requests to the client API (/v1/client/fs/*,
+	MigrateTokenFile, NodeSecretFile string
+	// APITokenFile admits requests to the client API (/v1/client/fs/*,
 	// the GC endpoints), the allocation stubs, the health check and the
 	// metrics; without it none of them is served on TCP.
-	apiTokenFile string
-	// TLS: cert and key turn TLS on; ca makes client certificates signed
+	APITokenFile string
+	// TLS: cert and key turn TLS on; CA makes client certificates signed
 	// by it mandatory (mutual TLS).
-	tlsCert, tlsKey, tlsCA string
+	TLSCert, TLSKey, TLSCA string
 }
 
-// nodeSecrets is what the files of a nodeConfig held when they were read.
-type nodeSecrets struct {
+// NodeSecrets is what the files of a NodeConfig held when they were read.
+type NodeSecrets struct {
 	// migrateTokens admits snapshot requests; nil when no file names one.
 	migrateTokens migrate.TokenChecker
 	// apiToken admits client API requests; "" when no file names it.
@@ -44,12 +44,12 @@ type nodeSecrets struct {
 }
 
 // check refuses combinations of the TCP flags that make no sense.
-func (c nodeConfig) check() error {
-	if c.addr == "" {
+func (c NodeConfig) check() error {
+	if c.Addr == "" {
 		// The TLS flags also serve this node's own fetches; the tokens
 		// only guard the listener.
 		for _, f := range []struct{ flag, value string }{
-			{"--migrate-token-file", c.migrateTokenFile}, {"--node-secret-file", c.nodeSecretFile}, {"--token-file", c.apiTokenFile},
+			{"--migrate-token-file", c.MigrateTokenFile}, {"--node-secret-file", c.NodeSecretFile}, {"--token-file", c.APITokenFile},
 		} {
 			if f.value != "" {
 				return fmt.Errorf("%s needs --http-addr", f.flag)
@@ -57,32 +57,32 @@ func (c nodeConfig) check() error {
 		}
 		return nil
 	}
-	if c.migrateTokenFile == "" && c.nodeSecretFile == "" && c.apiTokenFile == "" {
+	if c.MigrateTokenFile == "" && c.NodeSecretFile == "" && c.APITokenFile == "" {
 		return fmt.Errorf("--http-addr needs --migrate-token-file, --node-secret-file or --token-file: nothing is served over TCP without a token")
 	}
 	return nil
 }
 
 // load reads the token and TLS files the configuration names.
-func (c nodeConfig) load() (*nodeSecrets, error) {
+func (c NodeConfig) Load() (*NodeSecrets, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	var out nodeSecrets
+	var out NodeSecrets
 	var err error
 	if out.serverTLS, out.fetchTLS, err = c.tlsConfigs(); err != nil {
 		return nil, err
 	}
 	var checkers migrate.AnyToken
-	if c.migrateTokenFile != "" {
-		t, err := readSecretFile("migration token", c.migrateTokenFile)
+	if c.MigrateTokenFile != "" {
+		t, err := readSecretFile("migration token", c.MigrateTokenFile)
 		if err != nil {
 			return nil, err
 		}
 		checkers = append(checkers, migrate.SharedToken(t))
 	}
-	if c.nodeSecretFile != "" {
-		t, err := readSecretFile("node secret", c.nodeSecretFile)
+	if c.NodeSecretFile != "" {
+		t, err := readSecretFile("node secret", c.NodeSecretFile)
 		if err != nil {
 			return nil, err
 		}
@@ -94,8 +94,8 @@ func (c nodeConfig) load() (*nodeSecrets, error) {
 	if len(checkers) > 0 {
 		out.migrateTokens = checkers
 	}
-	if c.apiTokenFile != "" {
-		if out.apiToken, err = readSecretFile("API token", c.apiTokenFile); err != nil {
+	if c.APITokenFile != "" {
+		if out.apiToken, err = readSecretFile("API token", c.APITokenFile); err != nil {
 			return nil, err
 		}
 	}
@@ -104,7 +104,7 @@ func (c nodeConfig) load() (*nodeSecrets, error) {
 
 // nodeTokens is what secrets holds now, as the TCP listener's handler checks
 // it at each request.
-func nodeTokens(secrets *atomic.Pointer[nodeSecrets]) func() api.NodeTokens {
+func nodeTokens(secrets *atomic.Pointer[NodeSecrets]) func() api.NodeTokens {
 	return func() api.NodeTokens {
 		s := secrets.Load()
 		return api.NodeTokens{Snapshots: s.migrateTokens, API: s.apiToken}
@@ -114,13 +114,13 @@ func nodeTokens(secrets *atomic.Pointer[nodeSecrets]) func() api.NodeTokens {
 // servesSnapshots and servesClientAPI tell which routes the listener has;
 // they follow the flags, so a reload changes what the tokens are, never
 // which routes exist.
-func (c nodeConfig) servesSnapshots() bool { return c.migrateTokenFile != "" || c.nodeSecretFile != "" }
-func (c nodeConfig) servesClientAPI() bool { return c.apiTokenFile != "" }
+func (c NodeConfig) servesSnapshots() bool { return c.MigrateTokenFile != "" || c.NodeSecretFile != "" }
+func (c NodeConfig) servesClientAPI() bool { return c.APITokenFile != "" }
 
 // liveServerTLS is the listener's TLS configuration: every handshake
 // takes the certificate and CA that secrets holds now, so a reload
 // applies to the next connection.
-func liveServerTLS(secrets *atomic.Pointer[nodeSecrets]) *tls.Config {
+func liveServerTLS(secrets *atomic.Pointer[NodeSecrets]) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
@@ -148,7 +148,7 @@ func readSecretFile(what, path string) (string, error) {
 // and checked against it), and that of this node's fetches from other
 // nodes, which run the same setup (the CA authenticates them and this
 // node's certificate is its client certificate; nil: Go's defaults).
-func (c nodeConfig) tlsConfigs() (server, fetch *tls.Config, err error) {
+func (c NodeConfig) tlsConfigs() (server, fetch *tls.Config, err error) {
 	cert, pool, err := c.tlsMaterial()
 	if err != nil || cert == nil {
 		return nil, nil, err
@@ -164,30 +164,39 @@ func (c nodeConfig) tlsConfigs() (server, fetch *tls.Config, err error) {
 
 // tlsMaterial loads the key pair and the CA the TLS flags name; no
 // certificate means no TLS.
-func (c nodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
-	if c.tlsCert == "" && c.tlsKey == "" {
-		if c.tlsCA != "" {
+func (c NodeConfig) tlsMaterial() (*tls.Certificate, *x509.CertPool, error) {
+	if c.TLSCert == "" && c.TLSKey == "" {
+		if c.TLSCA != "" {
 			return nil, nil, fmt.Errorf("--tls-ca needs --tls-cert and --tls-key")
 		}
 		return nil, nil, nil
 	}
-	if c.tlsCert == "" || c.tlsKey == "" {
+	if c.TLSCert == "" || c.TLSKey == "" {
 		return nil, nil, fmt.Errorf("--tls-cert and --tls-key go together")
 	}
-	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to load the TLS key pair: %w", err)
 	}
-	if c.tlsCA == "" {
+	if c.TLSCA == "" {
 		return &cert, nil, nil
 	}
-	pem, err := os.ReadFile(c.tlsCA)
+	pem, err := os.ReadFile(c.TLSCA)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to read the TLS CA: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.tlsCA)
+		return nil, nil, fmt.Errorf("no PEM certificate in the TLS CA file %q", c.TLSCA)
 	}
 	return &cert, pool, nil
+}
+
+// SameListener reports whether next can secure the running listener of
+// c: same address and routes, and TLS on or off as it is. The files
+// themselves, and whether client certificates are required, may change.
+func (c NodeConfig) SameListener(next NodeConfig) bool {
+	tlsOn := func(c NodeConfig) bool { return c.TLSCert != "" }
+	return c.Addr == next.Addr && c.servesSnapshots() == next.servesSnapshots() &&
+		c.servesClientAPI() == next.servesClientAPI() && tlsOn(c) == tlsOn(next)
 }

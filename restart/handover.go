@@ -1,18 +1,16 @@
 //go:build linux
 
-package main
+package restart
 
 import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -32,23 +30,24 @@ import (
 // daemon serving. It then waits for the lock; of two racing, the one
 // that gets the lock wins and the other fails.
 const (
-	sigFullStop = syscall.SIGUSR1
-	sigHandOver = syscall.SIGUSR2
+	SigFullStop = syscall.SIGUSR1
+	SigHandOver = syscall.SIGUSR2
 )
 
 const (
-	// parkTimeout bounds how long a daemon leaving its mount waits for
+	// ParkTimeout bounds how long a daemon leaving its mount waits for
 	// the requests it is handling.
-	parkTimeout = 10 * time.Second
+	ParkTimeout = 10 * time.Second
 	// handOverTimeout bounds how long a serve waits for the running one
 	// to hand its mount over: its API stops first (shutdownTimeout).
 	handOverTimeout = 30 * time.Second
 )
 
-// takeOverRunning asks the serve holding cfg's data dir to hand its
-// mount over, and returns the store once this process holds the lock.
-func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error) {
-	pid, mount, err := store.LockHolder(cfg.dataDir)
+// TakeOverRunning asks the serve holding dataDir to hand its mount over,
+// and returns the store, opened with opts, once this process holds the
+// lock.
+func TakeOverRunning(logger hclog.Logger, dataDir string, opts store.Options) (*store.Store, error) {
+	pid, mount, err := store.LockHolder(dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -57,14 +56,14 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 	}
 	// Whether it can be taken over at all comes first: a refusal leaves
 	// the running daemon serving.
-	version, _, err := askHolder(holderSocket(cfg.dataDir), "version")
+	version, _, err := AskHolder(HolderSocket(dataDir), "version")
 	if err != nil {
 		return nil, fmt.Errorf("%w (pid %d): it keeps no holder of its mount, so it cannot hand over; stop it first", store.ErrLocked, pid)
 	}
-	if holderProtocolOf(version) == 0 {
-		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q and earlier", pid, version, holderVersion(holderProtocol))
+	if ProtocolOf(version) == 0 {
+		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q and earlier", pid, version, Version(Protocol))
 	}
-	if _, err := fs.HeldSession(cfg.dataDir); err != nil {
+	if _, err := fs.HeldSession(dataDir); err != nil {
 		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: %w", pid, err)
 	}
 	logger.Info("taking the mount over from the running serve", "pid", pid, "mount", mount)
@@ -75,13 +74,13 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 		return nil, fmt.Errorf("failed to watch allocfs (pid %d): %w", pid, err)
 	}
 	defer unix.Close(pidfd)
-	os.Remove(refusalPath(cfg.dataDir))
-	if err := unix.Kill(pid, sigHandOver); err != nil {
+	os.Remove(refusalPath(dataDir))
+	if err := unix.Kill(pid, SigHandOver); err != nil {
 		return nil, fmt.Errorf("failed to ask allocfs (pid %d) to hand over: %w", pid, err)
 	}
 	deadline := time.Now().Add(handOverTimeout)
 	for {
-		s, err := store.OpenWith(logger, cfg.dataDir, cfg.storeOpts)
+		s, err := store.OpenWith(logger, dataDir, opts)
 		if err == nil {
 			// Its parked readers take requests until it has exited, and
 			// only then are they all there to be resent.
@@ -93,11 +92,11 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 		if !errors.Is(err, store.ErrLocked) {
 			return nil, err
 		}
-		if reason, rerr := os.ReadFile(refusalPath(cfg.dataDir)); rerr == nil {
-			os.Remove(refusalPath(cfg.dataDir))
+		if reason, rerr := os.ReadFile(refusalPath(dataDir)); rerr == nil {
+			os.Remove(refusalPath(dataDir))
 			return nil, fmt.Errorf("allocfs (pid %d) keeps serving: it refused to hand over: %s", pid, reason)
 		}
-		if p, _, _ := store.LockHolder(cfg.dataDir); p != 0 && p != pid {
+		if p, _, _ := store.LockHolder(dataDir); p != 0 && p != pid {
 			return nil, fmt.Errorf("%w: another serve (pid %d) took the mount over first", store.ErrLocked, p)
 		}
 		if time.Now().After(deadline) {
@@ -107,28 +106,28 @@ func takeOverRunning(logger hclog.Logger, cfg serveConfig) (*store.Store, error)
 	}
 }
 
-// takeHeld returns the connection a holder keeps for cfg's data dir, the
-// holder's PID and its protocol; -1 when no holder runs.
-func takeHeld(cfg serveConfig) (int, int, int, error) {
-	fd, pid, v, err := heldConnection(cfg.dataDir)
+// TakeHeld returns the connection a holder keeps for dataDir's mount at
+// mountDir, the holder's PID and its protocol; -1 when no holder runs.
+func TakeHeld(dataDir, mountDir string) (int, int, int, error) {
+	fd, pid, v, err := heldConnection(dataDir)
 	if errors.Is(err, errNoHolder) {
 		return -1, 0, 0, nil
 	}
 	if err != nil {
 		return -1, 0, 0, err
 	}
-	if err := checkHeld(cfg, fd, fmt.Sprintf("the holder (pid %d)", pid)); err != nil {
+	if err := CheckHeld(dataDir, mountDir, fd, fmt.Sprintf("the holder (pid %d)", pid)); err != nil {
 		return -1, 0, 0, err
 	}
 	return fd, pid, v, nil
 }
 
-// checkHeld checks that the connection fd, which keeper kept, is the one
-// the data dir recorded for cfg's mount point, and closes it if not.
-func checkHeld(cfg serveConfig, fd int, keeper string) error {
-	mount, err := fs.HeldSession(cfg.dataDir)
-	if err == nil && mount != cfg.mountDir {
-		err = fmt.Errorf("its mount is at %s, not at --mount %s", mount, cfg.mountDir)
+// CheckHeld checks that the connection fd, which keeper kept, is the one
+// dataDir recorded for the mount point mountDir, and closes it if not.
+func CheckHeld(dataDir, mountDir string, fd int, keeper string) error {
+	mount, err := fs.HeldSession(dataDir)
+	if err == nil && mount != mountDir {
+		err = fmt.Errorf("its mount is at %s, not at --mount %s", mount, mountDir)
 	}
 	if err != nil {
 		unix.Close(fd)
@@ -137,9 +136,9 @@ func checkHeld(cfg serveConfig, fd int, keeper string) error {
 	return nil
 }
 
-// anyRunning reports whether an allocation of s is running: its tasks
+// AnyRunning reports whether an allocation of s is running: its tasks
 // may hold files in the mount.
-func anyRunning(s *store.Store) bool {
+func AnyRunning(s *store.Store) bool {
 	for _, st := range s.List() {
 		if st.Status == store.StatusRunning {
 			return true
@@ -172,33 +171,8 @@ func waitExit(pidfd int, timeout time.Duration) error {
 // refusalPath is where a serve asked to hand over says why it will not.
 func refusalPath(dataDir string) string { return fs.StateFile(dataDir, "handover.refused") }
 
-// refuseHandOver tells the serve that asked for the mount why it does not
+// RefuseHandOver tells the serve that asked for the mount why it does not
 // get it.
-func refuseHandOver(dataDir, reason string) {
+func RefuseHandOver(dataDir, reason string) {
 	os.WriteFile(refusalPath(dataDir), []byte(reason), 0o600)
-}
-
-// resolveMountPath is resolvePath for the mount point, which it never
-// touches when an allocfs mount is there: a mount a holder keeps has no
-// daemon until this one takes it, so a stat of it would wait for this
-// very process. A mount point is not a symbolic link, so resolving its
-// parent is enough.
-func resolveMountPath(p string) (string, error) {
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return "", fmt.Errorf("failed to resolve %q: %w", p, err)
-	}
-	parent, err := resolvePath(filepath.Dir(abs))
-	if err != nil {
-		return "", err
-	}
-	candidate := filepath.Join(parent, filepath.Base(abs))
-	if mounts, err := mountinfo.Read(mountinfoPath); err == nil {
-		for _, m := range mounts {
-			if m.MountPoint == candidate && m.FSType == allocfsFSType {
-				return candidate, nil
-			}
-		}
-	}
-	return resolvePath(abs)
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package restart
 
 import (
 	"crypto/sha256"
@@ -20,11 +20,11 @@ import (
 // too: the holder, under the volume's key, or systemd's descriptor store,
 // under a name derived from it.
 
-// holderKeeper keeps memory volumes in the holder at socket.
-type holderKeeper struct{ socket string }
+// HolderKeeper keeps memory volumes in the holder at socket.
+type HolderKeeper struct{ Socket string }
 
-func (k holderKeeper) Keep(key string, fd int) error {
-	answer, _, err := askHolderWith(k.socket, "keep "+url.PathEscape(key), fd)
+func (k HolderKeeper) Keep(key string, fd int) error {
+	answer, _, err := askHolderWith(k.Socket, "keep "+url.PathEscape(key), fd)
 	if err != nil {
 		return fmt.Errorf("the holder did not take memory volume %s: %w", key, err)
 	}
@@ -34,8 +34,8 @@ func (k holderKeeper) Keep(key string, fd int) error {
 	return nil
 }
 
-func (k holderKeeper) Drop(key string) error {
-	answer, _, err := askHolderWith(k.socket, "drop "+url.PathEscape(key), -1)
+func (k HolderKeeper) Drop(key string) error {
+	answer, _, err := askHolderWith(k.Socket, "drop "+url.PathEscape(key), -1)
 	if err != nil {
 		return fmt.Errorf("the holder did not drop memory volume %s: %w", key, err)
 	}
@@ -45,9 +45,9 @@ func (k holderKeeper) Drop(key string) error {
 	return nil
 }
 
-// heldMemory takes a copy of every memory volume the holder at socket
+// HeldMemory takes a copy of every memory volume the holder at socket
 // keeps, by key.
-func heldMemory(socket string) (map[string]int, error) {
+func HeldMemory(socket string) (map[string]int, error) {
 	names, _, err := askHolderWith(socket, "names", -1)
 	if err != nil {
 		return nil, fmt.Errorf("asking the holder for its memory volumes: %w", err)
@@ -60,7 +60,7 @@ func heldMemory(socket string) (map[string]int, error) {
 		}
 		answer, fd, err := askHolderWith(socket, "get "+name, -1)
 		if err != nil {
-			closeAll(held)
+			CloseAll(held)
 			return nil, fmt.Errorf("asking the holder for memory volume %s: %w", key, err)
 		}
 		if strings.TrimSpace(answer) == "ok" && fd >= 0 {
@@ -70,22 +70,22 @@ func heldMemory(socket string) (map[string]int, error) {
 	return held, nil
 }
 
-func closeAll(fds map[string]int) {
+func CloseAll(fds map[string]int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
 }
 
-// systemdKeeper keeps memory volumes in the unit's descriptor store.
+// SystemdKeeper keeps memory volumes in the unit's descriptor store.
 // FDPOLL=0: a directory's descriptor has nothing to poll for.
-type systemdKeeper struct{}
+type SystemdKeeper struct{}
 
-func (systemdKeeper) Keep(key string, fd int) error {
-	return sdNotify("FDSTORE=1\nFDPOLL=0\nFDNAME="+memFDName(key), fd)
+func (SystemdKeeper) Keep(key string, fd int) error {
+	return Notify("FDSTORE=1\nFDPOLL=0\nFDNAME="+memFDName(key), fd)
 }
 
-func (systemdKeeper) Drop(key string) error {
-	return sdNotify("FDSTOREREMOVE=1\nFDNAME=" + memFDName(key))
+func (SystemdKeeper) Drop(key string) error {
+	return Notify("FDSTOREREMOVE=1\nFDNAME=" + memFDName(key))
 }
 
 // memFDName names a memory volume in systemd's descriptor store, whose
@@ -96,10 +96,10 @@ func memFDName(key string) string {
 	return "mem-" + hex.EncodeToString(sum[:16])
 }
 
-// storedMemory turns the memory volumes systemd passed, by descriptor
+// StoredMemory turns the memory volumes systemd passed, by descriptor
 // store name, into the keys of s's tasks; a descriptor of no task is
 // closed and removed from the store.
-func storedMemory(s *store.Store, byName map[string]int) map[string]int {
+func StoredMemory(s *store.Store, byName map[string]int) map[string]int {
 	held := make(map[string]int)
 	for _, st := range s.List() {
 		for _, t := range st.Tasks {
@@ -114,7 +114,7 @@ func storedMemory(s *store.Store, byName map[string]int) map[string]int {
 	}
 	for name, fd := range byName {
 		unix.Close(fd)
-		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + name)
+		Notify("FDSTOREREMOVE=1\nFDNAME=" + name)
 	}
 	return held
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
@@ -22,19 +23,24 @@ import (
 	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/allocfs/allocfs/node"
+	"github.com/allocfs/allocfs/restart"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
-// daemon is one run of serve: the store, the mount, the services over
-// them and what keeps the FUSE connection while no daemon runs. start
-// brings it up in that order, wait serves until a signal, and shutdown
+// shutdownTimeout bounds how long requests in flight may keep the API up
+// once a signal asked the daemon to stop.
+const shutdownTimeout = 5 * time.Second
+
+// Daemon is one run of serve: the store, the mount, the services over
+// them and what keeps the FUSE connection while no daemon runs. Start
+// brings it up in that order, Wait serves until a signal, and Shutdown
 // takes it down in the reverse order, unmounting or leaving the mount to
 // its keeper.
-type daemon struct {
+type Daemon struct {
 	logger  hclog.Logger
-	cfg     serveConfig
-	secrets atomic.Pointer[nodeSecrets]
+	cfg     Config
+	secrets atomic.Pointer[NodeSecrets]
 
 	// Clients get what the mount and the store leave them, and no more.
 	budget netlimit.Budget
@@ -61,14 +67,19 @@ type daemon struct {
 	gcDone      chan struct{}
 }
 
-// start brings the daemon up. On failure it has closed what it opened,
+// New returns the daemon of cfg, logging to logger; nothing runs yet.
+func New(logger hclog.Logger, cfg Config) *Daemon {
+	return &Daemon{logger: logger, cfg: cfg}
+}
+
+// Start brings the daemon up. On failure it has closed what it opened,
 // except a mount it could not give up (the error says so).
-func (d *daemon) start() (err error) {
+func (d *Daemon) Start() (err error) {
 	d.stopWatch, d.stopMetrics, d.stopGC = func() {}, func() {}, func() {}
-	if d.cfg.secrets == nil {
-		d.cfg.secrets = &nodeSecrets{}
+	if d.cfg.Secrets == nil {
+		d.cfg.Secrets = &NodeSecrets{}
 	}
-	d.secrets.Store(d.cfg.secrets)
+	d.secrets.Store(d.cfg.Secrets)
 	if d.budget, err = netlimit.NewBudget(d.logger); err != nil {
 		return err
 	}
@@ -96,7 +107,7 @@ func (d *daemon) start() (err error) {
 	d.srv.RegisterOnShutdown(d.apiServer.StopStreams)
 	d.served = make(chan error, 2)
 	go func() { d.served <- d.srv.Serve(ln) }()
-	if d.cfg.node.addr != "" {
+	if d.cfg.Node.Addr != "" {
 		if err := d.serveNode(); err != nil {
 			d.srv.Close()
 			d.stopMetrics()
@@ -110,20 +121,20 @@ func (d *daemon) start() (err error) {
 		defer close(d.gcDone)
 		d.svc.Run(gcCtx)
 	}()
-	d.logger.Info("serving", "data_dir", d.cfg.dataDir, "mount", d.mount.Dir(), "socket", d.cfg.socket,
+	d.logger.Info("serving", "data_dir", d.cfg.DataDir, "mount", d.mount.Dir(), "socket", d.cfg.Socket,
 		"passthrough", d.mount.Passthrough(), "allocations", d.store.Len())
-	if err := sdNotify("READY=1\nSTATUS=serving " + d.mount.Dir()); err != nil {
+	if err := restart.Notify("READY=1\nSTATUS=serving " + d.mount.Dir()); err != nil {
 		d.logger.Warn("systemd was not told the daemon is ready", "error", err)
 	}
 	return nil
 }
 
 // preflight checks the machine and the paths before anything is opened.
-func preflight(logger hclog.Logger, cfg serveConfig) error {
+func preflight(logger hclog.Logger, cfg Config) error {
 	if err := checkLayout(cfg); err != nil {
 		return err
 	}
-	if err := checkFUSE(); err != nil {
+	if err := CheckFUSE(); err != nil {
 		return err
 	}
 	if err := checkTmpfs(logger); err != nil {
@@ -132,9 +143,9 @@ func preflight(logger hclog.Logger, cfg serveConfig) error {
 	// A mount point that cannot be one is refused before the data dir
 	// is created; the rest of its preparation waits for the lock. One a
 	// holder keeps waits for a daemon: it is not touched.
-	if _, _, err := askHolder(holderSocket(cfg.dataDir), "version"); cfg.stored < 0 && (err != nil || !cfg.live) {
-		if fi, err := probe(cfg.mountDir, statTimeout); err == nil && !fi.IsDir() {
-			return notADirectory(cfg.mountDir, fi)
+	if _, _, err := restart.AskHolder(restart.HolderSocket(cfg.DataDir), "version"); cfg.Stored < 0 && (err != nil || !cfg.Live) {
+		if fi, err := probe(cfg.MountDir, statTimeout); err == nil && !fi.IsDir() {
+			return notADirectory(cfg.MountDir, fi)
 		}
 	}
 	return nil
@@ -142,20 +153,20 @@ func preflight(logger hclog.Logger, cfg serveConfig) error {
 
 // openStore opens the store, taking it over from a running daemon for
 // an upgrade, and announces the mount point in it.
-func (d *daemon) openStore() error {
-	s, err := store.OpenWith(d.logger, d.cfg.dataDir, d.cfg.storeOpts)
-	if errors.Is(err, store.ErrLocked) && d.cfg.live {
-		if _, mount, _ := store.LockHolder(d.cfg.dataDir); mount == d.cfg.mountDir {
+func (d *Daemon) openStore() error {
+	s, err := store.OpenWith(d.logger, d.cfg.DataDir, d.cfg.StoreOpts)
+	if errors.Is(err, store.ErrLocked) && d.cfg.Live {
+		if _, mount, _ := store.LockHolder(d.cfg.DataDir); mount == d.cfg.MountDir {
 			// An upgrade: the running daemon hands its mount over.
-			s, err = takeOverRunning(d.logger, d.cfg)
+			s, err = restart.TakeOverRunning(d.logger, d.cfg.DataDir, d.cfg.StoreOpts)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("failed to open the store in %q: %w", d.cfg.dataDir, err)
+		return fmt.Errorf("failed to open the store in %q: %w", d.cfg.DataDir, err)
 	}
 	// Until closeStore, which releases the data dir's lock.
 	d.store, d.storeOpen = s, true
-	if err := s.Announce(d.cfg.mountDir); err != nil {
+	if err := s.Announce(d.cfg.MountDir); err != nil {
 		return err
 	}
 	logQuota(d.logger, s)
@@ -165,7 +176,7 @@ func (d *daemon) openStore() error {
 }
 
 // closeStore closes the store once, releasing the data dir's lock.
-func (d *daemon) closeStore() error {
+func (d *Daemon) closeStore() error {
 	if !d.storeOpen {
 		return nil
 	}
@@ -182,31 +193,31 @@ func (d *daemon) closeStore() error {
 // bound before the mount comes up: clients that connect meanwhile wait in
 // the backlog, and binding later would race the FUSE server over the
 // process umask (listenSocket).
-func (d *daemon) attach() (net.Listener, error) {
+func (d *Daemon) attach() (net.Listener, error) {
 	cfg := d.cfg
-	heldFd, holderV := cfg.stored, 0
+	heldFd, holderV := cfg.Stored, 0
 	var heldMem map[string]int
 	var err error
 	if heldFd >= 0 {
-		if err := checkHeld(cfg, heldFd, "systemd's descriptor store"); err != nil {
-			closeAll(cfg.storedMem)
+		if err := restart.CheckHeld(cfg.DataDir, cfg.MountDir, heldFd, "systemd's descriptor store"); err != nil {
+			restart.CloseAll(cfg.StoredMem)
 			return nil, err
 		}
-		heldMem = storedMemory(d.store, cfg.storedMem)
+		heldMem = restart.StoredMemory(d.store, cfg.StoredMem)
 	} else {
 		// Memory volumes without their connection are of a mount that
 		// is gone.
-		for name, fd := range cfg.storedMem {
+		for name, fd := range cfg.StoredMem {
 			unix.Close(fd)
-			sdNotify("FDSTOREREMOVE=1\nFDNAME=" + name)
+			restart.Notify("FDSTOREREMOVE=1\nFDNAME=" + name)
 		}
-		if cfg.live {
-			if heldFd, d.holderPid, holderV, err = takeHeld(cfg); err != nil {
+		if cfg.Live {
+			if heldFd, d.holderPid, holderV, err = restart.TakeHeld(cfg.DataDir, cfg.MountDir); err != nil {
 				return nil, err
 			}
 		}
 		if heldFd >= 0 && holderV >= 2 {
-			if heldMem, err = heldMemory(holderSocket(cfg.dataDir)); err != nil {
+			if heldMem, err = restart.HeldMemory(restart.HolderSocket(cfg.DataDir)); err != nil {
 				d.logger.Error("the holder did not hand its memory volumes over: the tasks find secrets/ and private/ empty", "error", err)
 			}
 		}
@@ -215,11 +226,11 @@ func (d *daemon) attach() (net.Listener, error) {
 	// a second serve on the same data dir must fail before it detaches
 	// or mounts anything.
 	if heldFd < 0 {
-		if err := prepareMountPoint(d.logger, cfg.mountDir, mountinfoPath, cfg.allowNonEmpty); err != nil {
+		if err := prepareMountPoint(d.logger, cfg.MountDir, mountinfoPath, cfg.AllowNonEmpty); err != nil {
 			return nil, err
 		}
 	}
-	ln, err := listenSocket(d.logger, cfg.socket)
+	ln, err := listenSocket(d.logger, cfg.Socket)
 	if err != nil {
 		return nil, err
 	}
@@ -227,12 +238,12 @@ func (d *daemon) attach() (net.Listener, error) {
 		return nil, err
 	}
 	opts := fs.DefaultMountOptions()
-	opts.Debug = cfg.mount.Debug
-	opts.IOUring = cfg.mount.IOUring
-	opts.ChrootEnv = cfg.mount.ChrootEnv
+	opts.Debug = cfg.Mount.Debug
+	opts.IOUring = cfg.Mount.IOUring
+	opts.ChrootEnv = cfg.Mount.ChrootEnv
 	opts.Requests = d.metrics.FUSE()
 	opts.CopyUps = d.metrics.CopyUps()
-	if d.sizes, err = startNomadSizes(d.logger, d.store, cfg.quota); err != nil {
+	if d.sizes, err = startNomadSizes(d.logger, d.store, cfg.NomadAddr, cfg.NomadTokenFile); err != nil {
 		ln.Close()
 		return nil, err
 	}
@@ -251,17 +262,17 @@ func (d *daemon) attach() (net.Listener, error) {
 	if d.holderPid != 0 {
 		d.keeper = "holder"
 		d.logger.Info("the FUSE connection's holder runs", "holder_pid", d.holderPid)
-		d.stopWatch = watchHolder(d.logger, cfg.dataDir, d.mount, d.holderPid)
+		d.stopWatch = restart.WatchHolder(d.logger, cfg.DataDir, d.mount, d.holderPid)
 	}
-	if fd, ok := d.mount.FuseFd(); ok && cfg.live && underSystemd() {
+	if fd, ok := d.mount.FuseFd(); ok && cfg.Live && restart.UnderSystemd() {
 		// One entry, whatever systemd kept of the last start's.
-		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
-		if err := sdNotify("FDSTORE=1\nFDNAME="+fuseFDName, fd); err != nil {
+		restart.Notify("FDSTOREREMOVE=1\nFDNAME=" + restart.FuseFDName)
+		if err := restart.Notify("FDSTORE=1\nFDNAME="+restart.FuseFDName, fd); err != nil {
 			d.logger.Error("the mount will not survive a crash of this daemon", "error", err)
 		} else {
 			d.keeper = "systemd"
 			d.logger.Info("the FUSE connection is in systemd's descriptor store")
-			if err := d.mount.KeepMemory(systemdKeeper{}); err != nil {
+			if err := d.mount.KeepMemory(restart.SystemdKeeper{}); err != nil {
 				d.logger.Error("systemd did not take every memory volume: those end with this daemon", "error", err)
 			}
 		}
@@ -271,25 +282,25 @@ func (d *daemon) attach() (net.Listener, error) {
 
 // adopt serves the kept connection heldFd, with the memory volumes its
 // keeper handed over.
-func (d *daemon) adopt(heldFd, holderV int, heldMem map[string]int, opts fs.MountOptions) error {
+func (d *Daemon) adopt(heldFd, holderV int, heldMem map[string]int, opts fs.MountOptions) error {
 	opts.HeldMemory = heldMem
 	switch {
-	case d.cfg.stored >= 0:
-		opts.Memory = systemdKeeper{}
+	case d.cfg.Stored >= 0:
+		opts.Memory = restart.SystemdKeeper{}
 	case holderV >= 2:
-		opts.Memory = holderKeeper{holderSocket(d.cfg.dataDir)}
+		opts.Memory = restart.HolderKeeper{Socket: restart.HolderSocket(d.cfg.DataDir)}
 	}
 	m, err := fs.AdoptMount(d.logger, d.store, heldFd, opts)
 	if err != nil {
 		unix.Close(heldFd)
-		closeAll(heldMem)
+		restart.CloseAll(heldMem)
 		return fmt.Errorf("%w; the mount stays kept for the next serve", err)
 	}
 	d.mount = m
 	if d.holderPid != 0 && holderV < 2 {
 		// A holder of version 1 keeps no memory volume: a new one
 		// takes its place.
-		if d.holderPid, err = replaceHolder(d.cfg.dataDir, m); err != nil {
+		if d.holderPid, err = restart.ReplaceHolder(d.cfg.DataDir, m); err != nil {
 			d.logger.Error("the mount will not survive a crash of this daemon", "error", err)
 		}
 	}
@@ -298,16 +309,16 @@ func (d *daemon) adopt(heldFd, holderV int, heldMem map[string]int, opts fs.Moun
 
 // mountNew mounts the store and, for a live restart outside systemd,
 // starts the holder that keeps the connection.
-func (d *daemon) mountNew(opts fs.MountOptions) error {
-	m, err := fs.NewMount(d.logger, d.store, d.cfg.mountDir, opts)
+func (d *Daemon) mountNew(opts fs.MountOptions) error {
+	m, err := fs.NewMount(d.logger, d.store, d.cfg.MountDir, opts)
 	if err != nil {
 		return err
 	}
 	d.mount = m
-	if fd, ok := m.FuseFd(); ok && d.cfg.live && !underSystemd() {
-		if d.holderPid, err = startHolder(d.cfg.dataDir, fd); err != nil {
+	if fd, ok := m.FuseFd(); ok && d.cfg.Live && !restart.UnderSystemd() {
+		if d.holderPid, err = restart.StartHolder(d.cfg.DataDir, fd); err != nil {
 			d.logger.Error("the mount will not survive a crash of this daemon", "error", err)
-		} else if err := m.KeepMemory(holderKeeper{holderSocket(d.cfg.dataDir)}); err != nil {
+		} else if err := m.KeepMemory(restart.HolderKeeper{Socket: restart.HolderSocket(d.cfg.DataDir)}); err != nil {
 			d.logger.Error("the holder did not take every memory volume: those end with this daemon", "error", err)
 		}
 	}
@@ -318,48 +329,48 @@ func (d *daemon) mountNew(opts fs.MountOptions) error {
 // metrics. Every read of an allocation's files, for the client API and
 // for snapshots, goes through the store, never through the mount; a
 // follower of a collected allocation's file sees it deleted.
-func (d *daemon) startServices() {
+func (d *Daemon) startServices() {
 	logFusectl(d.logger)
 	m, s := d.mount, d.store
 	d.svc = node.New(node.Config{
 		Logger:      d.logger,
 		Store:       s,
-		GC:          d.cfg.gc,
+		GC:          d.cfg.GC,
 		MountDir:    m.Dir(),
 		Passthrough: m.Passthrough,
 		AllocFS:     func(id string) allocdir.FS { return fs.NewAllocDir(d.logger, s, m, m.Dir(), id) },
-		Health:      nodeHealth(m, s, d.cfg.storeOpts.Quotas),
+		Health:      nodeHealth(m, s, d.cfg.StoreOpts.Quotas),
 		Fetches:     d.metrics.Fetches(),
 	})
-	d.svc.SetFetchTLS(d.cfg.secrets.fetchTLS)
+	d.svc.SetFetchTLS(d.cfg.Secrets.fetchTLS)
 	d.apiServer = api.NewServer(d.logger, d.svc)
-	d.stopMetrics = watchNode(d.metrics, m, s, d.apiServer.Followers, d.cfg.usageInterval)
+	d.stopMetrics = watchNode(d.metrics, m, s, d.apiServer.Followers, d.cfg.UsageInterval)
 }
 
 // serveNode serves other machines on --http-addr: snapshots and the
 // client API, each behind its token.
-func (d *daemon) serveNode() error {
+func (d *Daemon) serveNode() error {
 	cfg := d.cfg
 	var tlsCfg *tls.Config
-	if cfg.secrets.serverTLS != nil {
+	if cfg.Secrets.serverTLS != nil {
 		tlsCfg = liveServerTLS(&d.secrets)
 	}
-	tcp, err := net.Listen("tcp", cfg.node.addr)
+	tcp, err := net.Listen("tcp", cfg.Node.Addr)
 	if err != nil {
-		return fmt.Errorf("failed to listen on %s: %w", cfg.node.addr, err)
+		return fmt.Errorf("failed to listen on %s: %w", cfg.Node.Addr, err)
 	}
 	if tcp, err = d.guard.LimitListener(tcp, d.budget.TCPConns, "tcp"); err != nil {
 		return err
 	}
 	routes := api.NodeRoutes{MetricsPath: metrics.Path}
-	if cfg.node.servesSnapshots() {
+	if cfg.Node.servesSnapshots() {
 		tokens := migrate.TokenCheckerFunc(func(id, token string) bool {
 			t := d.secrets.Load().migrateTokens
 			return t != nil && t.Check(id, token)
 		})
 		routes.Snapshots = d.guard.LimitStreams(migrate.SnapshotHandler(d.logger, d.svc.FS, tokens), "")
 	}
-	if cfg.node.servesClientAPI() {
+	if cfg.Node.servesClientAPI() {
 		routes.Client, routes.Metrics = d.guard.LimitStreams(d.apiServer.ClientAPI(), fsapi.Prefix), d.metrics.Handler()
 	}
 	d.nodeSrv = d.guard.HTTPServer(api.NodeHandler(d.guard.Refusals(), nodeTokens(&d.secrets), routes), "tcp")
@@ -373,8 +384,8 @@ func (d *daemon) serveNode() error {
 		d.served <- d.nodeSrv.Serve(tcp)
 	}()
 	d.logger.Info("serving other machines", "addr", tcp.Addr().String(), "tls", tlsCfg != nil,
-		"mutual_tls", cfg.secrets.serverTLS != nil && cfg.secrets.serverTLS.ClientCAs != nil,
-		"snapshots", cfg.node.servesSnapshots(), "client_api", cfg.node.servesClientAPI())
+		"mutual_tls", cfg.Secrets.serverTLS != nil && cfg.Secrets.serverTLS.ClientCAs != nil,
+		"snapshots", cfg.Node.servesSnapshots(), "client_api", cfg.Node.servesClientAPI())
 	if tlsCfg == nil {
 		// Anyone on the path reads the token, and with it the client API
 		// or the snapshots, as they go by.
@@ -383,31 +394,30 @@ func (d *daemon) serveNode() error {
 	return nil
 }
 
-// wait serves until a signal stops the daemon or the control API fails;
-// SIGHUP reloads. It reports whether the daemon leaves its mount to the
-// keeper instead of unmounting, and the API's failure.
-func (d *daemon) wait(sigs, hups <-chan os.Signal) (leave bool, failure error) {
-	reloader := &reloader{logger: d.logger, args: d.cfg.args, reread: d.cfg.reread, secrets: &d.secrets, fetchTLS: d.svc.SetFetchTLS}
+// Wait serves until a signal of sigs stops the daemon or the control API
+// fails; one of hups reloads. It reports whether the daemon leaves its
+// mount to the keeper instead of unmounting, and the API's failure.
+func (d *Daemon) Wait(sigs, hups <-chan os.Signal) (leave bool, failure error) {
 	for {
 		select {
 		case <-hups:
-			sdNotify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
-			reloader.reload()
-			sdNotify("READY=1")
+			restart.Notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", restart.MonotonicUsec()))
+			d.reload()
+			restart.Notify("READY=1")
 		case sig := <-sigs:
-			if d.keeper == "holder" && !holderAlive(d.cfg.dataDir) {
+			if d.keeper == "holder" && !restart.HolderAlive(d.cfg.DataDir) {
 				d.logger.Error("the FUSE connection's holder is gone: this daemon's end will end the mount", "holder_pid", d.holderPid)
 				d.keeper = ""
 			}
-			if sig == sigHandOver {
+			if sig == restart.SigHandOver {
 				if reason := d.handOverRefusal(); reason != "" {
 					d.logger.Error("refused to hand the mount over", "reason", reason)
-					refuseHandOver(d.cfg.dataDir, reason)
+					restart.RefuseHandOver(d.cfg.DataDir, reason)
 					continue
 				}
 			}
-			leave = d.keeper != "" && (sig == sigHandOver || sig != sigFullStop && anyRunning(d.store))
-			sdNotify("STOPPING=1")
+			leave = d.keeper != "" && (sig == restart.SigHandOver || sig != restart.SigFullStop && restart.AnyRunning(d.store))
+			restart.Notify("STOPPING=1")
 			if leave {
 				if held := d.mount.MemoryInUse(); len(held) > 0 {
 					d.logger.Warn("leaving the mount: the content of its memory volumes is lost, the next serve starts them empty", "volumes", strings.Join(held, ", "))
@@ -424,8 +434,32 @@ func (d *daemon) wait(sigs, hups <-chan os.Signal) (leave bool, failure error) {
 	}
 }
 
+// reload applies a SIGHUP: what the configuration's reread says changed
+// and can change while the daemon runs (the log level, the tokens and
+// the TLS) does; what cannot waits for the next start, as the log says. A
+// reload that fails changes nothing and says why.
+func (d *Daemon) reload() {
+	if d.cfg.Reload == nil {
+		d.logger.Info("SIGHUP: nothing to reload")
+		return
+	}
+	r, err := d.cfg.Reload()
+	if err != nil {
+		d.logger.Error("reload failed; the configuration in effect stays", "error", err)
+		return
+	}
+	d.logger.SetLevel(r.Level)
+	d.secrets.Store(r.Secrets)
+	d.svc.SetFetchTLS(r.Secrets.fetchTLS)
+	d.logger.Info("reloaded", "log_level", r.Level.String(), "config", r.Config,
+		"tokens", r.Secrets.migrateTokens != nil || r.Secrets.apiToken != "", "tls", r.Secrets.serverTLS != nil || r.Secrets.fetchTLS != nil)
+	if len(r.Waiting) > 0 {
+		d.logger.Warn("changed flags take effect at the next start", "flags", fmt.Sprint(r.Waiting))
+	}
+}
+
 // handOverRefusal is why the mount cannot be handed over now, or "".
-func (d *daemon) handOverRefusal() string {
+func (d *Daemon) handOverRefusal() string {
 	if held := d.mount.MemoryInUse(); len(held) > 0 {
 		// An upgrade must not cost a task its secrets.
 		return fmt.Sprintf("memory volumes hold data that nothing but this process keeps, which would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
@@ -436,27 +470,27 @@ func (d *daemon) handOverRefusal() string {
 	return ""
 }
 
-// exitOnSecondSignal makes a second signal mean "now": the process exits
+// ExitOnSecondSignal makes a second signal mean "now": the process exits
 // at once, detaching the mount unless it stays with its keeper. Another
 // hand-over request (two upgrades racing) changes nothing.
-func (d *daemon) exitOnSecondSignal(sigs <-chan os.Signal, leave bool) {
+func (d *Daemon) ExitOnSecondSignal(sigs <-chan os.Signal, leave bool) {
 	for sig := range sigs {
-		if sig == sigHandOver && leave {
+		if sig == restart.SigHandOver && leave {
 			continue
 		}
 		d.logger.Error("second signal: exiting without a clean shutdown", "signal", sig.String())
 		if !leave {
-			if err := unix.Unmount(d.cfg.mountDir, unix.MNT_DETACH); err != nil {
+			if err := unix.Unmount(d.cfg.MountDir, unix.MNT_DETACH); err != nil {
 				d.logger.Error("lazy unmount failed", "error", err)
 			}
 		}
-		os.Exit(exitFailed)
+		os.Exit(1)
 	}
 }
 
-// shutdown stops the services, then leaves the mount to its keeper or
+// Shutdown stops the services, then leaves the mount to its keeper or
 // unmounts it, and closes the store. Every failure is returned.
-func (d *daemon) shutdown(leave bool) error {
+func (d *Daemon) Shutdown(leave bool) error {
 	// The holder, from now on, is left as it is: kept for the next
 	// daemon, or stopped with the mount.
 	d.stopWatch()
@@ -468,7 +502,7 @@ func (d *daemon) shutdown(leave bool) error {
 	if leave {
 		// What the kernel sends from now on waits for the next serve,
 		// which has it sent again.
-		if err := d.mount.Park(parkTimeout); err != nil {
+		if err := d.mount.Park(restart.ParkTimeout); err != nil {
 			d.logger.Warn("leaving the mount with requests in progress; the next serve runs them again", "error", err)
 		}
 		if err := d.closeStore(); err != nil {
@@ -481,12 +515,12 @@ func (d *daemon) shutdown(leave bool) error {
 	d.logger.Info("unmounting", "mount", m.Dir())
 	uerr := m.Unmount()
 	if d.keeper == "systemd" {
-		sdNotify("FDSTOREREMOVE=1\nFDNAME=" + fuseFDName)
+		restart.Notify("FDSTOREREMOVE=1\nFDNAME=" + restart.FuseFDName)
 	}
 	if d.keeper == "holder" {
 		// After a lazy detach the connection lives on in the files still
 		// open: without its holder it ends with this daemon.
-		askHolder(holderSocket(d.cfg.dataDir), "stop")
+		restart.AskHolder(restart.HolderSocket(d.cfg.DataDir), "stop")
 	}
 	if uerr != nil {
 		d.logger.Error("unmount failed", "mount", m.Dir(), "error", uerr)
@@ -503,7 +537,7 @@ func (d *daemon) shutdown(leave bool) error {
 // stopAPI shuts both HTTP servers down at once, so that the second does
 // not get what the first left of the timeout, and closes the connections
 // of requests still running after it.
-func (d *daemon) stopAPI() {
+func (d *Daemon) stopAPI() {
 	d.logger.Info("stopping control API")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()

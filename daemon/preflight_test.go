@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"net"
@@ -20,18 +20,18 @@ var testLogger = allocdirtest.Logger
 func TestCheckLayout(t *testing.T) {
 	cases := []struct {
 		name   string
-		cfg    serveConfig
+		cfg    Config
 		refuse bool
 	}{
-		{"default", serveConfig{dataDir: "/d", mountDir: "/d/mnt", socket: "/d/allocfs.sock"}, false},
-		{"elsewhere", serveConfig{dataDir: "/d", mountDir: "/m", socket: "/run/a.sock"}, false},
-		{"prefix is not a parent", serveConfig{dataDir: "/d", mountDir: "/dx", socket: "/d/s"}, false},
-		{"mount is the data dir", serveConfig{dataDir: "/d", mountDir: "/d", socket: "/s"}, true},
-		{"mount above the data dir", serveConfig{dataDir: "/var/lib/d", mountDir: "/var", socket: "/s"}, true},
-		{"mount at /", serveConfig{dataDir: "/d", mountDir: "/", socket: "/s"}, true},
-		{"mount in layers", serveConfig{dataDir: "/d", mountDir: "/d/layers/x", socket: "/s"}, true},
-		{"mount is state", serveConfig{dataDir: "/d", mountDir: "/d/state", socket: "/s"}, true},
-		{"socket in mount", serveConfig{dataDir: "/d", mountDir: "/m", socket: "/m/a.sock"}, true},
+		{"default", Config{DataDir: "/d", MountDir: "/d/mnt", Socket: "/d/allocfs.sock"}, false},
+		{"elsewhere", Config{DataDir: "/d", MountDir: "/m", Socket: "/run/a.sock"}, false},
+		{"prefix is not a parent", Config{DataDir: "/d", MountDir: "/dx", Socket: "/d/s"}, false},
+		{"mount is the data dir", Config{DataDir: "/d", MountDir: "/d", Socket: "/s"}, true},
+		{"mount above the data dir", Config{DataDir: "/var/lib/d", MountDir: "/var", Socket: "/s"}, true},
+		{"mount at /", Config{DataDir: "/d", MountDir: "/", Socket: "/s"}, true},
+		{"mount in layers", Config{DataDir: "/d", MountDir: "/d/layers/x", Socket: "/s"}, true},
+		{"mount is state", Config{DataDir: "/d", MountDir: "/d/state", Socket: "/s"}, true},
+		{"socket in mount", Config{DataDir: "/d", MountDir: "/m", Socket: "/m/a.sock"}, true},
 	}
 	for _, c := range cases {
 		err := checkLayout(c.cfg)
@@ -120,7 +120,7 @@ func TestListenSocket(t *testing.T) {
 		t.Errorf("socket mode: got %v, want a socket with 0600", fi.Mode())
 	}
 	if _, err := listenSocket(logger, sock); err == nil || !strings.Contains(err.Error(), "another allocfs is listening") {
-		t.Errorf("second listener on a live socket: got %v, want refusal", err)
+		t.Errorf("second listener on a live Socket: got %v, want refusal", err)
 	}
 
 	// A socket file nobody listens on any more is stale.
@@ -128,7 +128,7 @@ func TestListenSocket(t *testing.T) {
 	ln.Close()
 	ln, err = listenSocket(logger, sock)
 	if err != nil {
-		t.Fatalf("listenSocket over a stale socket: %v", err)
+		t.Fatalf("listenSocket over a stale Socket: %v", err)
 	}
 	ln.Close()
 
@@ -145,34 +145,5 @@ func TestListenSocket(t *testing.T) {
 
 	if _, err := listenSocket(logger, "/"+strings.Repeat("x", 120)); err == nil {
 		t.Errorf("a socket path over 107 bytes: got no error")
-	}
-}
-
-// TestResolvePath: symbolic links of the existing prefix are resolved and
-// the missing rest is kept.
-func TestResolvePath(t *testing.T) {
-	dir, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	real := filepath.Join(dir, "real")
-	if err := os.Mkdir(real, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
-		t.Fatal(err)
-	}
-	got, err := resolvePath(filepath.Join(dir, "link", "missing", "mnt"))
-	if want := filepath.Join(real, "missing", "mnt"); err != nil || got != want {
-		t.Errorf("got %q, %v; want %q", got, err, want)
-	}
-}
-
-func TestFormatBytes(t *testing.T) {
-	cases := map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB", 5 << 30: "5.0 GiB"}
-	for n, want := range cases {
-		if got := formatBytes(n); got != want {
-			t.Errorf("formatBytes(%d): got %q, want %q", n, got, want)
-		}
 	}
 }

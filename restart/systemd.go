@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package restart
 
 import (
 	"fmt"
@@ -21,15 +21,15 @@ import (
 // newline-separated assignments on the unix socket NOTIFY_SOCKET names
 // (sd_notify(3)); no library is needed for it.
 
-// fuseFDName names the connection in the descriptor store.
-const fuseFDName = "fuse"
+// FuseFDName names the connection in the descriptor store.
+const FuseFDName = "fuse"
 
-// underSystemd reports whether systemd waits for notifications.
-func underSystemd() bool { return os.Getenv("NOTIFY_SOCKET") != "" }
+// UnderSystemd reports whether systemd waits for notifications.
+func UnderSystemd() bool { return os.Getenv("NOTIFY_SOCKET") != "" }
 
-// sdNotify sends state to systemd, with fds; without NOTIFY_SOCKET it
+// Notify sends state to systemd, with fds; without NOTIFY_SOCKET it
 // does nothing.
-func sdNotify(state string, fds ...int) error {
+func Notify(state string, fds ...int) error {
 	addr := os.Getenv("NOTIFY_SOCKET")
 	if addr == "" {
 		return nil
@@ -50,20 +50,20 @@ func sdNotify(state string, fds ...int) error {
 	return nil
 }
 
-// monotonicUsec is CLOCK_MONOTONIC in microseconds, which RELOADING=1
+// MonotonicUsec is CLOCK_MONOTONIC in microseconds, which RELOADING=1
 // carries.
-func monotonicUsec() int64 {
+func MonotonicUsec() int64 {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return ts.Nano() / int64(time.Microsecond)
 }
 
-// listenedFds returns the FUSE connection systemd passed this process
+// ListenedFds returns the FUSE connection systemd passed this process
 // from its descriptor store, or -1, and the other descriptors it passed
 // (the memory volumes', memkeep.go), by name. The LISTEN_* variables are
 // for this process only (LISTEN_PID), and are removed, as
 // sd_listen_fds(3) does.
-func listenedFds() (int, map[string]int) {
+func ListenedFds() (int, map[string]int) {
 	pid, _ := strconv.Atoi(os.Getenv("LISTEN_PID"))
 	count, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
 	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
@@ -79,7 +79,7 @@ func listenedFds() (int, map[string]int) {
 	for i := range count {
 		unix.CloseOnExec(first + i)
 		switch {
-		case i < len(names) && names[i] == fuseFDName && fd < 0:
+		case i < len(names) && names[i] == FuseFDName && fd < 0:
 			fd = first + i
 		case i < len(names) && strings.HasPrefix(names[i], "mem-"):
 			if old, ok := others[names[i]]; ok {

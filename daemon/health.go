@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"fmt"
@@ -66,7 +66,7 @@ func mountHealth(m *fs.Mount, table string) api.HealthCheck {
 	switch {
 	case top == nil:
 		c.Detail = "nothing is mounted at " + m.Dir()
-	case top.FSType != allocfsFSType:
+	case top.FSType != FSType:
 		c.Detail = fmt.Sprintf("%s is covered by a %s mount", m.Dir(), top.FSType)
 	case m.ConnectionEnded():
 		c.Detail = "the FUSE connection was ended (unmounted or aborted); the files at " + m.Dir() + " answer ENOTCONN"

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"errors"
@@ -28,9 +28,9 @@ var (
 	mountinfoPath = "/proc/self/mountinfo"
 )
 
-// allocfsFSType is the filesystem type of an allocfs mount in
+// FSType is the filesystem type of an allocfs mount in
 // /proc/self/mountinfo (go-fuse mounts with the name "allocfs").
-const allocfsFSType = "fuse.allocfs"
+const FSType = "fuse.allocfs"
 
 // statTimeout bounds the probe of the mount point: a FUSE server that
 // hangs would otherwise hang serve too.
@@ -39,19 +39,19 @@ const statTimeout = 5 * time.Second
 // checkLayout refuses a mount point that would hide the store from the
 // daemon itself, and a socket inside the mount: the daemon must never go
 // through its own mount, or it can deadlock.
-func checkLayout(cfg serveConfig) error {
-	if within(cfg.mountDir, cfg.dataDir) {
+func checkLayout(cfg Config) error {
+	if within(cfg.MountDir, cfg.DataDir) {
 		return fmt.Errorf("mount point %q would cover the data dir %q: pass a --mount outside it, or a subdirectory such as %s",
-			cfg.mountDir, cfg.dataDir, filepath.Join(cfg.dataDir, "mnt"))
+			cfg.MountDir, cfg.DataDir, filepath.Join(cfg.DataDir, "mnt"))
 	}
 	for _, d := range store.Dirs {
-		if p := filepath.Join(cfg.dataDir, d); within(p, cfg.mountDir) {
+		if p := filepath.Join(cfg.DataDir, d); within(p, cfg.MountDir) {
 			return fmt.Errorf("mount point %q is inside the store's %q: pass a --mount outside it, such as %s",
-				cfg.mountDir, p, filepath.Join(cfg.dataDir, "mnt"))
+				cfg.MountDir, p, filepath.Join(cfg.DataDir, "mnt"))
 		}
 	}
-	if within(cfg.mountDir, cfg.socket) {
-		return fmt.Errorf("socket %q is inside the mount point %q: pass a --socket outside it", cfg.socket, cfg.mountDir)
+	if within(cfg.MountDir, cfg.Socket) {
+		return fmt.Errorf("socket %q is inside the mount point %q: pass a --socket outside it", cfg.Socket, cfg.MountDir)
 	}
 	return nil
 }
@@ -65,9 +65,9 @@ func within(dir, p string) bool {
 	return p == dir || strings.HasPrefix(p, dir+"/")
 }
 
-// checkFUSE checks that the kernel offers FUSE and that this process can
+// CheckFUSE checks that the kernel offers FUSE and that this process can
 // mount: as root directly, otherwise through fusermount3.
-func checkFUSE() error {
+func CheckFUSE() error {
 	fi, err := os.Stat(devFuse)
 	if err != nil {
 		return fmt.Errorf("%s is not available (%v): load the fuse module: modprobe fuse", devFuse, err)
@@ -106,7 +106,7 @@ func checkTmpfs(logger hclog.Logger) error {
 // directory holds anything the mount would hide, unless allowNonEmpty.
 func prepareMountPoint(logger hclog.Logger, dir, table string, allowNonEmpty bool) error {
 	fi, err := probe(dir, statTimeout)
-	if staleMount(err) {
+	if StaleMount(err) {
 		// The daemon that served this mount died: the kernel still holds
 		// the mount but nothing answers it.
 		logger.Warn("stale mount left by a crashed allocfs; detaching it", "mountpoint", dir)
@@ -138,7 +138,7 @@ func prepareMountPoint(logger hclog.Logger, dir, table string, allowNonEmpty boo
 		if m.MountPoint != dir {
 			continue
 		}
-		if m.FSType == allocfsFSType {
+		if m.FSType == FSType {
 			return fmt.Errorf("another allocfs is serving %s; stop it first", dir)
 		}
 		logger.Warn("mount point already has a mount; allocfs will hide it", "mountpoint", dir, "fstype", m.FSType, "source", m.Source)
@@ -161,12 +161,12 @@ func prepareMountPoint(logger hclog.Logger, dir, table string, allowNonEmpty boo
 	return nil
 }
 
-// staleMount reports whether err is what a FUSE mount whose daemon died
+// StaleMount reports whether err is what a FUSE mount whose daemon died
 // answers: ENOTCONN once the last /dev/fuse descriptor closed, or
 // ECONNABORTED when the connection was aborted, which is how the kernel
 // ends one served over io_uring when the daemon's rings go (and what
 // writing to fusectl's abort gives).
-func staleMount(err error) bool {
+func StaleMount(err error) bool {
 	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
 }
 
