@@ -63,8 +63,9 @@
 // that cannot host an allocation. What only implementations need is
 // Linux's and sits in the files named *_linux.go: opening beneath a
 // directory with openat2 ([OpenBeneath], [NewBeneathFS]) and the shared
-// read side ([ReadSide]), which waits on inotify. The implementations and
-// the Linux machinery they share have packages of their own:
-// allocdir/disk, allocdir/snapshot, internal/inotify and
-// internal/mountinfo.
+// read side ([ReadSide]), whose followers wait on a [Notifier] that the
+// implementation gives it (inotify, from internal/inotify). The
+// implementations and the Linux machinery they share have packages of
+// their own: allocdir/disk, allocdir/snapshot, internal/inotify and
+// internal/mountinfo; allocdir imports none of them.
 package allocdir

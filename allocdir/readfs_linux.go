@@ -12,8 +12,6 @@ import (
 	"path"
 	"syscall"
 	"time"
-
-	"github.com/allocfs/allocfs/internal/inotify"
 )
 
 // ReadFS is what the shared read side needs of an implementation: an
@@ -44,7 +42,28 @@ type ReadSide struct {
 	// kernel events about the host directories that back the paths they
 	// follow (the ReadFS must be a BackedFS) instead of polling. Their
 	// subscriptions are tagged with AllocID.
-	Notifier *inotify.Notifier
+	Notifier Notifier
+}
+
+// Notifier wakes followers when a host directory changes (inotify, in the
+// implementations).
+type Notifier interface {
+	// Subscribe returns a new subscription tagged tag: the implementation
+	// wakes every subscription of a tag at once when what it stands for
+	// (an allocation's records) changes.
+	Subscribe(tag string) Subscription
+}
+
+// Subscription is one follower's interest in one name.
+type Subscription interface {
+	// Woken receives a value (coalesced) whenever the follower should
+	// look again.
+	Woken() <-chan struct{}
+	// Arm points the subscription at the entry rel of the host directory
+	// root, replacing what it watched before.
+	Arm(root, rel string) error
+	// Close ends the subscription.
+	Close()
 }
 
 // BackedFS is a ReadFS that can say which host directory holds a name, so
@@ -315,7 +334,7 @@ func (r ReadSide) ChangeEvents(ctx context.Context, p string, curOffset int64) (
 // subscription is woken, then re-arms it (what p resolves to may have
 // changed). While the subscription cannot be armed (the inotify watch
 // limit, say) the follower polls as well, so it never waits forever.
-func (r ReadSide) waiter(ctx context.Context, sub *inotify.Subscription, p string, armed bool) func() bool {
+func (r ReadSide) waiter(ctx context.Context, sub Subscription, p string, armed bool) func() bool {
 	return func() bool {
 		var tick <-chan time.Time
 		if !armed {
@@ -326,7 +345,7 @@ func (r ReadSide) waiter(ctx context.Context, sub *inotify.Subscription, p strin
 		select {
 		case <-ctx.Done():
 			return false
-		case <-sub.C:
+		case <-sub.Woken():
 		case <-tick:
 		}
 		armed = r.arm(sub, p)
@@ -339,7 +358,7 @@ func (r ReadSide) waiter(ctx context.Context, sub *inotify.Subscription, p strin
 // reports false when p has no host directory and the caller must poll;
 // names that are memory-only or synthesised count as armed, since only
 // the store's own changes (Wake) can change them.
-func (r ReadSide) arm(sub *inotify.Subscription, p string) bool {
+func (r ReadSide) arm(sub Subscription, p string) bool {
 	fsys, release, err := r.Open()
 	if err != nil {
 		// The allocation is gone or not built: the store wakes its

@@ -18,6 +18,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/internal/inotify"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -147,8 +148,22 @@ func (a *AllocDir) readSide() allocdir.ReadSide {
 			f := &storeFS{a: a, st: st}
 			return f, f.close, nil
 		},
-		Notifier: a.store.Notifier(),
+		Notifier: notifier(a.store.Notifier()),
 	}
+}
+
+// inotifyNotifier is the store's notifier as the read side takes it.
+type inotifyNotifier struct{ n *inotify.Notifier }
+
+func (i inotifyNotifier) Subscribe(tag string) allocdir.Subscription { return i.n.Subscribe(tag) }
+
+// notifier is n as an allocdir.Notifier: nil, and no typed nil, when the
+// store has none, so that followers poll.
+func notifier(n *inotify.Notifier) allocdir.Notifier {
+	if n == nil {
+		return nil
+	}
+	return inotifyNotifier{n}
 }
 
 // List implements allocdir.FS.

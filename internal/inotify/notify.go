@@ -61,6 +61,10 @@ type Subscription struct {
 	name string
 }
 
+// Woken is C, for those that take a subscription through an interface
+// (allocdir.Subscription).
+func (s *Subscription) Woken() <-chan struct{} { return s.C }
+
 // New starts a notifier. Close releases its inotify instance and
 // stops its goroutine.
 func New() (*Notifier, error) {
