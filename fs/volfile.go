@@ -430,3 +430,21 @@ func (f *daemonFile) Release(ctx context.Context) syscall.Errno {
 	}
 	return f.daemonHandle.Release(ctx)
 }
+
+func (*lowerFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return 0, syscall.EBADF
+}
+
+// Getattr and Setattr are never called (see attrHandle); they exist to
+// complete daemonHandle.
+func (*lowerFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	return syscall.ENOSYS
+}
+
+func (*lowerFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return syscall.ENOSYS
+}
+
+func (*lowerFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return syscall.EBADF
+}
