@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/allocfs/allocfs/fs/fstest"
 	"io"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/snapshot"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"golang.org/x/sys/unix"
 )
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/allocfs/allocfs/restart"
 )
 
 // Two allocations can show the same backing file: a snapshot-mode
@@ -60,6 +62,9 @@ type slots struct {
 	saveFailed func(error)
 }
 
+// slotsPath is where the slot table is kept for a daemon taking over.
+func slotsPath(dataDir string) string { return restart.StateFile(dataDir, "slots.json") }
+
 // slotsFile is the slot table on disk, <data-dir>/fuse/slots.json:
 //
 //	{"slots": {"<allocID>/<view>": 3, ...}, "next": 7, "freed": [2]}
@@ -85,7 +90,7 @@ func (s *slots) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return writeReplace(s.file, b)
+	return restart.WriteReplace(s.file, b)
 }
 
 // load reads the table a previous daemon of this connection kept.

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"fmt"
-	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/fstest"
 	"golang.org/x/sys/unix"
 )
 

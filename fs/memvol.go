@@ -17,6 +17,7 @@ import (
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/internal/tmpfs"
+	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -67,13 +68,8 @@ func memoryPlace(view uint64) (int, string, bool) {
 }
 
 // MemoryKeeper keeps the memory volumes' descriptors while no daemon
-// runs, under the volume's key ("<alloc>/<task>/secrets").
-type MemoryKeeper interface {
-	// Keep stores a copy of fd; fd stays the caller's.
-	Keep(key string, fd int) error
-	// Drop closes the copy of key's volume, if one is kept.
-	Drop(key string) error
-}
+// runs (package restart's holder or systemd's descriptor store).
+type MemoryKeeper = restart.MemoryKeeper
 
 // memMinInodes is the smallest entry cap a memory volume gets.
 const memMinInodes = 1024
@@ -191,7 +187,7 @@ type memoryFile struct {
 	Volumes []string `json:"volumes"`
 }
 
-func memoryPath(dataDir string) string { return StateFile(dataDir, "memory.json") }
+func memoryPath(dataDir string) string { return restart.StateFile(dataDir, "memory.json") }
 
 // saveLocked records the keys of the live volumes; mv.mu is held. Like
 // the slot table it matters on this boot only.
@@ -205,7 +201,7 @@ func (mv *memVolumes) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return writeReplace(mv.file, b)
+	return restart.WriteReplace(mv.file, b)
 }
 
 // startMemory takes over the memory volumes a previous daemon left: held

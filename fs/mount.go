@@ -18,6 +18,7 @@ import (
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/transport"
+	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -97,13 +98,13 @@ type Mount struct {
 	ioUring bool
 	// takeover resolves what the kernel got from earlier daemons, in a
 	// daemon that took the connection over; nil otherwise.
-	takeover *takeoverFS
+	takeover *restart.TakeoverFS
 	// backingIDs records passthrough registrations for a daemon that
 	// takes the connection over (backingids.go); nil without one.
-	backingIDs *backingIDs
+	backingIDs *restart.BackingIDs
 	// outcomes records the outcome of namespace requests for a daemon
 	// that takes the connection over (outcomes.go); nil without one.
-	outcomes *outcomes
+	outcomes *restart.Outcomes
 	logger   hclog.Logger
 	store    *store.Store
 	dir      string
@@ -300,7 +301,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.slots.saveFailed = func(err error) {
 			m.logger.Error("failed to record a slot: a daemon taking this mount over will not find that allocation's nodes", "error", err)
 		}
-		serr := saveSession(store.DataDir(), sessionFile{Session: conn.Session(), Generation: generation})
+		serr := restart.SaveSession(store.DataDir(), restart.SessionFile{Session: conn.Session(), Generation: generation})
 		if serr == nil {
 			m.slots.mu.Lock()
 			serr = m.slots.saveLocked()
@@ -315,7 +316,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			m.logger.Error("the mount cannot be taken over by another daemon", "error", serr)
 		}
 		fopts.ServerCallbacks = conn
-		if cb, err := openBackingIDs(conn, store.DataDir(), opts.adopt != nil); err != nil {
+		if cb, err := restart.OpenBackingIDs(conn, store.DataDir(), opts.adopt != nil); err != nil {
 			m.logger.Error("a daemon taking this mount over will not open files the kernel passes through while they are open", "error", err)
 		} else {
 			fopts.ServerCallbacks = cb

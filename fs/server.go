@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/transport"
+	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -53,12 +54,12 @@ func (s goFuseServer) Wait() error {
 func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) fuse.RawFileSystem {
 	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killFlags{gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
-		m.takeover = newTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
-		m.takeover.found = m.unnameUnlinked
+		m.takeover = restart.NewTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
+		m.takeover.Found = m.unnameUnlinked
 		h = m.takeover
 	}
 	if takeable {
-		o, err := openOutcomes(h, m.store.DataDir(), generation > 0)
+		o, err := restart.OpenOutcomes(h, m.store.DataDir(), generation > 0)
 		if err != nil {
 			m.logger.Error("a daemon taking this mount over will run again what this one did not answer", "error", err)
 		} else {

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,7 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/allocfs/allocfs/fs/transport"
+	"github.com/allocfs/allocfs/restart"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -40,68 +39,16 @@ import (
 //     again on first use, or needs nothing (a release, a flush).
 //
 // go-fuse's bridge has no way to ask whether it knows a node ID: it
-// panics on one it does not, before it changes anything. takeoverFS, in
-// front of it, catches exactly that panic, resolves the node (the path's
-// names looked up through the bridge from the root, so that each node on
-// the way is registered and attached where it is), and runs the request
-// again. A FORGET of an inherited node carries the kernel's count, which
-// the bridge never had: it is applied one at a time until the bridge lets
-// go of the node, since the bridge's own check of a count that is too
-// large panics with the node's lock held.
-
-// fuseStateDir is where a mount keeps what a daemon taking its
-// connection over needs, inside the data dir:
-//
-//	<data-dir>/fuse/session.json   the INIT the kernel and the first
-//	                               daemon agreed, and the generation
-//	<data-dir>/fuse/slots.json     the slot table (identity.go)
-//	<data-dir>/fuse/backing        passthrough backing IDs (backingids.go)
-//	<data-dir>/fuse/outcomes       outcomes of namespace requests
-//	                               (outcomes.go)
-const fuseStateDir = "fuse"
-
-// sessionFile is <data-dir>/fuse/session.json:
-//
-//	{"session": {"Version": 1, "Dir": "/mnt", "Kernel": {...}, ...},
-//	 "generation": 2}
-type sessionFile struct {
-	Session transport.Session `json:"session"`
-	// Generation counts the daemons that served the connection before
-	// the current one: 0 for the one that mounted.
-	Generation uint32 `json:"generation"`
-}
-
-// StateFile is the path of name in the data dir's fuse/ directory, where
-// a mount, its holder and its hand-over keep what outlives a daemon.
-func StateFile(dataDir, name string) string { return filepath.Join(dataDir, fuseStateDir, name) }
-
-func sessionPath(dataDir string) string { return StateFile(dataDir, "session.json") }
-func slotsPath(dataDir string) string   { return StateFile(dataDir, "slots.json") }
-
-// writeReplace replaces path with b, atomically by rename. It does not
-// sync: what it writes matters on this boot only.
-func writeReplace(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// saveSession records a connection for the daemon that takes it over.
-func saveSession(dataDir string, f sessionFile) error {
-	b, err := json.Marshal(f)
-	if err != nil {
-		return err
-	}
-	if err := writeReplace(sessionPath(dataDir), b); err != nil {
-		return fmt.Errorf("failed to record the FUSE session: %w", err)
-	}
-	return nil
-}
+// panics on one it does not, before it changes anything.
+// restart.TakeoverFS, in front of it, catches exactly that panic, has
+// pathsOfNode say where the node may be, looks the path's names up through
+// the bridge from the root (so that each node on the way is registered and
+// attached where it is), and runs the request again. What else the next
+// daemon needs (the session, the outcomes of namespace requests, the
+// passthrough backing IDs) is package restart's too; the slot table
+// (identity.go), the memory volumes' table (memvol.go) and the records of
+// files unlinked while open (unlinkedrec.go) are the tree's, kept in the
+// same directory (restart.StateFile).
 
 // dropTakeoverState removes what the mount kept for a daemon taking it
 // over, once the connection has ended.
@@ -111,28 +58,12 @@ func (m *Mount) dropTakeoverState() error {
 		err = m.backingIDs.Close()
 	}
 	if m.outcomes != nil {
-		err = errors.Join(err, m.outcomes.close())
+		err = errors.Join(err, m.outcomes.Close())
 	}
 	if m.opts.GoFuseServer || m.opts.Debug {
 		return err
 	}
-	if rerr := os.RemoveAll(filepath.Join(m.store.DataDir(), fuseStateDir)); rerr != nil {
-		err = errors.Join(err, fmt.Errorf("failed to remove the FUSE session record: %w", rerr))
-	}
-	return err
-}
-
-// loadSession reads what the previous daemon of the connection recorded.
-func loadSession(dataDir string) (sessionFile, error) {
-	var f sessionFile
-	b, err := os.ReadFile(sessionPath(dataDir))
-	if err != nil {
-		return f, fmt.Errorf("failed to read the FUSE session the previous daemon recorded: %w", err)
-	}
-	if err := json.Unmarshal(b, &f); err != nil {
-		return f, fmt.Errorf("the FUSE session %s: %w", sessionPath(dataDir), err)
-	}
-	return f, nil
+	return errors.Join(err, restart.RemoveState(m.store.DataDir()))
 }
 
 // AdoptMount serves the connection of /dev/fuse descriptor fd, which an
@@ -140,7 +71,7 @@ func loadSession(dataDir string) (sessionFile, error) {
 // asks the kernel to send again what that daemon had not answered. It
 // takes fd. The mount point is the recorded one.
 func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions) (*Mount, error) {
-	f, err := loadSession(st.DataDir())
+	f, err := restart.LoadSession(st.DataDir())
 	if err != nil {
 		return nil, err
 	}
@@ -150,19 +81,6 @@ func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions)
 	}
 	opts.adopt = &adoption{fd: fd, session: f}
 	return NewMount(logger, st, f.Session.Dir, opts)
-}
-
-// HeldSession checks that the connection recorded in dataDir can be
-// taken over by this allocfs, and returns its mount point.
-func HeldSession(dataDir string) (string, error) {
-	f, err := loadSession(dataDir)
-	if err != nil {
-		return "", err
-	}
-	if err := transport.CheckSession(f.Session); err != nil {
-		return "", err
-	}
-	return f.Session.Dir, nil
 }
 
 // FuseFd returns the mount's /dev/fuse descriptor, for a holder to keep
@@ -202,7 +120,7 @@ func (m *Mount) Park(timeout time.Duration) error {
 // adoption is what NewMount needs to serve a connection it did not mount.
 type adoption struct {
 	fd      int
-	session sessionFile
+	session restart.SessionFile
 }
 
 // pathsOfNode returns the places in the mount where node id may be, most

@@ -407,10 +407,10 @@ func TestAdoptMountAfterKill(t *testing.T) {
 			t.Errorf("fstat of %s after its fchmod: %v, %v", g.Name(), fi, err)
 		}
 	}
-	if n := m.takeover.resolved.Load(); n == 0 {
+	if n, _ := m.takeover.Inherited(); n == 0 {
 		t.Errorf("no inherited node was resolved")
 	}
-	if n := m.takeover.lost.Load(); n != 0 {
+	if _, n := m.takeover.Inherited(); n != 0 {
 		t.Errorf("%d inherited nodes were not found", n)
 	}
 	f.Close()

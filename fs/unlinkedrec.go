@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -39,7 +40,7 @@ type unlinkedRecord struct {
 }
 
 func (m *Mount) unlinkedPath(id uint64) string {
-	return StateFile(m.store.DataDir(), filepath.Join("unlinked", strconv.FormatUint(id, 16)))
+	return restart.StateFile(m.store.DataDir(), filepath.Join("unlinked", strconv.FormatUint(id, 16)))
 }
 
 // unlinkedPrefix starts the name unlinkedName gives an unlinked node.
@@ -82,7 +83,7 @@ func (n *volNode) recordUnlinked(name string) {
 	rec := unlinkedRecord{Root: n.vroot.Path(nil), Type: h.Type(), Handle: h.Bytes()}
 	b, err := json.Marshal(rec)
 	if err == nil {
-		err = writeReplace(n.m.unlinkedPath(ch.StableAttr().Ino), b)
+		err = restart.WriteReplace(n.m.unlinkedPath(ch.StableAttr().Ino), b)
 	}
 	if err != nil {
 		n.m.logger.Warn("failed to record a file unlinked while open: a daemon taking over will not find it", "error", err)

@@ -36,7 +36,23 @@
 // keeper) leaves the running daemon serving. SigFullStop unmounts
 // whatever runs.
 //
-// What the fs package keeps for the next daemon (node IDs, handles,
-// outcomes of namespace requests, passthrough backing IDs) is its own;
-// see fs/takeover.go.
+// # What the next daemon inherits from the kernel
+//
+// A daemon that adopts a connection inherits the kernel's view of it:
+// node IDs and file handles handed out by a process that is gone, and the
+// requests that process read and never answered, which the kernel sends
+// again. Each daemon keeps, in <data-dir>/fuse (StateFile), what the next
+// one needs to make sense of them:
+//
+//   - the session (session.go): the INIT the kernel and the first daemon
+//     agreed, and the generation, which the next daemon counts on from;
+//   - the outcomes of namespace requests (Outcomes): a resent mkdir or
+//     unlink whose outcome is recorded is answered from the record, not
+//     run again;
+//   - the passthrough backing IDs (BackingIDs), which the next daemon
+//     must release;
+//   - and, the tree's own, how node IDs map to files (fs/identity.go).
+//
+// TakeoverFS stands in front of go-fuse's bridge and resolves, on first
+// use, each node ID and handle of an earlier daemon (fs/takeover.go).
 package restart

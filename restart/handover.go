@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -63,7 +62,7 @@ func TakeOverRunning(logger hclog.Logger, dataDir string, opts store.Options) (*
 	if ProtocolOf(version) == 0 {
 		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q and earlier", pid, version, Version(Protocol))
 	}
-	if _, err := fs.HeldSession(dataDir); err != nil {
+	if _, err := HeldSession(dataDir); err != nil {
 		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: %w", pid, err)
 	}
 	logger.Info("taking the mount over from the running serve", "pid", pid, "mount", mount)
@@ -125,7 +124,7 @@ func TakeHeld(dataDir, mountDir string) (int, int, int, error) {
 // CheckHeld checks that the connection fd, which keeper kept, is the one
 // dataDir recorded for the mount point mountDir, and closes it if not.
 func CheckHeld(dataDir, mountDir string, fd int, keeper string) error {
-	mount, err := fs.HeldSession(dataDir)
+	mount, err := HeldSession(dataDir)
 	if err == nil && mount != mountDir {
 		err = fmt.Errorf("its mount is at %s, not at --mount %s", mount, mountDir)
 	}
@@ -169,7 +168,7 @@ func waitExit(pidfd int, timeout time.Duration) error {
 }
 
 // refusalPath is where a serve asked to hand over says why it will not.
-func refusalPath(dataDir string) string { return fs.StateFile(dataDir, "handover.refused") }
+func refusalPath(dataDir string) string { return StateFile(dataDir, "handover.refused") }
 
 // RefuseHandOver tells the serve that asked for the mount why it does not
 // get it.

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/fs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -74,9 +73,30 @@ func ProtocolOf(version string) int {
 // HolderFD is the descriptor the holder gets the connection on.
 const HolderFD = 3
 
+// Connection is the mount whose connection a holder keeps (fs.Mount).
+type Connection interface {
+	// FuseFd returns the connection's /dev/fuse descriptor, which stays
+	// the mount's; false when it cannot be held.
+	FuseFd() (int, bool)
+	// ConnectionEnded reports whether the kernel ended the connection.
+	ConnectionEnded() bool
+	// KeepMemory hands the memory volumes to k, from now on.
+	KeepMemory(k MemoryKeeper) error
+}
+
+// MemoryKeeper keeps the memory volumes' descriptors while no daemon
+// runs, under the volume's key ("<alloc>/<task>/secrets"): HolderKeeper
+// and SystemdKeeper.
+type MemoryKeeper interface {
+	// Keep stores a copy of fd; fd stays the caller's.
+	Keep(key string, fd int) error
+	// Drop closes the copy of key's volume, if one is kept.
+	Drop(key string) error
+}
+
 // HolderSocket is where the holder of dataDir's connection answers.
 func HolderSocket(dataDir string) string {
-	return fs.StateFile(dataDir, "holder.sock")
+	return StateFile(dataDir, "holder.sock")
 }
 
 // ServeHolder is the holder: it keeps the connection it got as HolderFD,
@@ -334,7 +354,7 @@ func StartHolder(dataDir string, fd int) (int, error) {
 // ReplaceHolder stops the holder of dataDir, which m's daemon took the
 // connection from, and starts a new one for m's connection, which then
 // keeps m's memory volumes too. m holds the connection meanwhile.
-func ReplaceHolder(dataDir string, m *fs.Mount) (int, error) {
+func ReplaceHolder(dataDir string, m Connection) (int, error) {
 	fd, ok := m.FuseFd()
 	if !ok {
 		return 0, errors.New("the mount's connection cannot be held")
@@ -359,7 +379,7 @@ func ReplaceHolder(dataDir string, m *fs.Mount) (int, error) {
 // dies while m's daemon runs: without one, a crash of the daemon would
 // end the mount and every task's secrets. It says so once per death.
 // stop ends the watch; its return waits for the watcher.
-func WatchHolder(logger hclog.Logger, dataDir string, m *fs.Mount, pid int) (stop func()) {
+func WatchHolder(logger hclog.Logger, dataDir string, m Connection, pid int) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {

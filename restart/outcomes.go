@@ -1,4 +1,4 @@
-package fs
+package restart
 
 import (
 	"fmt"
@@ -54,16 +54,16 @@ const (
 	outSymlink = 6
 )
 
-// outcomes records the outcomes of the namespace requests it passes on,
+// Outcomes records the outcomes of the namespace requests it passes on,
 // and answers resent ones it has a record of.
-type outcomes struct {
+type Outcomes struct {
 	fuse.RawFileSystem
 	mem []byte
 }
 
-// openOutcomes maps the record in dataDir: an empty one for a fresh
+// OpenOutcomes maps the record in dataDir: an empty one for a fresh
 // connection, the earlier daemons' when adopting.
-func openOutcomes(next fuse.RawFileSystem, dataDir string, adopting bool) (*outcomes, error) {
+func OpenOutcomes(next fuse.RawFileSystem, dataDir string, adopting bool) (*Outcomes, error) {
 	path := StateFile(dataDir, "outcomes")
 	flags := os.O_RDWR | os.O_CREATE
 	if !adopting {
@@ -82,20 +82,21 @@ func openOutcomes(next fuse.RawFileSystem, dataDir string, adopting bool) (*outc
 	if err != nil {
 		return nil, fmt.Errorf("failed to map the record of request outcomes: %w", err)
 	}
-	return &outcomes{RawFileSystem: next, mem: mem}, nil
+	return &Outcomes{RawFileSystem: next, mem: mem}, nil
 }
 
 // close unmaps the record.
-func (o *outcomes) close() error { return unix.Munmap(o.mem) }
+// Close unmaps the record.
+func (o *Outcomes) Close() error { return unix.Munmap(o.mem) }
 
-func (o *outcomes) slot(unique uint64) (*uint64, *uint64) {
+func (o *Outcomes) slot(unique uint64) (*uint64, *uint64) {
 	p := unsafe.Pointer(&o.mem[(unique>>1)%outcomeSlots*outcomeRecordSize])
 	return (*uint64)(p), (*uint64)(unsafe.Add(p, 8))
 }
 
 // record notes that request unique, of opcode op, ended with st. The
 // result goes first: a record whose unique is there is whole.
-func (o *outcomes) record(h *fuse.InHeader, op uint32, st fuse.Status) {
+func (o *Outcomes) record(h *fuse.InHeader, op uint32, st fuse.Status) {
 	key := h.Unique &^ uniqueResend
 	u, r := o.slot(key)
 	atomic.StoreUint64(u, 0)
@@ -105,7 +106,7 @@ func (o *outcomes) record(h *fuse.InHeader, op uint32, st fuse.Status) {
 
 // recorded returns the outcome of a resent request, if an earlier daemon
 // recorded one.
-func (o *outcomes) recorded(h *fuse.InHeader, op uint32) (fuse.Status, bool) {
+func (o *Outcomes) recorded(h *fuse.InHeader, op uint32) (fuse.Status, bool) {
 	if h.Unique&uniqueResend == 0 {
 		return 0, false
 	}
@@ -120,14 +121,14 @@ func (o *outcomes) recorded(h *fuse.InHeader, op uint32) (fuse.Status, bool) {
 
 // entry answers a resent request that made name in its parent, from the
 // record: the status, or a lookup of what it made.
-func (o *outcomes) entry(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut, st fuse.Status) fuse.Status {
+func (o *Outcomes) entry(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut, st fuse.Status) fuse.Status {
 	if st != fuse.OK {
 		return st
 	}
 	return o.RawFileSystem.Lookup(cancel, h, name, out)
 }
 
-func (o *outcomes) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+func (o *Outcomes) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
 	if st, ok := o.recorded(&in.InHeader, outMknod); ok {
 		return o.entry(cancel, &in.InHeader, name, out, st)
 	}
@@ -136,7 +137,7 @@ func (o *outcomes) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, 
 	return st
 }
 
-func (o *outcomes) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+func (o *Outcomes) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
 	if st, ok := o.recorded(&in.InHeader, outMkdir); ok {
 		return o.entry(cancel, &in.InHeader, name, out, st)
 	}
@@ -145,7 +146,7 @@ func (o *outcomes) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, 
 	return st
 }
 
-func (o *outcomes) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
+func (o *Outcomes) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
 	if st, ok := o.recorded(h, outSymlink); ok {
 		return o.entry(cancel, h, name, out, st)
 	}
@@ -154,7 +155,7 @@ func (o *outcomes) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, nam
 	return st
 }
 
-func (o *outcomes) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
+func (o *Outcomes) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
 	if st, ok := o.recorded(&in.InHeader, outLink); ok {
 		return o.entry(cancel, &in.InHeader, name, out, st)
 	}
@@ -163,7 +164,7 @@ func (o *outcomes) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, ou
 	return st
 }
 
-func (o *outcomes) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+func (o *Outcomes) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
 	if st, ok := o.recorded(h, outUnlink); ok {
 		return st
 	}
@@ -172,7 +173,7 @@ func (o *outcomes) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string)
 	return st
 }
 
-func (o *outcomes) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
+func (o *Outcomes) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
 	if st, ok := o.recorded(h, outRmdir); ok {
 		return st
 	}
@@ -182,7 +183,7 @@ func (o *outcomes) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) 
 }
 
 // Rename covers RENAME and RENAME2, which go-fuse's bridge takes alike.
-func (o *outcomes) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
+func (o *Outcomes) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
 	if st, ok := o.recorded(&in.InHeader, outRename); ok {
 		return st
 	}
@@ -193,7 +194,7 @@ func (o *outcomes) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, ne
 
 // Create of a resent request that made its file opens it again: the
 // handle the dead daemon opened went with it.
-func (o *outcomes) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+func (o *Outcomes) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	if st, ok := o.recorded(&in.InHeader, outCreate); ok {
 		if st := o.entry(cancel, &in.InHeader, name, &out.EntryOut, st); st != fuse.OK {
 			return st

@@ -1,4 +1,4 @@
-package fs
+package restart
 
 import (
 	"encoding/binary"
@@ -51,10 +51,10 @@ const (
 // backingFile identifies a backing file.
 type backingFile struct{ dev, ino uint64 }
 
-// backingIDs is go-fuse's fs.ServerCallbacks over a connection, which
+// BackingIDs is go-fuse's fs.ServerCallbacks over a connection, which
 // records the backing files it registers and, after a takeover, reuses
 // the IDs of the ones an earlier daemon registered.
-type backingIDs struct {
+type BackingIDs struct {
 	*transport.Conn
 
 	// mapMu guards mem against Close: a release that comes after it
@@ -72,10 +72,10 @@ type backingIDs struct {
 	pinned map[int32]bool
 }
 
-// openBackingIDs opens the record in dataDir: a fresh one for a fresh
+// OpenBackingIDs opens the record in dataDir: a fresh one for a fresh
 // connection, the earlier daemon's when adopting.
-func openBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*backingIDs, error) {
-	b := &backingIDs{Conn: conn, inherited: make(map[backingFile]int32), pinned: make(map[int32]bool)}
+func OpenBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*BackingIDs, error) {
+	b := &BackingIDs{Conn: conn, inherited: make(map[backingFile]int32), pinned: make(map[int32]bool)}
 	path := StateFile(dataDir, "backing")
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func openBackingIDs(conn *transport.Conn, dataDir string, adopting bool) (*backi
 
 // load reads the earlier daemons' registrations from f. Reading the file
 // skips its holes, where a walk of the mapping would fault in every page.
-func (b *backingIDs) load(f *os.File) error {
+func (b *BackingIDs) load(f *os.File) error {
 	buf := make([]byte, 1<<16)
 	for off := int64(0); ; {
 		n, err := f.ReadAt(buf, off)
@@ -138,7 +138,7 @@ func (b *backingIDs) load(f *os.File) error {
 
 // slot returns id's record's fields, or nil once the record is closed;
 // the caller holds mapMu for reading.
-func (b *backingIDs) slot(id int32) (rid *uint32, dev, ino *uint64) {
+func (b *BackingIDs) slot(id int32) (rid *uint32, dev, ino *uint64) {
 	if b.mem == nil {
 		return nil, nil, nil
 	}
@@ -147,7 +147,7 @@ func (b *backingIDs) slot(id int32) (rid *uint32, dev, ino *uint64) {
 }
 
 // write puts the record of id (bf) in id's slot, its ID last.
-func (b *backingIDs) write(id int32, bf backingFile) {
+func (b *BackingIDs) write(id int32, bf backingFile) {
 	b.mapMu.RLock()
 	defer b.mapMu.RUnlock()
 	rid, dev, ino := b.slot(id)
@@ -161,7 +161,7 @@ func (b *backingIDs) write(id int32, bf backingFile) {
 }
 
 // free clears id's slot if it holds id's record.
-func (b *backingIDs) free(id int32) {
+func (b *BackingIDs) free(id int32) {
 	b.mapMu.RLock()
 	defer b.mapMu.RUnlock()
 	if rid, _, _ := b.slot(id); rid != nil {
@@ -171,7 +171,7 @@ func (b *backingIDs) free(id int32) {
 
 // Close unmaps the record; it stays on disk for a daemon that takes the
 // connection over.
-func (b *backingIDs) Close() error {
+func (b *BackingIDs) Close() error {
 	b.mapMu.Lock()
 	defer b.mapMu.Unlock()
 	if b.mem == nil {
@@ -187,7 +187,7 @@ func (b *backingIDs) Close() error {
 
 // RegisterBackingFd registers m.Fd, or returns the ID an earlier daemon
 // registered for the same file, every time.
-func (b *backingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno) {
+func (b *BackingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(m.Fd), &st); err != nil {
 		return 0, err.(syscall.Errno)
@@ -208,7 +208,7 @@ func (b *backingIDs) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno
 
 // UnregisterBackingFd drops a registration and its record; an
 // inherited one stays.
-func (b *backingIDs) UnregisterBackingFd(id int32) syscall.Errno {
+func (b *BackingIDs) UnregisterBackingFd(id int32) syscall.Errno {
 	b.mu.Lock()
 	pinned := b.pinned[id]
 	b.mu.Unlock()
