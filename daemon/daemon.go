@@ -65,6 +65,8 @@ type Daemon struct {
 	stopMetrics func()
 	stopGC      func()
 	gcDone      chan struct{}
+	// failed is set when the control API stopped by itself.
+	failed bool
 }
 
 // New returns the daemon of cfg, logging to logger; nothing runs yet.
@@ -89,14 +91,19 @@ func (d *Daemon) Start() (err error) {
 	if err := preflight(d.logger, d.cfg); err != nil {
 		return err
 	}
+	// Every return from here on with an error closes the store, which
+	// releases the data dir's lock.
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := d.closeStore(); cerr != nil {
+			d.logger.Error("failed to close the store", "error", cerr)
+		}
+	}()
 	if err := d.openStore(); err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			d.closeStore()
-		}
-	}()
 	ln, err := d.attach()
 	if err != nil {
 		return err
@@ -429,6 +436,7 @@ func (d *Daemon) Wait(sigs, hups <-chan os.Signal) (leave bool, failure error) {
 			return leave, nil
 		case err := <-d.served:
 			d.logger.Error("control API stopped; shutting down", "error", err)
+			d.failed = true
 			return false, fmt.Errorf("control API stopped: %w", err)
 		}
 	}
@@ -460,12 +468,12 @@ func (d *Daemon) reload() {
 
 // handOverRefusal is why the mount cannot be handed over now, or "".
 func (d *Daemon) handOverRefusal() string {
+	if d.keeper == "" {
+		return "nothing keeps its FUSE connection (--live-restart=false, or the holder died): the mount would end with it"
+	}
 	if held := d.mount.MemoryInUse(); len(held) > 0 {
 		// An upgrade must not cost a task its secrets.
 		return fmt.Sprintf("memory volumes hold data that nothing but this process keeps, which would be lost: %s; stop those allocations, or stop this daemon with SIGTERM, which leaves the mount with them empty", strings.Join(held, ", "))
-	}
-	if d.keeper == "" {
-		return "nothing keeps its FUSE connection (--live-restart=false, or the holder died): the mount would end with it"
 	}
 	return ""
 }
@@ -498,18 +506,15 @@ func (d *Daemon) Shutdown(leave bool) error {
 	d.stopGC()
 	<-d.gcDone
 	d.stopAPI()
-	d.stopMetrics()
 	if leave {
 		// What the kernel sends from now on waits for the next serve,
 		// which has it sent again.
 		if err := d.mount.Park(restart.ParkTimeout); err != nil {
 			d.logger.Warn("leaving the mount with requests in progress; the next serve runs them again", "error", err)
 		}
-		if err := d.closeStore(); err != nil {
-			return err
-		}
+		err := d.closeStore()
 		d.logger.Info("stopped; the mount waits for the next serve", "mount", d.mount.Dir(), "kept_by", d.keeper)
-		return nil
+		return err
 	}
 	m := d.mount
 	d.logger.Info("unmounting", "mount", m.Dir())
@@ -524,19 +529,22 @@ func (d *Daemon) Shutdown(leave bool) error {
 	}
 	if uerr != nil {
 		d.logger.Error("unmount failed", "mount", m.Dir(), "error", uerr)
+		d.sizes.Close()
 		return errors.Join(fmt.Errorf("failed to unmount %q: %w; detach it with: umount -l %s", m.Dir(), uerr, m.Dir()), d.closeStore())
 	}
 	d.logger.Info("unmounted", "mount", m.Dir())
 	if err := d.closeStore(); err != nil {
 		return err
 	}
-	d.logger.Info("stopped")
+	if !d.failed {
+		d.logger.Info("stopped")
+	}
 	return nil
 }
 
 // stopAPI shuts both HTTP servers down at once, so that the second does
 // not get what the first left of the timeout, and closes the connections
-// of requests still running after it.
+// of requests still running after it; the metrics stop measuring then.
 func (d *Daemon) stopAPI() {
 	d.logger.Info("stopping control API")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
@@ -557,5 +565,6 @@ func (d *Daemon) stopAPI() {
 		}
 	}
 	d.svc.Wait()
+	d.stopMetrics()
 	d.logger.Info("control API stopped")
 }

@@ -452,8 +452,11 @@ func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 
 // followRecord reports whether the volume root n can go on showing the
 // volume st names at its key: the same layers, in st's own slot for its
-// view. If so, n (and every node below it) takes the record's read-only
-// flag.
+// view. A record that freezes the volume freezes n, and every node below
+// it, in place. A freeze is never undone here: the store never thaws a
+// volume, and two invalidations of one allocation can run at once, the
+// older with a record from before the seal; a writable record over a
+// frozen node (which no store change makes) drops the node instead.
 func (m *Mount) followRecord(n *volNode, st *store.State) bool {
 	v := st.Volumes[n.key]
 	if v == nil || n.slot != m.slots.peek(st.ID, n.view) {
@@ -462,8 +465,10 @@ func (m *Mount) followRecord(n *volNode, st *store.State) bool {
 	if !slices.Equal(n.st.Roots, m.volumeStack(st, n.key).Roots) {
 		return false
 	}
-	n.ro.Store(v.ReadOnly)
-	return true
+	if v.ReadOnly {
+		n.ro.Store(true)
+	}
+	return v.ReadOnly == n.readOnly()
 }
 
 // volumeStack is the stack of layers of the volume key of st, or nil for

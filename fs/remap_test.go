@@ -165,6 +165,30 @@ func TestMountSeal(t *testing.T) {
 	}
 }
 
+// TestMountSealOutlivesAStaleRecord: two invalidations of one allocation
+// can run at once, the older with a record read before the seal; applied
+// after the seal's own, it must not make the frozen volume writable again.
+func TestMountSealOutlivesAStaleRecord(t *testing.T) {
+	tm := newTestMount(t)
+	prev, next := migrationFixture(t, tm)
+	held, err := os.Open(filepath.Join(tm.dir, "prev/web/local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	stale := mustState(t, tm.store, prev)
+	if _, err := tm.store.Seal(prev, next, migratedKeys); err != nil {
+		t.Fatal(err)
+	}
+	tm.mount.invalidateVolumes(prev, stale)
+	if err := unix.Unlinkat(int(held.Fd()), "conf", 0); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("unlink in prev's frozen local after a stale record: got %v, want EROFS", err)
+	}
+	if got := readMount(t, tm, "next/web/local/conf"); got != "conf\n" {
+		t.Errorf("next's local: got %q", got)
+	}
+}
+
 // TestMigrateTwiceRefused: an allocation's data goes to one replacement
 // only; a second handover (which would make the placeholders or frozen
 // layers writable elsewhere) is refused and changes nothing.

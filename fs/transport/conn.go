@@ -63,11 +63,13 @@ type Options struct {
 
 // Conn is one mounted FUSE connection.
 type Conn struct {
-	fd     int
-	dir    string
-	fs     fuse.RawFileSystem
-	log    hclog.Logger
-	obs    Observer
+	fd  int
+	dir string
+	fs  fuse.RawFileSystem
+	log hclog.Logger
+	obs Observer
+	// arr is obs when it is an ArrivalObserver.
+	arr    ArrivalObserver
 	kernel fuse.InitIn
 	flags  uint64 // negotiated
 	// maxWrite bounds a request's size, so the read buffers' too.
@@ -140,7 +142,8 @@ func Mount(dir string, opts Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to open /dev/fuse: %w", err)
 	}
-	c := &Conn{fd: fd, dir: abs, log: opts.Logger, obs: opts.Observer, maxWrite: opts.MaxWrite, maxReaders: int32(opts.MaxReaders)}
+	c := &Conn{fd: fd, dir: abs, log: opts.Logger, maxWrite: opts.MaxWrite, maxReaders: int32(opts.MaxReaders)}
+	c.observe(opts.Observer)
 	c.bufs.New = func() any { return newBuffers(c.maxWrite) }
 
 	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d", fd, st.Mode&unix.S_IFMT, os.Geteuid(), os.Getegid())

@@ -133,6 +133,9 @@ func (c *Conn) handle(b *buffers, raw []byte) {
 		return
 	}
 	hdr := (*fuse.InHeader)(unsafe.Pointer(&raw[0]))
+	if c.arr != nil {
+		c.arr.Arrived(hdr.Opcode)
+	}
 	if c.obs != nil {
 		// Deferred before the recovery below, so that it runs after it
 		// and sees the EIO a panic is answered with.

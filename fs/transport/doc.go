@@ -68,5 +68,7 @@
 // opcode, the time from read to reply and the reply's errno
 // (observe.go): package metrics makes the node's per-opcode histograms
 // of it. It is an interface of this package's, so the loop imports no
-// metrics library, and without one the loop does not read the clock.
+// metrics library, and without one the loop does not read the clock. An
+// observer that is also an ArrivalObserver is told of each request as it
+// arrives too (the mount counts requests there).
 package transport

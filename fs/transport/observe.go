@@ -22,6 +22,15 @@ type Observer interface {
 	Request(op uint32, d time.Duration, errno syscall.Errno)
 }
 
+// ArrivalObserver is an Observer that is also told of each request as it
+// arrives, before it is served: a count kept there is complete once the
+// system call that caused the request has returned, which one kept in
+// Request, after the reply went, is not.
+type ArrivalObserver interface {
+	Observer
+	Arrived(op uint32)
+}
+
 // opNames are the protocol's names of its opcodes (include/uapi/linux/fuse.h),
 // including those the loop answers ENOSYS, so that an observer can tell
 // the kernel asked for them.
@@ -91,4 +100,10 @@ func OpName(op uint32) string {
 		return ""
 	}
 	return opNames[op]
+}
+
+// observe sets the connection's observer.
+func (c *Conn) observe(o Observer) {
+	c.obs = o
+	c.arr, _ = o.(ArrivalObserver)
 }

@@ -81,7 +81,8 @@ func Adopt(fd int, s Session, opts Options) (*Conn, error) {
 	if opts.MaxReaders <= 0 {
 		opts.MaxReaders = 16
 	}
-	c := &Conn{fd: fd, dir: s.Dir, log: opts.Logger, obs: opts.Observer, kernel: s.Kernel, flags: s.Flags, maxWrite: s.MaxWrite, maxPages: s.MaxPages, maxReaders: int32(max(opts.MaxReaders, 2)), adopted: true}
+	c := &Conn{fd: fd, dir: s.Dir, log: opts.Logger, kernel: s.Kernel, flags: s.Flags, maxWrite: s.MaxWrite, maxPages: s.MaxPages, maxReaders: int32(max(opts.MaxReaders, 2)), adopted: true}
+	c.observe(opts.Observer)
 	c.bufs.New = func() any { return newBuffers(c.maxWrite) }
 	return c, nil
 }
