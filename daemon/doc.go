@@ -10,12 +10,13 @@
 //	d.Shutdown(leave)         // APIs, then the mount, then the store
 //
 // Start checks the machine and the paths first (preflight.go: /dev/fuse,
-// a mount point that would hide the data dir, a stale mount left by a
-// dead daemon, which it detaches), so that a refusal changes nothing.
-// It then opens the store (its lock makes this the only daemon of the
-// data dir), and either adopts the FUSE connection a keeper held for it
-// (package restart: a holder process or systemd's descriptor store, after
-// a crash, a restart or an upgrade) or mounts anew. The control socket is
+// tmpfs, a mount point that would hide the data dir or is not a
+// directory), so that a refusal changes nothing. It then opens the store
+// (its lock makes this the only daemon of the data dir), and either adopts
+// the FUSE connection a keeper held for it (package restart: a holder
+// process or systemd's descriptor store, after a crash, a restart or an
+// upgrade) or prepares the mount point (detaching a stale mount a dead
+// daemon left) and mounts anew. The control socket is
 // bound before the mount comes up, and the TCP listener for other
 // machines (NodeConfig: snapshots behind the migration token, the client
 // API and metrics behind the API token, TLS) after it.
