@@ -370,22 +370,48 @@ func (r ReadSide) arm(sub Subscription, p string) bool {
 	if !ok {
 		return false
 	}
+	// A component made between the resolution and the watch raised an
+	// event nobody saw, and the name watched for is there already: once
+	// armed, the way is resolved again, and followed as far as it goes
+	// now. Each step goes one component deeper; a way that keeps growing
+	// past armSteps is polled.
+	armedAt := ""
+	for range armSteps {
+		resolved, ok := r.waitPoint(fsys, p)
+		if !ok {
+			return false
+		}
+		if resolved == armedAt {
+			return true
+		}
+		root, rel, ok := b.Backing(fsPath(resolved))
+		if !ok {
+			return true
+		}
+		if sub.Arm(root, rel) != nil {
+			return false
+		}
+		armedAt = resolved
+	}
+	return false
+}
+
+// armSteps bounds how many times arm follows a way that grows while it
+// arms.
+const armSteps = 64
+
+// waitPoint returns what p resolves to in fsys now, or, while it does not
+// exist, its first missing component; false for a way that cannot be
+// followed now (a file where a directory should be, a link out), which
+// has no directory to watch.
+func (r ReadSide) waitPoint(fsys ReadFS, p string) (string, bool) {
 	resolved, err := r.resolve(fsys, p, true)
 	var pe *PathError
 	switch {
 	case err == nil:
+		return resolved, true
 	case errors.As(err, &pe) && pe.Resolved != "" && errors.Is(err, fs.ErrNotExist):
-		// Wait where the way stops: the first missing component.
-		resolved = pe.Resolved
-	default:
-		// A way that cannot be followed now (a file where a directory
-		// should be, a link out): no directory to watch, so poll until
-		// that changes.
-		return false
+		return pe.Resolved, true
 	}
-	root, rel, ok := b.Backing(fsPath(resolved))
-	if !ok {
-		return true
-	}
-	return sub.Arm(root, rel) == nil
+	return "", false
 }
