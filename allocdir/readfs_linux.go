@@ -370,14 +370,16 @@ func (r ReadSide) arm(sub Subscription, p string) bool {
 	if !ok {
 		return false
 	}
-	// A component made between the resolution and the watch raised an
-	// event nobody saw, and the name watched for is there already: once
-	// armed, the way is resolved again, and followed as far as it goes
-	// now. Each step goes one component deeper; a way that keeps growing
-	// past armSteps is polled.
+	// While the way stops short of p, a component made between the
+	// resolution and the watch raised an event nobody saw, and the name
+	// watched for is there already: once armed, the way is resolved
+	// again, and followed as far as it goes now. Each step goes one
+	// component deeper; a way that keeps growing past armSteps is polled.
+	// A way that reaches p needs no second look: the caller stats p after
+	// arming.
 	armedAt := ""
 	for range armSteps {
-		resolved, ok := r.waitPoint(fsys, p)
+		resolved, whole, ok := r.waitPoint(fsys, p)
 		if !ok {
 			return false
 		}
@@ -391,6 +393,9 @@ func (r ReadSide) arm(sub Subscription, p string) bool {
 		if sub.Arm(root, rel) != nil {
 			return false
 		}
+		if whole {
+			return true
+		}
 		armedAt = resolved
 	}
 	return false
@@ -400,18 +405,18 @@ func (r ReadSide) arm(sub Subscription, p string) bool {
 // arms.
 const armSteps = 64
 
-// waitPoint returns what p resolves to in fsys now, or, while it does not
-// exist, its first missing component; false for a way that cannot be
-// followed now (a file where a directory should be, a link out), which
-// has no directory to watch.
-func (r ReadSide) waitPoint(fsys ReadFS, p string) (string, bool) {
+// waitPoint returns what p resolves to in fsys now (whole), or, while it
+// does not exist, its first missing component; ok is false for a way that
+// cannot be followed now (a file where a directory should be, a link
+// out), which has no directory to watch.
+func (r ReadSide) waitPoint(fsys ReadFS, p string) (resolved string, whole, ok bool) {
 	resolved, err := r.resolve(fsys, p, true)
 	var pe *PathError
 	switch {
 	case err == nil:
-		return resolved, true
+		return resolved, true, true
 	case errors.As(err, &pe) && pe.Resolved != "" && errors.Is(err, fs.ErrNotExist):
-		return pe.Resolved, true
+		return pe.Resolved, false, true
 	}
-	return "", false
+	return "", false, false
 }

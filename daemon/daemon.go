@@ -57,14 +57,16 @@ type Daemon struct {
 	holderPid int
 	stopWatch func()
 
-	svc         *node.Service
-	apiServer   *api.Server
-	srv         *http.Server // the control socket's
-	nodeSrv     *http.Server // --http-addr's, or nil
-	served      chan error
-	stopMetrics func()
-	stopGC      func()
-	gcDone      chan struct{}
+	svc       *node.Service
+	apiServer *api.Server
+	// metricsHandler serves /v1/metrics on both listeners.
+	metricsHandler http.Handler
+	srv            *http.Server // the control socket's
+	nodeSrv        *http.Server // --http-addr's, or nil
+	served         chan error
+	stopMetrics    func()
+	stopGC         func()
+	gcDone         chan struct{}
 	// failed is set when the control API stopped by itself.
 	failed bool
 }
@@ -109,7 +111,7 @@ func (d *Daemon) Start() (err error) {
 		return err
 	}
 	d.startServices()
-	d.srv = d.guard.HTTPServer(d.guard.LimitStreams(withMetrics(d.apiServer, d.metrics.Handler()), fsapi.Prefix), "unix")
+	d.srv = d.guard.HTTPServer(d.guard.LimitStreams(withMetrics(d.apiServer, d.metricsHandler), fsapi.Prefix), "unix")
 	// Followers never finish by themselves: a shutdown ends them.
 	d.srv.RegisterOnShutdown(d.apiServer.StopStreams)
 	d.served = make(chan error, 2)
@@ -351,6 +353,7 @@ func (d *Daemon) startServices() {
 	})
 	d.svc.SetFetchTLS(d.cfg.Secrets.fetchTLS)
 	d.apiServer = api.NewServer(d.logger, d.svc)
+	d.metricsHandler = d.metrics.Handler()
 	d.stopMetrics = watchNode(d.metrics, m, s, d.apiServer.Followers, d.cfg.UsageInterval)
 }
 
@@ -378,7 +381,7 @@ func (d *Daemon) serveNode() error {
 		routes.Snapshots = d.guard.LimitStreams(migrate.SnapshotHandler(d.logger, d.svc.FS, tokens), "")
 	}
 	if cfg.Node.servesClientAPI() {
-		routes.Client, routes.Metrics = d.guard.LimitStreams(d.apiServer.ClientAPI(), fsapi.Prefix), d.metrics.Handler()
+		routes.Client, routes.Metrics = d.guard.LimitStreams(d.apiServer.ClientAPI(), fsapi.Prefix), d.metricsHandler
 	}
 	d.nodeSrv = d.guard.HTTPServer(api.NodeHandler(d.guard.Refusals(), nodeTokens(&d.secrets), routes), "tcp")
 	d.nodeSrv.TLSConfig = tlsCfg

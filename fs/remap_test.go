@@ -45,6 +45,18 @@ func migrationFixture(t *testing.T, tm *testMount) (prev, next string) {
 	return "prev", "next"
 }
 
+// holdOpen opens rel in the mount, as a process that sits in a directory
+// would hold it, until the test ends.
+func holdOpen(t *testing.T, tm *testMount, rel string) *os.File {
+	t.Helper()
+	f, err := os.Open(filepath.Join(tm.dir, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 func readMount(t *testing.T, tm *testMount, rel string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(tm.dir, rel))
@@ -106,11 +118,7 @@ func TestMountAdopt(t *testing.T) {
 func TestMountSeal(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := migrationFixture(t, tm)
-	held, err := os.Open(filepath.Join(tm.dir, "prev/web/local"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := holdOpen(t, tm, "prev/web/local")
 	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
 		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
 	}
@@ -171,11 +179,7 @@ func TestMountSeal(t *testing.T) {
 func TestMountSealOutlivesAStaleRecord(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := migrationFixture(t, tm)
-	held, err := os.Open(filepath.Join(tm.dir, "prev/web/local"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := holdOpen(t, tm, "prev/web/local")
 	stale := mustState(t, tm.store, prev)
 	if _, err := tm.store.Seal(prev, next, migratedKeys); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,6 @@ var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Sec
 // and writes the log lines of what it refuses at a bounded rate, through
 // one LogLimiter that the daemon's other refusals (bad tokens) share.
 type Guard struct {
-	budget   Budget
 	timeouts Timeouts
 	refusals *LogLimiter
 	// streams caps the client-API and snapshot requests of both listeners
@@ -50,7 +49,6 @@ func NewGuard(logger hclog.Logger, budget Budget) (*Guard, error) {
 		return nil, err
 	}
 	return &Guard{
-		budget:   budget,
 		timeouts: DefaultTimeouts,
 		refusals: NewLogLimiter(logger.Named("refused"), refusalLogEvery, nil),
 		streams:  streams,
