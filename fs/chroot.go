@@ -12,6 +12,8 @@ import (
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -152,7 +154,7 @@ const hostShift = 40
 // maxHostEntries is how many entries the bits from hostShift up to the
 // view's slot number, the top one left for a host file of another
 // filesystem than its entry's source (a mount inside it).
-const maxHostEntries = 1<<(viewShift-hostShift-1) - 1
+const maxHostEntries = 1<<(volume.ViewShift-hostShift-1) - 1
 
 // identity is the inode number the mount shows for the entry rel of the
 // layer at position i of stack, whose lstat is st, before the view's
@@ -169,37 +171,38 @@ func (m *Mount) identity(stack *layer.Stack, i int, rel string, st *syscall.Stat
 	}
 	ino := st.Ino&(1<<hostShift-1) | uint64(n)<<hostShift
 	if st.Dev != m.chroot.devs[n-1] {
-		ino |= 1 << (viewShift - 1)
+		ino |= 1 << (volume.ViewShift - 1)
 	}
 	return ino
 }
 
-// maybeChroot turns on the host layer of task root n when the chown in
+// Chowned turns on the host layer of the task root n when the chown in
 // of the SETATTR is the first step of Nomad's chroot build: the still
 // empty directory of a task Nomad made, given to root.
-func (m *Mount) maybeChroot(n *volNode, uid uint32) syscall.Errno {
-	if uid != 0 || m.chroot == nil || n.st.Host == nil {
+func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
+	m := t.m
+	if uid != 0 || m.chroot == nil || n.Stack().Host == nil {
 		return 0
 	}
-	st, err := m.store.View(n.task.id)
-	if err != nil || st.IsChroot(n.task.task) {
+	st, err := m.store.View(t.id)
+	if err != nil || st.IsChroot(t.task) {
 		return 0
 	}
-	entries, err := n.st.List("", []int{0})
+	entries, err := n.Stack().List("", []int{0})
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	if len(entries) > 0 {
 		return 0
 	}
-	err = m.handlerChange([]string{n.task.id}, func() error {
-		_, err := m.store.SetChroot(n.task.id, n.task.task)
+	err = m.handlerChange([]string{t.id}, func() error {
+		_, err := m.store.SetChroot(t.id, t.task)
 		return err
 	})
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
-	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", n.task.id, "task", n.task.task)
+	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", t.id, "task", t.task)
 	return 0
 }
 
@@ -260,3 +263,13 @@ func (c *chrootEnv) destOf(p string) ([]string, bool) {
 	}
 	return nil, false
 }
+
+// volumeHost answers the volume nodes' questions of the mount
+// (volume.Host).
+type volumeHost struct{ m *Mount }
+
+func (h volumeHost) Identity(stack *layer.Stack, i int, rel string, st *syscall.Stat_t) uint64 {
+	return h.m.identity(stack, i, rel, st)
+}
+
+func (h volumeHost) LimitStatfs(id string, out *fuse.StatfsOut) { h.m.limitStatfs(id, out) }

@@ -1,11 +1,11 @@
 // Package fs is allocfs's FUSE tree: the mount that presents every
 // allocation of the store under one mount point, the nodes of its
-// skeleton, volumes and memory volumes, and AllocDir, the allocdir
-// contract served from the store.
+// skeleton, the memory volumes, and AllocDir, the allocdir contract
+// served from the store.
 //
-// # Three packages
+// # Four packages
 //
-// The data plane is three packages, each with one job:
+// The data plane is four packages, each with one job:
 //
 //	fs/store   the records and the layers they stack: state files and
 //	           journal, staging, remap, seal and import, flatten, the
@@ -14,13 +14,24 @@
 //	           layers: whiteouts, opaque directories, the format's
 //	           xattrs, merged lookup and listing, copy-up (origin, hard
 //	           links, holes, change times), and the merge of two layers.
-//	fs         the FUSE tree (this package): nodes only, serving what the
-//	           store records in the layer format.
+//	fs/volume  the nodes inside a volume: every file operation on a
+//	           stack of layers, fd-relative, the data path (passthrough,
+//	           set-id bits), files unlinked while open.
+//	fs         the FUSE tree (this package): the mount, the skeleton the
+//	           volumes are shown in, what the store's changes do to the
+//	           kernel's caches, the takeover of a running mount.
 //
 // Below the tree, fs/transport is the FUSE connection itself: allocfs's
 // own request loop over /dev/fuse, which hands each request to go-fuse's
 // node bridge (server.go; go-fuse's fuse.Server remains an option, and
 // serves --debug-fuse).
+//
+// The tree makes a volume's root node (volume.Plane.NewRoot) where the
+// layout puts a volume, and answers the two questions the volume nodes
+// ask of it (volume.Host: the inode numbers of a chroot's host layer,
+// the disk limit statfs shows); a task directory's layout children are
+// its taskNode, which the task directory's volume root consults first
+// (volume.Layout).
 //
 // The tree reads the store's committed records (store.Store.View) on
 // every lookup and hears of changes through store.Store.OnChange; it
@@ -31,10 +42,10 @@
 //	<mount>/                      rootNode: one directory per allocation
 //	└── <allocID>/                allocNode: 0755, the agent's
 //	    ├── alloc/                sharedNode: 0777 nobody
-//	    │   └── data|logs|tmp/    volNode: the volume's upper layer
+//	    │   └── data|logs|tmp/    volume.Node: the volume's upper layer
 //	    └── <task>/               taskNode: 0777 nobody
-//	        ├── local/ tmp/       volNode
-//	        ├── secrets/ private/ volNode over a detached tmpfs (memvol.go)
+//	        ├── local/ tmp/       volume.Node
+//	        ├── secrets/ private/ volume.Node over a detached tmpfs (memvol.go)
 //	        └── alloc/            sharedNode again, as a second view
 //
 // One router, layoutChild (layout.go), says what each name of the
@@ -54,19 +65,6 @@
 // that compare device and inode behave; after a restart of the daemon the
 // slots, and so the high bits, may differ.
 //
-// # Backing entries
-//
-// A volume node holds no path and no descriptor of its own: each
-// operation names its entry through the volume's layer.Stack as the
-// directory that holds it, opened beneath the layer root, and the name
-// in it (backing.go, layer.Loc), and makes its change with an *at() call.
-// So a task's paths are limited by the mount's PATH_MAX only, a symbolic
-// link planted in a layer is never followed, and the daemon's descriptors
-// are bounded by what is open, not by what the kernel caches. New
-// entries are made as root and given the caller's uid and, in a setgid
-// directory, the directory's group, in one chown; the mode bits asked for
-// are put back afterwards (restoreMode), since chown clears set-id bits.
-//
 // # Kernel caching
 //
 // Entries and attributes are cached for MountOptions.StableTimeout: every
@@ -77,53 +75,6 @@
 // returns. The hook runs on the goroutine that changed the store, never in
 // a FUSE request handler, where a notification can deadlock. Failed
 // lookups are cached briefly.
-//
-// # Data path
-//
-// Regular files inside volumes are served through go-fuse's loopback file
-// handle (a descriptor and its read, write, lock and sync calls), which
-// offers its fd for passthrough: when the kernel accepts it (root, kernel
-// 6.9 or later), reads and writes never reach the daemon. NewMount reports
-// whether the kernel offered passthrough. HANDLE_KILLPRIV_V2 stops the
-// kernel from asking for security.capability before every write, and
-// leaves the set-id rule to us: the kernel says per request when the VFS
-// would clear the bits (a WRITE's kill flag, a SETATTR's, the empty
-// SETATTR of file_remove_privs), and the daemon clears the bits ext4
-// would (killpriv.go); a file with set-id bits is served by the daemon,
-// so that every write to it is seen. A lower file of a writable overlay is served by
-// the daemon too (the kernel binds one backing file to an inode, and a
-// copy-up must replace it), with its page cache kept across opens. The
-// kernel refuses passthrough and daemon-served handles of one inode at
-// once, so each node counts both.
-//
-// Extended attributes of the layer format (trusted.overlay.*) never show
-// through the mount; a task's own trusted.overlay.* are stored escaped
-// (layer.StoredXattr).
-//
-// # Copy-up a task cannot see
-//
-// A node of an overlay volume remembers where it is visible (volNode.layers);
-// the layer package does the copy-up. What the tree adds keeps the node the
-// kernel holds the same across it:
-//
-//   - a copied-up entry is looked up with its origin's inode number
-//     (layer.Origin), so the kernel's node, st_ino and a hard-link group
-//     are the ones it had below;
-//   - handles opened on the lower file read the copy from then on
-//     (volNode.repointLocked), so an fd opened before a copy-up reads what one
-//     opened after it reads;
-//   - a merged directory shows the link count of its merged listing;
-//   - change times come through layer.Ctimes, which hides allocfs's own
-//     changes;
-//   - a task's character device 0/0, made by mknod or left by a rename
-//     with RENAME_WHITEOUT, is marked in every volume, so that no stack
-//     takes it for a whiteout later.
-//
-// # Errors
-//
-// Every FUSE handler returns a syscall.Errno. Errors from the store and the
-// allocdir contract are converted in one place, toErrno, which logs and
-// returns EIO for anything it does not know.
 //
 // # Never through the mount
 //

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 )
 
@@ -22,12 +23,12 @@ import (
 // have the same identity in two places. Each place a volume is shown (an
 // allocation's own paths, or one of its <task>/alloc views) gets a slot
 // that is mixed into the high bits of every inode number it shows
-// (viewShift): unique among the allocations of this mount, stable for as
+// (volume.ViewShift): unique among the allocations of this mount, stable for as
 // long as the allocation lives in it.
 
-// maxSlot is the largest slot: the bits from viewShift up to, not
+// maxSlot is the largest slot: the bits from volume.ViewShift up to, not
 // including, syntheticBit.
-const maxSlot = uint64(1)<<(63-viewShift) - 1
+const maxSlot = uint64(1)<<(63-volume.ViewShift) - 1
 
 // taskRootView is the first view of the directories of the tasks that
 // stack a host layer (chroot.go): taskRootView+i is the view of the i-th

@@ -16,6 +16,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/internal/tmpfs"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -26,7 +27,7 @@ import (
 // A memory volume (a task's secrets/ or private/) is a kernel tmpfs of
 // its own, made detached (internal/tmpfs): no mount table shows it, and
 // only descriptors reach it. The mount serves it as it serves a disk
-// volume, a volNode over a one-layer stack whose root is the instance's
+// volume, a volume.Node over a one-layer stack whose root is the instance's
 // descriptor (layer.Stack.Held), file data by passthrough; the kernel
 // does the accounting (size=, nr_inodes=), and df shows the caps.
 //
@@ -396,17 +397,11 @@ func (m *Mount) memoryInode(ctx context.Context, parent *gofs.Inode, st *store.S
 		return nil, errno
 	}
 	stack := &layer.Stack{Roots: []string{"memory:" + v.key}, Held: v}
-	var rst syscall.Stat_t
-	if err := stack.Lstat(0, "", &rst); err != nil {
-		return nil, toErrno(m.logger, err)
+	node, errno := m.vol.NewRoot(ctx, parent, volume.Root{View: view, Slot: slot, Stack: stack, Memory: true}, out)
+	if errno == 0 {
+		m.stableTimeouts(out)
 	}
-	node := &volNode{m: m, st: stack, slot: slot, layers: []int{0}, view: view, mem: v}
-	node.vroot = node.EmbeddedInode()
-	out.Attr.FromStat(&rst)
-	ino := rst.Ino ^ slot<<viewShift
-	out.Attr.Ino = ino
-	m.stableTimeouts(out)
-	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+	return node, errno
 }
 
 // dropMemory ends the memory volumes of an allocation (prefix "<alloc>/")

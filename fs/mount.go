@@ -18,6 +18,7 @@ import (
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/transport"
+	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -129,16 +130,9 @@ type Mount struct {
 	// requests counts what the kernel asks, by opcode.
 	requests *requestCounter
 
-	// passthrough is whether the kernel negotiated passthrough; it is
-	// learnt after the mount is up, when requests are already served.
-	passthrough atomic.Bool
-	// passthroughLost is set when file data reached the daemon although
-	// passthrough was negotiated.
-	passthroughLost atomic.Bool
-	// passthroughOpens and daemonOpens count the handles of volume files
-	// given to the kernel to serve by passthrough, and those whose reads
-	// and writes the daemon serves (FileOpens).
-	passthroughOpens, daemonOpens atomic.Uint64
+	// vol is what the volume nodes share: the passthrough state and its
+	// counters among it.
+	vol *volume.Plane
 
 	// deferred holds the allocations a request handler is changing
 	// (handlerChange), whose notifications wait until it returns, and
@@ -185,6 +179,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		dirs:     layer.NewDirCache(dirCacheSize),
 		requests: &requestCounter{next: opts.Requests},
 	}
+	m.vol = volume.NewPlane(m.logger, volumeHost{m}, m.dirs, store.DataDir())
 	m.deferred.ids = make(map[string]int)
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
 	m.shared = m.agent
@@ -217,7 +212,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		NullPermissions: true,
 		// The root's inode number is FUSE's root node ID, as "." and
 		// ".." of its listing say (tree.go).
-		RootStableAttr: &gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: rootIno},
+		RootStableAttr: &gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: volume.RootIno},
 		// A node's ID is its inode number, which says where its file
 		// is (tree.go, identity.go): a daemon that takes the connection
 		// over from another finds every node the kernel names
@@ -245,7 +240,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			// loopback would map them onto open-file locks instead.
 			// READDIRPLUS_AUTO lets the kernel ask for attributes only
 			// when the lister uses them: the first batch of a listing
-			// may come with attributes (plusbatch.go), later ones only
+			// may come with attributes (volume/plusbatch.go), later ones only
 			// after the lister looked an entry up. A names-only listing
 			// (ls, a shell glob, find -name) then costs a plain READDIR
 			// per batch (the size of the lister's getdents buffer on
@@ -324,7 +319,8 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		}
 		h := m.newHandler(fopts, generation, serr == nil)
 		m.server = ownServer{conn}
-		m.passthrough.Store(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
+		m.vol.RecordUnlinked()
+		m.vol.SetPassthrough(os.Geteuid() == 0 && conn.Flags()&fuse.CAP_PASSTHROUGH != 0)
 		if err := conn.Serve(h); err != nil {
 			return nil, errors.Join(fmt.Errorf("failed to serve allocfs at %q: %w", dir, err), unix.Unmount(dir, unix.MNT_DETACH), conn.Wait())
 		}
@@ -333,7 +329,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			m.logger.Info("took the mount over", "generation", generation)
 		}
 	}
-	if m.passthrough.Load() {
+	if m.vol.PassthroughNegotiated() {
 		m.logger.Info("mounted", "passthrough", true, "io_uring", m.ioUring)
 	} else {
 		m.logger.Warn("mounted without passthrough: file data goes through the daemon", "passthrough", false, "root", os.Geteuid() == 0)
@@ -348,23 +344,13 @@ func (m *Mount) Dir() string { return m.dir }
 // Passthrough reports whether regular files are served from their
 // backing fds by the kernel: it was negotiated at mount time, and no read
 // or write has reached the daemon since.
-func (m *Mount) Passthrough() bool { return m.passthrough.Load() && !m.passthroughLost.Load() }
+func (m *Mount) Passthrough() bool { return m.vol.Passthrough() }
 
 // FileOpens returns how many handles of volume files the mount has given
 // the kernel to serve by passthrough, and how many it serves itself (a
 // lower file of a writable volume, a file with set-id bits, every file
 // when passthrough is off), since it was made.
-func (m *Mount) FileOpens() (passthrough, daemon uint64) {
-	return m.passthroughOpens.Load(), m.daemonOpens.Load()
-}
-
-// dataThroughDaemon records that file data went through the daemon
-// although passthrough was negotiated, and says so once.
-func (m *Mount) dataThroughDaemon(op string) {
-	if m.passthroughLost.CompareAndSwap(false, true) {
-		m.logger.Error("passthrough is off: file data now goes through the daemon (go-fuse disables it for the whole mount after one failed registration)", "op", op, "passthrough", false)
-	}
-}
+func (m *Mount) FileOpens() (passthrough, daemon uint64) { return m.vol.FileOpens() }
 
 // invalidate makes the kernel forget what it cached about allocation
 // id, so that the next lookup sees the store's current record. It is the
@@ -422,13 +408,13 @@ func (m *Mount) invalidateVolumes(id string, st *store.State) {
 			switch n := ch.Operations().(type) {
 			case *sharedNode:
 				walk(ch)
-			case *volNode:
-				if n.mem != nil {
+			case *volume.Node:
+				if n.IsMemory() {
 					// A memory volume is no record's: it goes with
 					// the allocation or task (dropMemory).
 					continue
 				}
-				if n.task != nil {
+				if n.Layout() != nil {
 					walk(ch)
 				}
 				if !m.followRecord(n, st) {
@@ -444,7 +430,7 @@ func (m *Mount) invalidateVolumes(id string, st *store.State) {
 // go-fuse's server has only the notification its Inode sends.
 func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 	if s, ok := m.server.(ownServer); ok {
-		s.conn.DropEntry(inoOf(dir), name)
+		s.conn.DropEntry(volume.InoOf(dir), name)
 		return
 	}
 	dir.NotifyEntry(name)
@@ -457,18 +443,18 @@ func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 // volume, and two invalidations of one allocation can run at once, the
 // older with a record from before the seal; a writable record over a
 // frozen node (which no store change makes) drops the node instead.
-func (m *Mount) followRecord(n *volNode, st *store.State) bool {
-	v := st.Volumes[n.key]
-	if v == nil || n.slot != m.slots.peek(st.ID, n.view) {
+func (m *Mount) followRecord(n *volume.Node, st *store.State) bool {
+	v := st.Volumes[n.Key()]
+	if v == nil || n.Slot() != m.slots.peek(st.ID, n.View()) {
 		return false
 	}
-	if !slices.Equal(n.st.Roots, m.volumeStack(st, n.key).Roots) {
+	if !slices.Equal(n.Stack().Roots, m.volumeStack(st, n.Key()).Roots) {
 		return false
 	}
 	if v.ReadOnly {
-		n.ro.Store(true)
+		n.Freeze()
 	}
-	return v.ReadOnly == n.readOnly()
+	return v.ReadOnly == n.ReadOnly()
 }
 
 // volumeStack is the stack of layers of the volume key of st, or nil for

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/transport"
-	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -231,7 +229,7 @@ func TestMountSeesStoreChangesAtOnce(t *testing.T) {
 // daemon: the mount still reports passthrough after a round trip of data.
 func TestMountPassthroughServesData(t *testing.T) {
 	tm := newTestMount(t)
-	if !tm.mount.passthrough.Load() {
+	if !tm.mount.vol.PassthroughNegotiated() {
 		fstest.Lacks(t, "the kernel did not offer passthrough (needs Linux 6.9+ and root)")
 	}
 	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
@@ -251,29 +249,6 @@ func TestMountPassthroughServesData(t *testing.T) {
 	}
 	if !tm.mount.Passthrough() {
 		t.Errorf("Passthrough after a data round trip: got false, want true (data reached the daemon)")
-	}
-}
-
-// TestPassthroughLossIsReported checks the detector itself: a read that
-// reaches a volume file's handle turns the mount's passthrough report off.
-func TestPassthroughLossIsReported(t *testing.T) {
-	f, err := os.CreateTemp(t.TempDir(), "f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Mount{logger: hclog.NewNullLogger()}
-	m.passthrough.Store(true)
-	fd, err := syscall.Dup(int(f.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fh := m.wrapFile(gofs.NewLoopbackFile(fd))
-	if !m.Passthrough() {
-		t.Fatal("Passthrough before any data: got false, want true")
-	}
-	fh.(gofs.FileReader).Read(context.Background(), make([]byte, 10), 0)
-	if m.Passthrough() {
-		t.Errorf("Passthrough after a read reached the handle: got true, want false")
 	}
 }
 

@@ -9,8 +9,10 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // Nomad's client on the mount. With client.alloc_dir on allocfs, Nomad
@@ -90,10 +92,10 @@ func callerOwner(ctx context.Context) (uint32, uint32) {
 // not a hidden name, which tools use for their own temporary files and no
 // orchestrator for an allocation.
 func validMountID(name string) syscall.Errno {
-	if len(name) > maxNameLen {
+	if len(name) > volume.MaxNameLen {
 		return syscall.ENAMETOOLONG
 	}
-	if allocdir.ValidID(name) != nil || strings.HasPrefix(name, ".") || len(name)+len(".json") > maxNameLen {
+	if allocdir.ValidID(name) != nil || strings.HasPrefix(name, ".") || len(name)+len(".json") > volume.MaxNameLen {
 		return syscall.EINVAL
 	}
 	return 0
@@ -114,7 +116,7 @@ func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 		_, err := r.m.store.CreateFromMount(name, attr)
 		return err
 	}); err != nil {
-		return nil, toErrno(r.m.logger, err)
+		return nil, volume.ToErrno(r.m.logger, err)
 	}
 	if r.m.opts.Created != nil {
 		r.m.opts.Created(name)
@@ -130,13 +132,13 @@ var _ = (gofs.NodeRmdirer)((*rootNode)(nil))
 func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	st, err := r.m.store.View(name)
 	if err != nil {
-		return toErrno(r.m.logger, err)
+		return volume.ToErrno(r.m.logger, err)
 	}
 	if len(layoutNames(st, place{kind: placeAlloc})) > 0 {
 		return syscall.ENOTEMPTY
 	}
 	if err := r.m.handlerChange([]string{name}, func() error { return r.m.store.Destroy(name) }); err != nil {
-		return toErrno(r.m.logger, err)
+		return volume.ToErrno(r.m.logger, err)
 	}
 	r.m.touchRoot()
 	return 0
@@ -170,9 +172,9 @@ var _ = (gofs.NodeMkdirer)((*allocNode)(nil))
 func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
-		return nil, toErrno(a.m.logger, err)
+		return nil, volume.ToErrno(a.m.logger, err)
 	}
-	if len(name) > maxNameLen {
+	if len(name) > volume.MaxNameLen {
 		return nil, syscall.ENAMETOOLONG
 	}
 	parent := a.m.allocAttr(st).dirAttr()
@@ -194,7 +196,7 @@ func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fu
 		})
 	}
 	if err != nil {
-		return nil, toErrno(a.m.logger, err)
+		return nil, volume.ToErrno(a.m.logger, err)
 	}
 	return a.Lookup(ctx, name, out)
 }
@@ -207,7 +209,7 @@ var _ = (gofs.NodeRmdirer)((*allocNode)(nil))
 func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
-		return toErrno(a.m.logger, err)
+		return volume.ToErrno(a.m.logger, err)
 	}
 	p := layoutChild(st, place{kind: placeAlloc}, name)
 	parent := a.m.allocAttr(st).dirAttr()
@@ -233,7 +235,7 @@ func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	default:
 		return syscall.ENOENT
 	}
-	return toErrno(a.m.logger, err)
+	return volume.ToErrno(a.m.logger, err)
 }
 
 var _ = (gofs.NodeRenamer)((*allocNode)(nil))
@@ -272,7 +274,7 @@ func (m *Mount) setSkeleton(id, dir string, attrOf func(*store.State) skeletonAt
 	}
 	st, err := m.store.View(id)
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	now := time.Now().UTC()
 	pick := func(set, setNow uint32, sec uint64, nsec uint32, old time.Time) time.Time {
@@ -303,7 +305,7 @@ func (m *Mount) setSkeleton(id, dir string, attrOf func(*store.State) skeletonAt
 		return err
 	})
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	attrOf(st).fill(&out.Attr, ino)
 	return 0
@@ -316,10 +318,10 @@ var _ = (gofs.NodeMkdirer)((*sharedNode)(nil))
 func (s *sharedNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
-		return nil, toErrno(s.m.logger, err)
+		return nil, volume.ToErrno(s.m.logger, err)
 	}
 	switch {
-	case len(name) > maxNameLen:
+	case len(name) > volume.MaxNameLen:
 		return nil, syscall.ENAMETOOLONG
 	case layoutChild(st, place{kind: placeShared}, name).kind != placeNone:
 		return nil, syscall.EEXIST
@@ -331,7 +333,7 @@ func (s *sharedNode) Mkdir(ctx context.Context, name string, mode uint32, out *f
 		_, err := s.m.store.AddVolume(s.id, allocdir.SharedAllocName+"/"+name, &parent)
 		return err
 	}); err != nil {
-		return nil, toErrno(s.m.logger, err)
+		return nil, volume.ToErrno(s.m.logger, err)
 	}
 	return s.Lookup(ctx, name, out)
 }
@@ -342,7 +344,7 @@ var _ = (gofs.NodeRmdirer)((*sharedNode)(nil))
 func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
-		return toErrno(s.m.logger, err)
+		return volume.ToErrno(s.m.logger, err)
 	}
 	p := layoutChild(st, place{kind: placeShared}, name)
 	if p.kind != placeVolume {
@@ -354,7 +356,7 @@ func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return syscall.ENOTEMPTY
 	}
 	parent := s.m.sharedAttr(st).dirAttr()
-	return toErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.key, &parent) }))
+	return volume.ToErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.key, &parent) }))
 }
 
 var _ = (gofs.NodeRenamer)((*sharedNode)(nil))
@@ -382,22 +384,22 @@ func (s *sharedNode) Rename(ctx context.Context, name string, newParent gofs.Ino
 // replaces an empty directory.
 func (m *Mount) adoptVolume(prevID, newID, key string, flags uint32) syscall.Errno {
 	switch {
-	case flags&(renameExchange|renameWhiteout) != 0:
+	case flags&(unix.RENAME_EXCHANGE|unix.RENAME_WHITEOUT) != 0:
 		return syscall.EXDEV
 	}
 	prev, err := m.store.View(prevID)
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	next, err := m.store.View(newID)
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	if prev.Volumes[key] == nil {
 		return syscall.ENOENT
 	}
 	if next.Volumes[key] != nil {
-		if flags&renameNoReplace != 0 {
+		if flags&unix.RENAME_NOREPLACE != 0 {
 			return syscall.EEXIST
 		}
 		empty, errno := m.volumeEmpty(next, key)
@@ -413,7 +415,7 @@ func (m *Mount) adoptVolume(prevID, newID, key string, flags uint32) syscall.Err
 	// in the previous allocation's slot. The store's change hook, once
 	// the rename is answered, drops the entry (invalidateVolumes), and the
 	// next lookup gives the new allocation's own node.
-	return toErrno(m.logger, m.handlerChange([]string{prevID, newID}, func() error { return m.store.AdoptVolume(prevID, newID, key) }))
+	return volume.ToErrno(m.logger, m.handlerChange([]string{prevID, newID}, func() error { return m.store.AdoptVolume(prevID, newID, key) }))
 }
 
 // volumeEmpty reports whether the volume key of st holds no entry, its
@@ -426,7 +428,7 @@ func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
 	}
 	entries, err := stack.List("", stack.All())
 	if err != nil {
-		return false, toErrno(m.logger, err)
+		return false, volume.ToErrno(m.logger, err)
 	}
 	return len(entries) == 0, 0
 }
@@ -434,10 +436,10 @@ func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
 // taskMkdir makes the layout directory name of a task directory again
 // after an rmdir: local/ and tmp/ with a fresh layer, secrets/, private/
 // and the alloc/ view as they were made first.
-func (t *taskNode) mkdir(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := t.m.store.View(t.id)
 	if err != nil {
-		return nil, toErrno(t.m.logger, err)
+		return nil, volume.ToErrno(t.m.logger, err)
 	}
 	i := st.TaskIndex(t.task)
 	if i < 0 {
@@ -457,18 +459,18 @@ func (t *taskNode) mkdir(ctx context.Context, parent *gofs.Inode, name string, o
 		return err
 	})
 	if err != nil {
-		return nil, toErrno(t.m.logger, err)
+		return nil, volume.ToErrno(t.m.logger, err)
 	}
 	return t.Lookup(ctx, parent, name, out)
 }
 
-// rmdir removes the layout directory name of a task directory when it is
+// Rmdir removes the layout directory name of a task directory when it is
 // empty: a volume with its layers; secrets/ or private/, whose memory
 // goes; the alloc/ view once alloc/'s volumes are gone.
-func (t *taskNode) rmdir(name string) syscall.Errno {
+func (t *taskNode) Rmdir(name string) syscall.Errno {
 	st, err := t.m.store.View(t.id)
 	if err != nil {
-		return toErrno(t.m.logger, err)
+		return volume.ToErrno(t.m.logger, err)
 	}
 	i := st.TaskIndex(t.task)
 	if i < 0 {
@@ -482,7 +484,7 @@ func (t *taskNode) rmdir(name string) syscall.Errno {
 		} else if !empty {
 			return syscall.ENOTEMPTY
 		}
-		return toErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.key, nil) }))
+		return volume.ToErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.key, nil) }))
 	case placeShared:
 		if len(layoutNames(st, p)) > 0 {
 			return syscall.ENOTEMPTY
@@ -490,7 +492,7 @@ func (t *taskNode) rmdir(name string) syscall.Errno {
 	case placeMemory:
 		if v := t.m.existingMemVolume(t.id, t.task, name); v != nil {
 			if empty, err := v.empty(); err != nil {
-				return toErrno(t.m.logger, err)
+				return volume.ToErrno(t.m.logger, err)
 			} else if !empty {
 				return syscall.ENOTEMPTY
 			}
@@ -505,18 +507,19 @@ func (t *taskNode) rmdir(name string) syscall.Errno {
 	if err == nil && p.kind == placeMemory {
 		t.m.dropMemRoot(t.id, t.task, name)
 	}
-	return toErrno(t.m.logger, err)
+	return volume.ToErrno(t.m.logger, err)
 }
 
-// rename handles a rename of the layout directory name of this task
+// Rename handles a rename of the layout directory name of this task
 // directory: <prev>/<task>/local onto <new>/<task>/local is Nomad's Move
 // (adoptVolume); any other is refused, as of a mount point.
-func (t *taskNode) rename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
-	if dst.task == nil || dst.task.id == t.id {
+func (t *taskNode) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	to, ok := dst.Layout().(*taskNode)
+	if !ok || to.id == t.id {
 		return syscall.EBUSY
 	}
-	if name != allocdir.TaskLocal || newName != allocdir.TaskLocal || dst.task.task != t.task {
+	if name != allocdir.TaskLocal || newName != allocdir.TaskLocal || to.task != t.task {
 		return syscall.EXDEV
 	}
-	return t.m.adoptVolume(t.id, dst.task.id, t.task+"/"+allocdir.TaskLocal, flags)
+	return t.m.adoptVolume(t.id, to.id, t.task+"/"+allocdir.TaskLocal, flags)
 }

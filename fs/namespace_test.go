@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
 
@@ -254,7 +255,7 @@ func TestMountMoveIsARemap(t *testing.T) {
 	// allocation's own node, with inode numbers in its own slot, as a
 	// name looked up anew does.
 	rec = mustState(t, tm.store, "new")
-	want := (after.Ino | uint64(rec.Tags[dataLayer])<<layer.SaltShift) ^ tm.mount.slots.peek("new", 0)<<viewShift
+	want := (after.Ino | uint64(rec.Tags[dataLayer])<<layer.SaltShift) ^ tm.mount.slots.peek("new", 0)<<volume.ViewShift
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		if st := lstatT(t, filepath.Join(next, "alloc/data/f")); st.Ino == want {
 			break

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
 
@@ -266,7 +267,7 @@ func testLongPath(t *testing.T, dir string) {
 	longRel := prefix + "/" + strings.Repeat("a", last)
 	longRel2 := prefix + "/" + strings.Repeat("b", last)
 	tooLong := prefix + "/" + strings.Repeat("c", last+1)
-	if len(longRel) != pathMax-1 || len(tooLong) != pathMax || last+1 > maxNameLen {
+	if len(longRel) != pathMax-1 || len(tooLong) != pathMax || last+1 > volume.MaxNameLen {
 		t.Fatalf("paths of %d and %d bytes, last name %d: the test is wrong", len(longRel), len(tooLong), last+1)
 	}
 

@@ -10,15 +10,16 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
 
 // TestListingFirstBatchAttributes checks what a names-only listing leaves
 // the kernel knowing, on a plain volume and on an overlay: every entry of
-// a directory of more than plusAttrsMax names is undescribed (a stat of
+// a directory of more than volume.PlusAttrsMax names is undescribed (a stat of
 // each afterwards is a LOOKUP); the entries of the first batch of a
 // smaller one are described (no LOOKUP), all of them when the directory
-// fits one batch, the first batch's only at plusAttrsMax names (the kernel
+// fits one batch, the first batch's only at volume.PlusAttrsMax names (the kernel
 // asks for the rest with plain READDIR). Every name is listed once, on a
 // plain volume with the d_ino that lstat gives it.
 func TestListingFirstBatchAttributes(t *testing.T) {
@@ -40,10 +41,10 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 		}
 	}
 	fill(filepath.Join(backing("plain"), "small"), 100)
-	fill(filepath.Join(backing("plain"), "boundary"), plusAttrsMax)
-	fill(filepath.Join(backing("plain"), "large"), plusAttrsMax+1)
+	fill(filepath.Join(backing("plain"), "boundary"), volume.PlusAttrsMax)
+	fill(filepath.Join(backing("plain"), "large"), volume.PlusAttrsMax+1)
 	fill(filepath.Join(backing("stacked"), "lowersmall"), 20)
-	fill(filepath.Join(backing("stacked"), "lowerlarge"), plusAttrsMax)
+	fill(filepath.Join(backing("stacked"), "lowerlarge"), volume.PlusAttrsMax)
 	stackLayer(t, tm.store, "stacked", "alloc/data")
 	plain := filepath.Join(tm.dir, "plain", "alloc", "data")
 	stacked := filepath.Join(tm.dir, "stacked", "alloc", "data")
@@ -62,10 +63,10 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 		lookups int
 	}{
 		{filepath.Join(plain, "small"), 100, none},
-		{filepath.Join(plain, "boundary"), plusAttrsMax, some},
-		{filepath.Join(plain, "large"), plusAttrsMax + 1, all},
+		{filepath.Join(plain, "boundary"), volume.PlusAttrsMax, some},
+		{filepath.Join(plain, "large"), volume.PlusAttrsMax + 1, all},
 		{filepath.Join(stacked, "lowersmall"), 20, none},
-		{filepath.Join(stacked, "lowerlarge"), plusAttrsMax + 1, all},
+		{filepath.Join(stacked, "lowerlarge"), volume.PlusAttrsMax + 1, all},
 	} {
 		t.Run(filepath.Base(c.dir), func(t *testing.T) {
 			dir := c.dir
@@ -113,15 +114,15 @@ func TestListingSeek(t *testing.T) {
 	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}
-	volume := filepath.Join(tm.dir, "a", "alloc", "data", "d")
+	dataDir := filepath.Join(tm.dir, "a", "alloc", "data", "d")
 	layer := tm.store.LayerPath(mustState(t, tm.store, "a").Volumes["alloc/data"].Upper)
 	must(t, os.Mkdir(filepath.Join(layer, "d"), 0o755))
 	task := filepath.Join(tm.dir, "a", "web")
-	for i := 0; i < 3*plusAttrsMax; i++ {
+	for i := 0; i < 3*volume.PlusAttrsMax; i++ {
 		must(t, os.WriteFile(filepath.Join(layer, "d", fmt.Sprintf("f%04d", i)), nil, 0o644))
 		must(t, os.WriteFile(filepath.Join(task, fmt.Sprintf("t%04d", i)), nil, 0o644))
 	}
-	for name, dir := range map[string]string{"volume": volume, "task directory": task} {
+	for name, dir := range map[string]string{"volume": dataDir, "task directory": task} {
 		t.Run(name, func(t *testing.T) { checkListingSeek(t, tm, dir) })
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/transport"
+	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -15,8 +16,8 @@ import (
 // server negotiates for the node bridge (asynchronous and large reads and
 // writes, READDIRPLUS, parallel lookups in one directory, renameat2
 // flags, passthrough, the kernel invalidating cached data when a file's
-// mtime or size changes), READDIRPLUS_AUTO (mount.go, plusbatch.go) and
-// HANDLE_KILLPRIV_V2 (killpriv.go).
+// mtime or size changes), READDIRPLUS_AUTO (mount.go, volume/plusbatch.go) and
+// HANDLE_KILLPRIV_V2 (volume/killpriv.go).
 const mountCapabilities = fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_FILE_OPS |
 	fuse.CAP_READDIRPLUS | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES |
 	fuse.CAP_RENAME_SWAP | fuse.CAP_PASSTHROUGH | fuse.CAP_AUTO_INVAL_DATA | capHandleKillprivV2
@@ -44,7 +45,7 @@ func (s goFuseServer) Wait() error {
 }
 
 // newHandler makes what serves the mount's requests: the node tree behind
-// go-fuse's bridge, with the write flags passed on (killpriv.go), the
+// go-fuse's bridge, with the write flags passed on (volume.KillFlags), the
 // attributes a SETATTR answers cached (setattrTimeout), the release
 // ordering around it.
 // A daemon of a later generation than 0 took the connection over, and
@@ -52,10 +53,10 @@ func (s goFuseServer) Wait() error {
 // connection can be taken over records the outcome of namespace requests
 // (outcomes.go), for the next.
 func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) fuse.RawFileSystem {
-	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killFlags{gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
+	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{volume.KillFlags{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
 		m.takeover = restart.NewTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
-		m.takeover.Found = m.unnameUnlinked
+		m.takeover.Found = func(path []string) { volume.UnnameUnlinked(m.root.EmbeddedInode(), path) }
 		h = m.takeover
 	}
 	if takeable {
@@ -85,7 +86,7 @@ func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
 		m.Unmount()
 		return fmt.Errorf("mount at %q did not come up: %w", dir, err)
 	}
-	m.passthrough.Store(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
+	m.vol.SetPassthrough(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -47,7 +48,7 @@ import (
 // daemon needs (the session, the outcomes of namespace requests, the
 // passthrough backing IDs) is package restart's too; the slot table
 // (identity.go), the memory volumes' table (memvol.go) and the records of
-// files unlinked while open (unlinkedrec.go) are the tree's, kept in the
+// files unlinked while open (volume/unlinkedrec.go) are the tree's, kept in the
 // same directory (restart.StateFile).
 
 // dropTakeoverState removes what the mount kept for a daemon taking it
@@ -104,7 +105,7 @@ func (m *Mount) ConnectionEnded() bool {
 
 // PassthroughLost reports whether passthrough was negotiated and file
 // data went through the daemon all the same (Passthrough says neither).
-func (m *Mount) PassthroughLost() bool { return m.passthrough.Load() && m.passthroughLost.Load() }
+func (m *Mount) PassthroughLost() bool { return m.vol.PassthroughLost() }
 
 // Park stops serving for a hand-over (transport.Conn.Park): what the
 // kernel sends from now on waits for the next daemon. The process must
@@ -133,10 +134,10 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 		}
 		return [][]string{p}, 0
 	}
-	if paths := m.unlinkedPaths(id); paths != nil {
+	if paths := m.vol.UnlinkedPaths(id); paths != nil {
 		return paths, 0
 	}
-	slot, ino := id>>viewShift, id&(1<<viewShift-1)
+	slot, ino := id>>volume.ViewShift, id&(1<<volume.ViewShift-1)
 	k, ok := m.slots.view(slot)
 	if !ok {
 		return nil, syscall.ESTALE

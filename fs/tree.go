@@ -3,32 +3,20 @@ package fs
 import (
 	"context"
 	"hash/fnv"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-const (
-	// maxNameLen is NAME_MAX of the backing filesystems we support; the
-	// kernel only checks 1024 bytes, so every name-taking handler checks.
-	maxNameLen = 255
-
-	renameNoReplace = 0x1 // RENAME_NOREPLACE
-	renameExchange  = 0x2 // RENAME_EXCHANGE
-	renameWhiteout  = 0x4 // RENAME_WHITEOUT
-
-	// syntheticBit marks inode numbers of nodes that have no backing file
-	// (the skeleton). Backing inode numbers never reach it.
-	syntheticBit = uint64(1) << 63
-	// viewShift places the slot of the place a volume is shown (see
-	// identity.go) in the high bits of the inode numbers it shows, so
-	// that one backing inode shown in two places is two nodes.
-	viewShift = 48
-)
+// syntheticBit marks inode numbers of nodes that have no backing file
+// (the skeleton). Backing inode numbers never reach it.
+const syntheticBit = uint64(1) << 63
 
 // syntheticIno derives a stable inode number for a skeleton node from its
 // path in the mount.
@@ -88,7 +76,7 @@ var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
 
 func (r *rootNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	r.m.rootAttr().fill(&out.Attr, 1)
-	out.Ino = rootIno
+	out.Ino = volume.RootIno
 	return 0
 }
 
@@ -97,7 +85,7 @@ var _ = (gofs.NodeLookuper)((*rootNode)(nil))
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := r.m.store.View(name)
 	if err != nil {
-		return nil, toErrno(r.m.logger, err)
+		return nil, volume.ToErrno(r.m.logger, err)
 	}
 	n := &allocNode{m: r.m, id: st.ID}
 	attr := r.m.allocAttr(st)
@@ -115,7 +103,7 @@ func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	for _, id := range ids {
 		entries = append(entries, fuse.DirEntry{Name: id, Mode: syscall.S_IFDIR, Ino: syntheticIno("alloc", id)})
 	}
-	return gofs.NewListDirStream(withDots(r.EmbeddedInode(), entries)), 0
+	return gofs.NewListDirStream(volume.WithDots(r.EmbeddedInode(), entries)), 0
 }
 
 // allocNode is <mount>/<allocID>/: alloc/ plus one directory per task.
@@ -130,7 +118,7 @@ var _ = (gofs.NodeGetattrer)((*allocNode)(nil))
 func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
-		return toErrno(a.m.logger, err)
+		return volume.ToErrno(a.m.logger, err)
 	}
 	a.m.allocAttr(st).fill(&out.Attr, a.StableAttr().Ino)
 	return 0
@@ -141,7 +129,7 @@ var _ = (gofs.NodeLookuper)((*allocNode)(nil))
 func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
-		return nil, toErrno(a.m.logger, err)
+		return nil, volume.ToErrno(a.m.logger, err)
 	}
 	return a.m.layoutInode(ctx, &a.Inode, st, layoutChild(st, place{kind: placeAlloc}, name), out)
 }
@@ -166,12 +154,36 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.S
 	return nil, syscall.ENOENT
 }
 
+// volumeInode returns the root node of the volume at key ("alloc/data",
+// "<task>/local", ...) of an allocation, as seen in view. task is set for
+// a task directory's own volume, whose layout children it presents.
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	v, ok := st.Volumes[key]
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	slot, errno := m.slots.slot(st.ID, view)
+	if errno != 0 {
+		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
+		return nil, errno
+	}
+	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly}
+	if task != nil {
+		r.Layout = task
+	}
+	node, errno := m.vol.NewRoot(ctx, parent, r, out)
+	if errno == 0 {
+		m.stableTimeouts(out)
+	}
+	return node, errno
+}
+
 var _ = (gofs.NodeReaddirer)((*allocNode)(nil))
 
 func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
-		return nil, toErrno(a.m.logger, err)
+		return nil, volume.ToErrno(a.m.logger, err)
 	}
 	var entries []fuse.DirEntry
 	for _, n := range layoutNames(st, place{kind: placeAlloc}) {
@@ -181,7 +193,7 @@ func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 		}
 		entries = append(entries, e)
 	}
-	return gofs.NewListDirStream(withDots(a.EmbeddedInode(), entries)), 0
+	return gofs.NewListDirStream(volume.WithDots(a.EmbeddedInode(), entries)), 0
 }
 
 // sharedNode is an allocation's alloc/ directory: logs/, tmp/ and data/.
@@ -199,7 +211,7 @@ var _ = (gofs.NodeGetattrer)((*sharedNode)(nil))
 func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
-		return toErrno(s.m.logger, err)
+		return volume.ToErrno(s.m.logger, err)
 	}
 	s.m.sharedAttr(st).fill(&out.Attr, s.StableAttr().Ino)
 	return 0
@@ -210,7 +222,7 @@ var _ = (gofs.NodeLookuper)((*sharedNode)(nil))
 func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
-		return nil, toErrno(s.m.logger, err)
+		return nil, volume.ToErrno(s.m.logger, err)
 	}
 	return s.m.layoutInode(ctx, &s.Inode, st, layoutChild(st, place{kind: placeShared, view: s.view}, name), out)
 }
@@ -220,30 +232,49 @@ var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
 func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
-		return nil, toErrno(s.m.logger, err)
+		return nil, volume.ToErrno(s.m.logger, err)
 	}
 	names := layoutNames(st, place{kind: placeShared})
 	entries := make([]fuse.DirEntry, 0, len(names))
 	for _, n := range names {
 		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
 	}
-	return gofs.NewListDirStream(withDots(s.EmbeddedInode(), entries)), 0
+	return gofs.NewListDirStream(volume.WithDots(s.EmbeddedInode(), entries)), 0
 }
 
 // taskNode presents the layout children of <alloc>/<task>/ (local/,
 // tmp/, secrets/, private/ and the alloc/ view) over the task directory's
-// own volume, whose root volNode consults it first.
+// own volume, whose root volume.Node consults it first.
 type taskNode struct {
 	m    *Mount
 	id   string
 	task string
 }
 
+var _ volume.Layout = (*taskNode)(nil)
+
+// Reserved reports whether name is one of a task directory's layout
+// children, which the task directory's volume never shows.
+func (t *taskNode) Reserved(name string) bool { return slices.Contains(taskChildren, name) }
+
+// Names lists the layout children the task directory has now.
+func (t *taskNode) Names() ([]string, syscall.Errno) {
+	st, err := t.m.store.View(t.id)
+	if err != nil {
+		return nil, volume.ToErrno(t.m.logger, err)
+	}
+	i := st.TaskIndex(t.task)
+	if i < 0 {
+		return nil, syscall.ENOENT
+	}
+	return layoutNames(st, place{kind: placeTask, key: t.task, task: i}), 0
+}
+
 // Lookup finds the layout child name of the task directory parent.
 func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := t.m.store.View(t.id)
 	if err != nil {
-		return nil, toErrno(t.m.logger, err)
+		return nil, volume.ToErrno(t.m.logger, err)
 	}
 	i := st.TaskIndex(t.task)
 	if i < 0 {
@@ -257,13 +288,13 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 func (m *Mount) statfs(out *fuse.StatfsOut) syscall.Errno {
 	st, err := m.store.Statfs()
 	if err != nil {
-		return toErrno(m.logger, err)
+		return volume.ToErrno(m.logger, err)
 	}
 	out.Blocks, out.Bfree, out.Bavail = st.Blocks, st.Bfree, st.Bavail
 	out.Files, out.Ffree = st.Files, st.Ffree
 	out.Bsize = uint32(st.Bsize)
 	out.Frsize = uint32(st.Frsize)
-	out.NameLen = maxNameLen
+	out.NameLen = volume.MaxNameLen
 	return 0
 }
 
@@ -317,30 +348,4 @@ func (m *Mount) limitStatfs(id string, out *fuse.StatfsOut) {
 		out.Files = files
 		out.Ffree = min(files-min(files, uint64(max(u.Inodes, 0))), out.Ffree)
 	}
-}
-
-// withDots puts "." and ".." before entries, the directory n's own and
-// its parent's, as every listing of a local filesystem has them: tools
-// that count a directory's entries, or walk by "..", expect them.
-func withDots(n *gofs.Inode, entries []fuse.DirEntry) []fuse.DirEntry {
-	self := inoOf(n)
-	parent := self
-	if _, p := n.Parent(); p != nil {
-		parent = inoOf(p)
-	}
-	return append([]fuse.DirEntry{
-		{Name: ".", Mode: syscall.S_IFDIR, Ino: self},
-		{Name: "..", Mode: syscall.S_IFDIR, Ino: parent},
-	}, entries...)
-}
-
-// rootIno is the mount root's inode number, FUSE's root node ID.
-const rootIno = fuse.FUSE_ROOT_ID
-
-// inoOf is the inode number stat shows for n.
-func inoOf(n *gofs.Inode) uint64 {
-	if n.IsRoot() {
-		return rootIno
-	}
-	return n.StableAttr().Ino
 }

@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var _ = (gofs.NodeOpener)((*volNode)(nil))
+var _ = (gofs.NodeOpener)((*Node)(nil))
 
-func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if n.readOnly() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
@@ -23,7 +23,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 			// flag: openat2 refuses it.
 			fd, err := n.openShown(int(flags &^ (syscall.O_APPEND | syscall.O_CREAT | fuse.FMODE_EXEC)))
 			if err != nil {
-				return nil, 0, toErrno(n.m.logger, err)
+				return nil, 0, ToErrno(n.p.logger, err)
 			}
 			lf := gofs.NewLoopbackFile(fd)
 			if n.readOnly() {
@@ -57,7 +57,7 @@ func (n *volNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint
 		// does.
 		if lf, ok := fh.(*gofs.LoopbackFile); ok && !callerHasCap(ctx, capFsetid) {
 			fd, _ := lf.PassthroughFd()
-			if errno := killFd(ctx, n.m.logger, fd); errno != 0 {
+			if errno := killFd(ctx, n.p.logger, fd); errno != 0 {
 				releaseHandle(ctx, fh)
 				return nil, 0, errno
 			}
@@ -81,22 +81,22 @@ const passthroughOpenFlags = fuse.FOPEN_NOFLUSH
 // backing fd fails), and the mount reports it.
 type volFile struct {
 	*gofs.LoopbackFile
-	m *Mount
+	p *Plane
 	// node counts the handle in its passthroughOpen while it is open,
 	// and in its openFiles when tracked is set.
-	node    *volNode
+	node    *Node
 	tracked *gofs.LoopbackFile
 }
 
 // passthroughFile is a handle of n's file offered to the kernel for
 // passthrough, counted in n.passthroughOpen until it is released.
-func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
+func (n *Node) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
 	lf, ok := fh.(*gofs.LoopbackFile)
 	if !ok {
-		return n.m.wrapFile(fh)
+		return n.p.wrapFile(fh)
 	}
 	n.mu.Lock()
-	on := n.m.passthrough.Load()
+	on := n.p.passthrough.Load()
 	if on {
 		n.passthroughOpen++
 	}
@@ -108,18 +108,18 @@ func (n *volNode) passthroughFile(fh gofs.FileHandle) gofs.FileHandle {
 // serves by passthrough if on (the caller has counted it in
 // n.passthroughOpen), or as one go-fuse serves when passthrough is off
 // for the mount.
-func (n *volNode) asPassthroughFile(lf *gofs.LoopbackFile, on bool) gofs.FileHandle {
+func (n *Node) asPassthroughFile(lf *gofs.LoopbackFile, on bool) gofs.FileHandle {
 	n.trackFile(lf)
 	if !on {
-		n.m.daemonOpens.Add(1)
+		n.p.daemonOpens.Add(1)
 		return &trackedFile{LoopbackFile: lf, node: n}
 	}
-	n.m.passthroughOpens.Add(1)
-	return &volFile{LoopbackFile: lf, m: n.m, node: n, tracked: lf}
+	n.p.passthroughOpens.Add(1)
+	return &volFile{LoopbackFile: lf, p: n.p, node: n, tracked: lf}
 }
 
 // trackFile counts lf in the node's openFiles until it is released.
-func (n *volNode) trackFile(lf *gofs.LoopbackFile) {
+func (n *Node) trackFile(lf *gofs.LoopbackFile) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.openFiles == nil {
@@ -128,7 +128,7 @@ func (n *volNode) trackFile(lf *gofs.LoopbackFile) {
 	n.openFiles[lf] = struct{}{}
 }
 
-func (n *volNode) untrackFile(lf *gofs.LoopbackFile) {
+func (n *Node) untrackFile(lf *gofs.LoopbackFile) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.openFiles, lf)
@@ -136,7 +136,7 @@ func (n *volNode) untrackFile(lf *gofs.LoopbackFile) {
 
 // openFile returns one of the node's open handles on its own file, or
 // nil.
-func (n *volNode) openFile() gofs.FileHandle {
+func (n *Node) openFile() gofs.FileHandle {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for lf := range n.openFiles {
@@ -148,7 +148,7 @@ func (n *volNode) openFile() gofs.FileHandle {
 // reopenUnlinked opens the node's file through one of its open handles,
 // or the descriptor a takeover found it by, for a node whose name is
 // gone; ENOENT when it has neither.
-func (n *volNode) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
+func (n *Node) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
 	fd, ok := -1, false
 	if h := n.openFile(); h != nil {
 		fd, ok = handleFd(h)
@@ -165,7 +165,7 @@ func (n *volNode) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errn
 	flags &^= syscall.O_APPEND | syscall.O_CREAT | syscall.O_EXCL | syscall.O_NOFOLLOW | fuse.FMODE_EXEC
 	nfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), int(flags)|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return gofs.NewLoopbackFile(nfd).(*gofs.LoopbackFile), 0
 }
@@ -174,7 +174,7 @@ func (n *volNode) reopenUnlinked(flags uint32) (*gofs.LoopbackFile, syscall.Errn
 // (passthrough off), counted in its node's openFiles while open.
 type trackedFile struct {
 	*gofs.LoopbackFile
-	node *volNode
+	node *Node
 }
 
 var _ = (gofs.FileReleaser)((*trackedFile)(nil))
@@ -198,32 +198,32 @@ func (f *volFile) Release(ctx context.Context) syscall.Errno {
 	return f.LoopbackFile.Release(ctx)
 }
 
-func (m *Mount) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
+func (p *Plane) wrapFile(fh gofs.FileHandle) gofs.FileHandle {
 	lf, ok := fh.(*gofs.LoopbackFile)
-	if !ok || !m.passthrough.Load() {
+	if !ok || !p.passthrough.Load() {
 		return fh
 	}
-	return &volFile{LoopbackFile: lf, m: m}
+	return &volFile{LoopbackFile: lf, p: p}
 }
 
 var _ = (gofs.FileReader)((*volFile)(nil))
 
 func (f *volFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	f.m.dataThroughDaemon("read")
+	f.p.dataThroughDaemon("read")
 	return f.LoopbackFile.Read(ctx, dest, off)
 }
 
 var _ = (gofs.FileWriter)((*volFile)(nil))
 
 func (f *volFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	f.m.dataThroughDaemon("write")
+	f.p.dataThroughDaemon("write")
 	return f.LoopbackFile.Write(ctx, data, off)
 }
 
-var _ = (gofs.NodeTmpfiler)((*volNode)(nil))
+var _ = (gofs.NodeTmpfiler)((*Node)(nil))
 
 // Tmpfile needs the directory in the upper layer, like any creation.
-func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if n.readOnly() {
 		return nil, nil, 0, syscall.EROFS
 	}
@@ -234,10 +234,10 @@ func (n *volNode) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *f
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	if child, ok := ch.Operations().(*volNode); ok {
+	if child, ok := ch.Operations().(*Node); ok {
 		return ch, child.passthroughFile(fh), passthroughOpenFlags, 0
 	}
-	return ch, n.m.wrapFile(fh), 0, 0
+	return ch, n.p.wrapFile(fh), 0, 0
 }
 
 // daemonHandle is what a file handle served by the daemon offers: the
@@ -272,7 +272,7 @@ type lowerHandle interface {
 // a local filesystem, where there is only one file.
 type lowerFile struct {
 	lowerHandle
-	node *volNode
+	node *Node
 	// upper is the copied-up file, opened by repoint; -1 before. Guarded
 	// by node.mu.
 	upper int
@@ -280,7 +280,7 @@ type lowerFile struct {
 
 // newLowerFile wraps fh, open on n's lower file, and counts it in
 // n.lowerFiles until it is released.
-func (n *volNode) newLowerFile(fh lowerHandle) *lowerFile {
+func (n *Node) newLowerFile(fh lowerHandle) *lowerFile {
 	f := &lowerFile{lowerHandle: fh, node: n, upper: -1}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -295,7 +295,7 @@ func (n *volNode) newLowerFile(fh lowerHandle) *lowerFile {
 // node, just copied up. n.mu is held. A handle whose copy cannot be
 // opened reads on from the lower file, which holds the same bytes until
 // a write changes the copy; the failure is logged.
-func (n *volNode) repointLocked() {
+func (n *Node) repointLocked() {
 	if len(n.lowerFiles) == 0 {
 		return
 	}
@@ -306,7 +306,7 @@ func (n *volNode) repointLocked() {
 		}
 		fd, err := n.st.Open(0, rel, syscall.O_RDONLY)
 		if err != nil {
-			n.m.logger.Error("an fd opened before a copy-up cannot follow it", "path", rel, "error", err)
+			n.p.logger.Error("an fd opened before a copy-up cannot follow it", "path", rel, "error", err)
 			continue
 		}
 		f.upper = fd
@@ -327,7 +327,7 @@ func (f *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	}
 	n, err := unix.Pread(fd, dest, off)
 	if err != nil {
-		return nil, toErrno(f.node.m.logger, err)
+		return nil, ToErrno(f.node.p.logger, err)
 	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
@@ -338,7 +338,7 @@ func (f *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint6
 		return f.lowerHandle.Lseek(ctx, off, whence)
 	}
 	n, err := unix.Seek(fd, int64(off), int(whence))
-	return uint64(n), toErrno(f.node.m.logger, err)
+	return uint64(n), ToErrno(f.node.p.logger, err)
 }
 
 func (f *lowerFile) Release(ctx context.Context) syscall.Errno {
@@ -390,12 +390,12 @@ func attrHandle(f gofs.FileHandle) gofs.FileHandle {
 // daemonServed while open.
 type daemonFile struct {
 	daemonHandle
-	node *volNode
+	node *Node
 	// tracked is the handle's own file, counted in node.openFiles.
 	tracked *gofs.LoopbackFile
 }
 
-func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
+func (n *Node) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
 	n.mu.Lock()
 	n.daemonServed++
 	n.mu.Unlock()
@@ -404,8 +404,8 @@ func (n *volNode) daemonFile(fh gofs.FileHandle) gofs.FileHandle {
 
 // asDaemonFile wraps fh, a handle the caller has counted in
 // n.daemonServed, as a daemonFile.
-func (n *volNode) asDaemonFile(fh gofs.FileHandle) gofs.FileHandle {
-	n.m.daemonOpens.Add(1)
+func (n *Node) asDaemonFile(fh gofs.FileHandle) gofs.FileHandle {
+	n.p.daemonOpens.Add(1)
 	df := &daemonFile{daemonHandle: fh.(daemonHandle), node: n}
 	switch h := fh.(type) {
 	case *gofs.LoopbackFile:

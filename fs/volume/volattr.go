@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -12,12 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var _ = (gofs.NodeGetattrer)((*volNode)(nil))
+var _ = (gofs.NodeGetattrer)((*Node)(nil))
 
 // Getattr stats the node's path; a directory whose path is gone (renamed
 // over, removed) while it is open answers from an open handle, as an
 // unlinked but open directory does on a local filesystem.
-func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if n.lowerOnly() {
 		var st syscall.Stat_t
 		if err := n.st.Lstat(n.shownLayer(), n.rel(), &st); err != nil {
@@ -32,12 +32,12 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 			switch {
 			case ok:
 				if syscall.Fstat(fd, &st) != nil {
-					return toErrno(n.m.logger, err)
+					return ToErrno(n.p.logger, err)
 				}
 			case !n.openDirStat(&st):
 				// Not a directory removed or renamed over while open
 				// either.
-				return toErrno(n.m.logger, err)
+				return ToErrno(n.p.logger, err)
 			}
 			st.Nlink = 0
 		}
@@ -105,7 +105,7 @@ func (n *volNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 // plain volume's volDir, an overlay's listDir), and reports whether one
 // answered. The lock keeps a handle's descriptor from being closed, and
 // its number reused, under the fstat.
-func (n *volNode) openDirStat(st *syscall.Stat_t) bool {
+func (n *Node) openDirStat(st *syscall.Stat_t) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for d := range n.openDirs {
@@ -121,7 +121,7 @@ func (n *volNode) openDirStat(st *syscall.Stat_t) bool {
 	return false
 }
 
-var _ = (gofs.NodeSetattrer)((*volNode)(nil))
+var _ = (gofs.NodeSetattrer)((*Node)(nil))
 
 // setattrChanges are the SETATTR fields that change something besides the
 // change time.
@@ -129,12 +129,12 @@ const setattrChanges = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.
 	fuse.FATTR_ATIME | fuse.FATTR_MTIME | fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW
 
 // Setattr copies a lower entry up first: metadata changes are writes.
-func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if uid, ok := in.GetUID(); ok && n.task != nil && n.EmbeddedInode() == n.vroot {
-		if errno := n.m.maybeChroot(n, uid); errno != 0 {
+		if errno := n.task.Chowned(n, uid); errno != 0 {
 			return errno
 		}
 	}
@@ -190,7 +190,7 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 			l.Close()
 		}
 		if err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 	}
 	if errno := n.backingSetattr(ctx, h, in, out); errno != 0 {
@@ -213,9 +213,9 @@ func (n *volNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAt
 	return 0
 }
 
-var _ = (gofs.NodeReadlinker)((*volNode)(nil))
+var _ = (gofs.NodeReadlinker)((*Node)(nil))
 
-func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	l, errno := n.shown()
 	if errno != 0 {
 		return nil, errno
@@ -223,13 +223,13 @@ func (n *volNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	defer l.Close()
 	target, err := l.Readlink()
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return []byte(target), 0
 }
 
 // shown names the node's entry in the layer it is shown from.
-func (n *volNode) shown() (layer.Loc, syscall.Errno) {
+func (n *Node) shown() (layer.Loc, syscall.Errno) {
 	i := 0
 	if n.lowerOnly() {
 		i = n.shownLayer()
@@ -237,27 +237,27 @@ func (n *volNode) shown() (layer.Loc, syscall.Errno) {
 	return n.at(i, "")
 }
 
-var _ = (gofs.NodeGetxattrer)((*volNode)(nil))
+var _ = (gofs.NodeGetxattrer)((*Node)(nil))
 
-func (n *volNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	l, errno := n.shown()
 	if errno != 0 {
 		return 0, errno
 	}
 	defer l.Close()
 	sz, err := l.Getxattr(layer.StoredXattr(attr), dest)
-	return uint32(sz), toErrno(n.m.logger, err)
+	return uint32(sz), ToErrno(n.p.logger, err)
 }
 
-var _ = (gofs.NodeSetxattrer)((*volNode)(nil))
+var _ = (gofs.NodeSetxattrer)((*Node)(nil))
 
-func (n *volNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	return n.changeUpper(func(l layer.Loc) error { return l.Setxattr(layer.StoredXattr(attr), data, int(flags)) })
 }
 
 // changeUpper makes change to the node's entry in the upper layer,
 // copying it up first: every change is a write.
-func (n *volNode) changeUpper(change func(l layer.Loc) error) syscall.Errno {
+func (n *Node) changeUpper(change func(l layer.Loc) error) syscall.Errno {
 	if n.readOnly() {
 		return syscall.EROFS
 	}
@@ -269,20 +269,20 @@ func (n *volNode) changeUpper(change func(l layer.Loc) error) syscall.Errno {
 		return errno
 	}
 	defer l.Close()
-	return toErrno(n.m.logger, change(l))
+	return ToErrno(n.p.logger, change(l))
 }
 
-var _ = (gofs.NodeRemovexattrer)((*volNode)(nil))
+var _ = (gofs.NodeRemovexattrer)((*Node)(nil))
 
-func (n *volNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	return n.changeUpper(func(l layer.Loc) error { return l.Removexattr(layer.StoredXattr(attr)) })
 }
 
-var _ = (gofs.NodeListxattrer)((*volNode)(nil))
+var _ = (gofs.NodeListxattrer)((*Node)(nil))
 
 // Listxattr lists what the task set, never the layer format's own marks
 // (see xattr.go).
-func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	l, errno := n.shown()
 	if errno != 0 {
 		return 0, errno
@@ -301,14 +301,14 @@ func (n *volNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.E
 		return !admin
 	})
 	if err != nil {
-		return 0, toErrno(n.m.logger, err)
+		return 0, ToErrno(n.p.logger, err)
 	}
 	return sz, 0
 }
 
-var _ = (gofs.NodeStatxer)((*volNode)(nil))
+var _ = (gofs.NodeStatxer)((*Node)(nil))
 
-func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
+func (n *Node) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
 	if n.lowerOnly() {
 		l, errno := n.shown()
 		if errno != 0 {
@@ -317,7 +317,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 		defer l.Close()
 		var st unix.Statx_t
 		if err := l.Statx(int(flags), int(mask), &st); err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 		out.FromStatx(&st)
 		n.finishStatx(out)
@@ -340,7 +340,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 	defer l.Close()
 	var st unix.Statx_t
 	if err := l.Statx(int(flags), int(mask), &st); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	out.FromStatx(&st)
 	n.shownStatxCtime(out)
@@ -350,7 +350,7 @@ func (n *volNode) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, ma
 
 // finishStatx gives a statx reply what GETATTR's gets: a merged
 // directory's link count, and the node's inode number.
-func (n *volNode) finishStatx(out *fuse.StatxOut) {
+func (n *Node) finishStatx(out *fuse.StatxOut) {
 	if out.Mask&unix.STATX_NLINK != 0 {
 		attr := fuse.Attr{Mode: uint32(out.Mode), Nlink: out.Nlink}
 		n.mergedNlink(n.rel(), n.nodeLayers(), &attr)
@@ -366,8 +366,8 @@ func (n *volNode) finishStatx(out *fuse.StatxOut) {
 // it; copied up, each would cost a directory in the task's layer and a
 // round of copy-up work, for a change only the change time would show. So
 // such a change is answered from the host entry as it is, its ctime
-// included (chroot.go), filled into out.
-func (n *volNode) hostUnchanged(in *fuse.SetAttrIn, out *fuse.AttrOut) bool {
+// included (the tree's chroot.go), filled into out.
+func (n *Node) hostUnchanged(in *fuse.SetAttrIn, out *fuse.AttrOut) bool {
 	if n.ovl == nil || n.ovl.Host == nil || in.Valid&^(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER|fuse.FATTR_KILL_SUIDGID) != 0 {
 		return false
 	}

@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"errors"
@@ -10,11 +10,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// toErrno is the one place where errors become errnos. Every FUSE handler
-// that can see a non-errno error returns toErrno(err). Domain sentinels get
+// ToErrno is the one place where errors become errnos. Every FUSE handler
+// that can see a non-errno error returns ToErrno(err). Domain sentinels get
 // the errno a shell user would expect; an error nobody mapped is logged and
 // becomes EIO, so that it is noticed instead of masquerading as ENOENT.
-func toErrno(logger hclog.Logger, err error) syscall.Errno {
+func ToErrno(logger hclog.Logger, err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}

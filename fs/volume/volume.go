@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -10,26 +10,25 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
-// volNode is a file or directory inside a volume, served from the
+// Node is a file or directory inside a volume, served from the
 // volume's layers fd-relative (backing.go). Renames and links between
 // volumes (or views) fail with EXDEV, as between bind mounts, and every
 // name-taking operation checks NAME_MAX.
-type volNode struct {
+type Node struct {
 	gofs.Inode
-	m *Mount
+	p *Plane
 	// st is the volume's stack of layers (only the upper one for a
 	// volume without lowers); vroot is the volume's root node, which
 	// paths inside the volume start from.
 	st    *layer.Stack
 	vroot *gofs.Inode
-	// slot is mixed into inode numbers; see identity.go.
+	// slot is mixed into inode numbers (ViewShift).
 	slot uint64
 	// alloc is the allocation whose volume this is, whose disk limit df
 	// shows.
@@ -78,65 +77,112 @@ type volNode struct {
 	// task is set on the root of a task directory's volume, whose
 	// layout children (local/, tmp/, secrets/, private/, alloc/) are
 	// presented over the layer and cannot be replaced.
-	task *taskNode
+	task Layout
 	// key and view are set on a volume's root: the volume it is
 	// (store.State.Volumes) and the view it shows it in, which a change
 	// of the record compares it with (Mount.invalidateVolumes).
 	key  string
 	view uint64
-	// mem is set on a memory volume's root (memvol.go).
-	mem *memVolume
 	// recorded is set when the node's file, unlinked while open, has a
 	// record for a daemon taking over (unlinkedrec.go). Guarded by mu.
 	recorded bool
 }
 
 // readOnly reports whether the node's volume is frozen.
-func (n *volNode) readOnly() bool { return n.ro != nil && n.ro.Load() }
+func (n *Node) readOnly() bool { return n.ro != nil && n.ro.Load() }
 
-// volumeInode returns the root node of the volume at key ("alloc/data",
-// "<task>/local", ...) of an allocation, as seen in view. task is set for
-// a task directory's own volume, whose layout children it presents.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	v, ok := st.Volumes[key]
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	slot, errno := m.slots.slot(st.ID, view)
-	if errno != 0 {
-		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
-		return nil, errno
-	}
-	stack := m.volumeStack(st, key)
+// Root is a volume's root as the tree shows it.
+type Root struct {
+	// Alloc is the allocation whose volume it is, whose disk limit df
+	// shows; empty for a memory volume.
+	Alloc string
+	// Key is the volume (store.State.Volumes: "alloc/data",
+	// "<task>/local", ...) and View the view it is shown in, which a
+	// change of the record is compared with (Node.Key, Node.View).
+	Key  string
+	View uint64
+	// Slot is View's slot, mixed into inode numbers (ViewShift).
+	Slot uint64
+	// Stack is the volume's layers.
+	Stack *layer.Stack
+	// ReadOnly freezes the volume from the start.
+	ReadOnly bool
+	// Memory is set for a memory volume, which is never frozen, nor
+	// followed to another record.
+	Memory bool
+	// Layout is set for a task directory's own volume, whose layout
+	// children it presents.
+	Layout Layout
+}
+
+// NewRoot makes the node of the volume root r as a child of parent, and
+// fills out with its attributes (not its timeouts, which are the tree's).
+func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var rst syscall.Stat_t
-	if err := stack.Lstat(0, "", &rst); err != nil {
-		m.logger.Error("layer of volume is missing", "alloc_id", st.ID, "volume", key, "layer", v.Upper, "error", err)
+	if err := r.Stack.Lstat(0, "", &rst); err != nil {
+		if r.Memory {
+			return nil, ToErrno(p.logger, err)
+		}
+		p.logger.Error("layer of volume is missing", "alloc_id", r.Alloc, "volume", r.Key, "layer", r.Stack.Roots[0], "error", err)
 		return nil, syscall.EIO
 	}
-	ro := new(atomic.Bool)
-	ro.Store(v.ReadOnly)
-	node := &volNode{m: m, st: stack, slot: slot, alloc: st.ID, ro: ro, task: task, layers: []int{0}, key: key, view: view}
+	node := &Node{p: p, st: r.Stack, slot: r.Slot, alloc: r.Alloc, task: r.Layout, layers: []int{0}, key: r.Key, view: r.View}
 	node.vroot = node.EmbeddedInode()
-	if len(stack.Roots) > 1 {
-		node.ovl = stack
-		node.layers = stack.All()
+	ino := rst.Ino
+	if !r.Memory {
+		node.ro = new(atomic.Bool)
+		node.ro.Store(r.ReadOnly)
+		if len(r.Stack.Roots) > 1 {
+			node.ovl = r.Stack
+			node.layers = r.Stack.All()
+		}
+		ino, _ = r.Stack.Salted(0, rst.Ino)
 	}
 	out.Attr.FromStat(&rst)
 	node.mergedNlink("", node.layers, &out.Attr)
-	salted, _ := stack.Salted(0, rst.Ino)
-	ino := salted ^ slot<<viewShift
+	ino ^= r.Slot << ViewShift
 	out.Attr.Ino = ino
-	m.stableTimeouts(out)
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
-var _ = (gofs.NodeLookuper)((*volNode)(nil))
+// Key is the volume whose root n is; "" below a root.
+func (n *Node) Key() string { return n.key }
 
-func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// View is the view the volume root n is shown in.
+func (n *Node) View() uint64 { return n.view }
+
+// Slot is the slot of the view n is shown in.
+func (n *Node) Slot() uint64 { return n.slot }
+
+// Stack is the stack of layers n is served from.
+func (n *Node) Stack() *layer.Stack { return n.st }
+
+// IsMemory reports whether n is a memory volume's.
+func (n *Node) IsMemory() bool { return n.ro == nil }
+
+// Layout is the layout children n presents, on the root of a task
+// directory's volume; nil on every other node.
+func (n *Node) Layout() Layout { return n.task }
+
+// ReadOnly reports whether n's volume is frozen.
+func (n *Node) ReadOnly() bool { return n.readOnly() }
+
+// Freeze makes n's volume read-only, for n and every node below its root
+// at once: a seal freezes the nodes the kernel still holds, or looks up
+// again before it forgets them.
+func (n *Node) Freeze() {
+	if n.ro != nil {
+		n.ro.Store(true)
+	}
+}
+
+var _ = (gofs.NodeLookuper)((*Node)(nil))
+
+func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if strings.HasPrefix(name, unlinkedPrefix) {
 		return n.lookupUnlinked(ctx, name, out)
 	}
-	if len(name) > maxNameLen {
+	if len(name) > MaxNameLen {
 		return nil, syscall.ENAMETOOLONG
 	}
 	if n.reserved(name) {
@@ -149,22 +195,14 @@ func (n *volNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 }
 
 // reserved reports whether name is a layout child of a task directory.
-func (n *volNode) reserved(name string) bool {
-	if n.task == nil {
-		return false
-	}
-	for _, c := range taskChildren {
-		if c == name {
-			return true
-		}
-	}
-	return false
+func (n *Node) reserved(name string) bool {
+	return n.task != nil && n.task.Reserved(name)
 }
 
 // refuse returns the errno for creating (EEXIST) or removing and
 // renaming (EBUSY) a layout child: they are mount points, not files.
-func (n *volNode) refuse(name string, creating bool) syscall.Errno {
-	if len(name) > maxNameLen {
+func (n *Node) refuse(name string, creating bool) syscall.Errno {
+	if len(name) > MaxNameLen {
 		return syscall.ENAMETOOLONG
 	}
 	if !n.reserved(name) {
@@ -176,9 +214,9 @@ func (n *volNode) refuse(name string, creating bool) syscall.Errno {
 	return syscall.EBUSY
 }
 
-var _ = (gofs.NodeUnlinker)((*volNode)(nil))
+var _ = (gofs.NodeUnlinker)((*Node)(nil))
 
-func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
+func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.readOnly() {
 		return syscall.EROFS
 	}
@@ -193,17 +231,17 @@ func (n *volNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	return n.backingUnlink(name, false)
 }
 
-var _ = (gofs.NodeRmdirer)((*volNode)(nil))
+var _ = (gofs.NodeRmdirer)((*Node)(nil))
 
-func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.readOnly() {
 		return syscall.EROFS
 	}
 	// Once the directory is gone (or not), whatever was opened by its
 	// path is forgotten.
-	defer n.m.dirs.Forget()
+	defer n.p.dirs.Forget()
 	if n.reserved(name) {
-		return n.task.rmdir(name)
+		return n.task.Rmdir(name)
 	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
@@ -217,7 +255,7 @@ func (n *volNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 // movesDir reports whether renaming name to newName in newParent may move
 // or replace a directory: either entry is one, or the kernel has no node
 // for the name to tell.
-func (n *volNode) movesDir(name string, newParent gofs.InodeEmbedder, newName string) bool {
+func (n *Node) movesDir(name string, newParent gofs.InodeEmbedder, newName string) bool {
 	ch := n.GetChild(name)
 	if ch == nil || ch.IsDir() {
 		return true
@@ -226,9 +264,9 @@ func (n *volNode) movesDir(name string, newParent gofs.InodeEmbedder, newName st
 	return dst != nil && dst.IsDir()
 }
 
-var _ = (gofs.NodeCreater)((*volNode)(nil))
+var _ = (gofs.NodeCreater)((*Node)(nil))
 
-func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if n.readOnly() {
 		return nil, nil, 0, syscall.EROFS
 	}
@@ -244,21 +282,21 @@ func (n *volNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	if child, ok := ch.Operations().(*volNode); ok {
+	if child, ok := ch.Operations().(*Node); ok {
 		fh, openFlags := child.serveOpenMode(fh, hasSetid(out.Attr.Mode))
 		return ch, fh, openFlags, 0
 	}
-	return ch, n.m.wrapFile(fh), 0, 0
+	return ch, n.p.wrapFile(fh), 0, 0
 }
 
-var _ = (gofs.NodeMkdirer)((*volNode)(nil))
+var _ = (gofs.NodeMkdirer)((*Node)(nil))
 
-func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if n.reserved(name) {
-		return n.task.mkdir(ctx, n.EmbeddedInode(), name, out)
+		return n.task.Mkdir(ctx, n.EmbeddedInode(), name, out)
 	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
@@ -275,16 +313,16 @@ func (n *volNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 		// The new directory replaces one a lower layer still holds:
 		// opaque, it shows none of that directory's entries.
 		if err := n.ovl.MarkOpaque(path.Join(n.rel(), name)); err != nil {
-			n.m.logger.Error("could not make a new directory opaque", "name", name, "error", err)
-			return nil, toErrno(n.m.logger, err)
+			n.p.logger.Error("could not make a new directory opaque", "name", name, "error", err)
+			return nil, ToErrno(n.p.logger, err)
 		}
 	}
 	return ch, errno
 }
 
-var _ = (gofs.NodeMknoder)((*volNode)(nil))
+var _ = (gofs.NodeMknoder)((*Node)(nil))
 
-func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
@@ -299,9 +337,9 @@ func (n *volNode) Mknod(ctx context.Context, name string, mode, rdev uint32, out
 	return n.backingMknod(ctx, name, mode, rdev, out)
 }
 
-var _ = (gofs.NodeSymlinker)((*volNode)(nil))
+var _ = (gofs.NodeSymlinker)((*Node)(nil))
 
-func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
@@ -316,16 +354,16 @@ func (n *volNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 	return n.backingSymlink(ctx, target, name, out)
 }
 
-var _ = (gofs.NodeLinker)((*volNode)(nil))
+var _ = (gofs.NodeLinker)((*Node)(nil))
 
-func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.readOnly() {
 		return nil, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno
 	}
-	t, ok := target.(*volNode)
+	t, ok := target.(*Node)
 	if !ok || t.vroot != n.vroot {
 		return nil, syscall.EXDEV
 	}
@@ -340,29 +378,29 @@ func (n *volNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	return n.upperChildAt(ctx, to, out)
 }
 
-var _ = (gofs.NodeRenamer)((*volNode)(nil))
+var _ = (gofs.NodeRenamer)((*Node)(nil))
 
-func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if n.readOnly() {
 		return syscall.EROFS
 	}
 	if n.movesDir(name, newParent, newName) {
 		// Once the directory has moved (or not), whatever was opened
 		// by its old path is forgotten.
-		defer n.m.dirs.Forget()
+		defer n.p.dirs.Forget()
 	}
-	dst, ok := newParent.(*volNode)
+	dst, ok := newParent.(*Node)
 	if n.reserved(name) {
 		if !ok {
 			return syscall.EXDEV
 		}
-		return n.task.rename(name, dst, newName, flags)
+		return n.task.Rename(name, dst, newName, flags)
 	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno
 	}
 	if !ok {
-		if len(newName) > maxNameLen {
+		if len(newName) > MaxNameLen {
 			return syscall.ENAMETOOLONG
 		}
 		return syscall.EXDEV
@@ -373,21 +411,21 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	if dst.vroot != n.vroot {
 		return syscall.EXDEV
 	}
-	if flags&renameExchange == 0 {
+	if flags&unix.RENAME_EXCHANGE == 0 {
 		dst.holdSpecial(newName)
 		dst.recordUnlinked(newName)
 	}
 	if n.ovl != nil {
 		return n.ovlRename(ctx, name, dst, newName, flags)
 	}
-	if flags&renameWhiteout != 0 && dst.nonEmptyDir(newName) {
+	if flags&unix.RENAME_WHITEOUT != 0 && dst.nonEmptyDir(newName) {
 		// ext4 makes the whiteout before it finds the target not
 		// empty, and stamps the source directory's times on the way
 		// out: a failed rename must change nothing.
 		return syscall.ENOTEMPTY
 	}
 	errno := n.backingRename(name, dst, newName, flags)
-	if errno == 0 && flags&renameWhiteout != 0 {
+	if errno == 0 && flags&unix.RENAME_WHITEOUT != 0 {
 		return n.markRealDevice(name)
 	}
 	return errno
@@ -396,7 +434,7 @@ func (n *volNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 // nonEmptyDir reports whether name in this directory is a directory with
 // entries. Anything else is never opened: opening a FIFO would wait for
 // a writer.
-func (n *volNode) nonEmptyDir(name string) bool {
+func (n *Node) nonEmptyDir(name string) bool {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return false

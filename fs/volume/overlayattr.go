@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"syscall"
@@ -15,7 +15,7 @@ import (
 // subdirectory of its merged listing (each backing directory counts only
 // its own). The count is kept until the upper directory changes; lower
 // layers never do.
-func (n *volNode) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
+func (n *Node) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 	if n.ovl == nil || len(layers) < 2 || attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return
 	}
@@ -55,7 +55,7 @@ func (n *volNode) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 // shownCtime gives attr, filled from the upper layer's entry (attr.Ino
 // still the backing inode number), the change time a task sees: allocfs's
 // own changes (copy-ups) do not show (layer.Ctimes).
-func (n *volNode) shownCtime(attr *fuse.Attr) {
+func (n *Node) shownCtime(attr *fuse.Attr) {
 	if n.ovl == nil {
 		return
 	}
@@ -65,7 +65,7 @@ func (n *volNode) shownCtime(attr *fuse.Attr) {
 }
 
 // shownStatxCtime is shownCtime for a statx reply.
-func (n *volNode) shownStatxCtime(out *fuse.StatxOut) {
+func (n *Node) shownStatxCtime(out *fuse.StatxOut) {
 	if n.ovl == nil || out.Mask&unix.STATX_CTIME == 0 {
 		return
 	}
@@ -96,7 +96,7 @@ type mergedCount struct {
 // at every GETATTR between the removals, each listing stat'ing every
 // whiteout the removals left: n² stats (minutes, for Nomad's removal of
 // a chroot's /usr).
-func (n *volNode) nlinkBefore() *mergedCount {
+func (n *Node) nlinkBefore() *mergedCount {
 	n.mu.Lock()
 	cached, layers := n.nlink, n.layers
 	n.mu.Unlock()
@@ -115,7 +115,7 @@ func (n *volNode) nlinkBefore() *mergedCount {
 // removed: -1; anything else: 0). The kernel holds the directory's lock
 // across the request, so no other change through the mount falls
 // between the two.
-func (n *volNode) nlinkAfter(before *mergedCount, delta int) {
+func (n *Node) nlinkAfter(before *mergedCount, delta int) {
 	if before == nil {
 		return
 	}

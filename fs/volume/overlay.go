@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -15,12 +15,12 @@ import (
 // The nodes of a volume with lower layers (a snapshot-migrated one). The
 // layer format itself, and every change to a stack of layers, is package
 // layer's; these methods keep the nodes the kernel holds in step with it:
-// where each is visible (volNode.layers), and its identity across a
+// where each is visible (Node.layers), and its identity across a
 // copy-up.
 
 // nodeLayers returns where the node is visible; for a node of a volume
 // without lowers, the upper layer.
-func (n *volNode) nodeLayers() []int {
+func (n *Node) nodeLayers() []int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.layers
@@ -30,7 +30,7 @@ func (n *volNode) nodeLayers() []int {
 // it has not been copied up. A copy-up made for another node (a
 // directory copied up for an entry in it, another name of a hard-linked
 // file) shows here the first time the node is asked.
-func (n *volNode) lowerOnly() bool {
+func (n *Node) lowerOnly() bool {
 	if n.ovl == nil {
 		return false
 	}
@@ -48,13 +48,13 @@ func (n *volNode) lowerOnly() bool {
 
 // markUpper records that the node's entry is in the upper layer now; a
 // directory keeps merging with the lowers it was visible in.
-func (n *volNode) markUpper(dir bool) {
+func (n *Node) markUpper(dir bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.markUpperLocked(dir)
 }
 
-func (n *volNode) markUpperLocked(dir bool) {
+func (n *Node) markUpperLocked(dir bool) {
 	if len(n.layers) > 0 && n.layers[0] == 0 {
 		return
 	}
@@ -69,7 +69,7 @@ func (n *volNode) markUpperLocked(dir bool) {
 // openShown opens the node's entry in the layer it is shown from, never
 // following a symbolic link on the way: a task that swaps a directory for
 // a link to /etc between lookup and open gets an error, not /etc.
-func (n *volNode) openShown(flags int) (int, error) {
+func (n *Node) openShown(flags int) (int, error) {
 	return n.st.Open(n.shownLayer(), n.rel(), flags)
 }
 
@@ -77,13 +77,13 @@ func (n *volNode) openShown(flags int) (int, error) {
 // copied up from a lower layer keeps the identity it had there (its
 // origin's inode number), so that a task's open files, its hard links
 // and st_ino stay what they were before the copy-up.
-func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	n.lowerOnly() // brings a copy-up of the directory to the node's layers
 	layers, st, err := n.ovl.Visible(filepath.Join(n.rel(), name), n.nodeLayers())
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
-	ino := n.m.identity(n.ovl, layers[0], filepath.Join(n.rel(), name), &st)
+	ino := n.p.host.Identity(n.ovl, layers[0], filepath.Join(n.rel(), name), &st)
 	if layers[0] == 0 {
 		l, errno := n.at(0, name)
 		if errno != 0 {
@@ -99,7 +99,7 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 			if errno != 0 {
 				return nil, errno
 			}
-			if c, ok := ch.Operations().(*volNode); ok {
+			if c, ok := ch.Operations().(*Node); ok {
 				c.mu.Lock()
 				c.layers = layers
 				c.mu.Unlock()
@@ -113,11 +113,11 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 	if layers[0] == 0 {
 		n.shownCtime(&out.Attr)
 	}
-	ino ^= n.slot << viewShift
+	ino ^= n.slot << ViewShift
 	out.Attr.Ino = ino
 	child := n.newChild(layers)
 	ch := n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino})
-	if c, ok := ch.Operations().(*volNode); ok {
+	if c, ok := ch.Operations().(*Node); ok {
 		if c != child && layers[0] == 0 {
 			// The node the kernel already holds for the lower entry.
 			c.markUpper(layer.IsDir(&st))
@@ -128,17 +128,17 @@ func (n *volNode) ovlLookup(ctx context.Context, name string, out *fuse.EntryOut
 }
 
 // ovlOpendir lists a directory of an overlay volume.
-func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	n.lowerOnly()
 	entries, err := n.ovl.List(n.rel(), n.nodeLayers())
 	if err != nil {
-		return nil, 0, toErrno(n.m.logger, err)
+		return nil, 0, ToErrno(n.p.logger, err)
 	}
 	list := make([]fuse.DirEntry, len(entries))
 	for i, e := range entries {
 		list[i] = fuse.DirEntry{Name: e.Name, Mode: e.Mode}
 	}
-	d := &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), list)}
+	d := &listDir{plusBatch: plusBatch{node: n}, entries: WithDots(n.EmbeddedInode(), list)}
 	// The directory in its topmost layer, for fstat once its name is
 	// gone; without it (an open that failed) the listing still works.
 	if layers := n.nodeLayers(); len(layers) > 0 {
@@ -158,12 +158,12 @@ func (n *volNode) ovlOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 // copyUp makes the node's entry exist in the upper layer, copying it
 // (and its parents) from the lower layer it is shown from (see
 // layer.Stack.CopyUp).
-func (n *volNode) copyUp() syscall.Errno {
+func (n *Node) copyUp() syscall.Errno {
 	if !n.lowerOnly() {
 		return 0
 	}
 	if _, parent := n.Parent(); parent != nil {
-		if p, ok := parent.Operations().(*volNode); ok && p.ovl == n.ovl {
+		if p, ok := parent.Operations().(*Node); ok && p.ovl == n.ovl {
 			if errno := p.copyUp(); errno != 0 {
 				return errno
 			}
@@ -176,8 +176,8 @@ func (n *volNode) copyUp() syscall.Errno {
 	}
 	rel := n.rel()
 	if err := n.ovl.CopyUp(rel, n.layers[0]); err != nil {
-		n.m.logger.Error("copy-up failed", "from", n.ovl.Path(n.layers[0], rel), "to", n.ovl.Path(0, rel), "error", err)
-		return toErrno(n.m.logger, err)
+		n.p.logger.Error("copy-up failed", "from", n.ovl.Path(n.layers[0], rel), "to", n.ovl.Path(0, rel), "error", err)
+		return ToErrno(n.p.logger, err)
 	}
 	n.markUpperLocked(n.StableAttr().Mode == syscall.S_IFDIR)
 	return 0
@@ -187,7 +187,7 @@ func (n *volNode) copyUp() syscall.Errno {
 // it, and makes it opaque: after a rename it no longer sits over the same
 // lower paths, so it must not merge with anything below. Live child nodes
 // are told their entries are in the upper layer now.
-func (n *volNode) copyUpTree() syscall.Errno {
+func (n *Node) copyUpTree() syscall.Errno {
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
@@ -200,13 +200,13 @@ func (n *volNode) copyUpTree() syscall.Errno {
 		// Nothing below to bring along, but the lower layers may hold
 		// something at the path it is about to move to.
 		if err := n.ovl.MarkOpaque(rel); err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 		return 0
 	}
 	if err := n.ovl.Materialize(rel, layers); err != nil {
-		n.m.logger.Error("copy-up of a directory tree failed", "path", rel, "error", err)
-		return toErrno(n.m.logger, err)
+		n.p.logger.Error("copy-up of a directory tree failed", "path", rel, "error", err)
+		return ToErrno(n.p.logger, err)
 	}
 	n.mu.Lock()
 	n.layers = []int{0}
@@ -214,7 +214,7 @@ func (n *volNode) copyUpTree() syscall.Errno {
 	var reset func(in *gofs.Inode)
 	reset = func(in *gofs.Inode) {
 		for _, ch := range in.Children() {
-			if c, ok := ch.Operations().(*volNode); ok && c.ovl == n.ovl {
+			if c, ok := ch.Operations().(*Node); ok && c.ovl == n.ovl {
 				c.mu.Lock()
 				c.layers = []int{0}
 				c.mu.Unlock()
@@ -228,25 +228,25 @@ func (n *volNode) copyUpTree() syscall.Errno {
 
 // inLowers reports whether name in the directory n is visible from a
 // lower layer, so that removing or renaming it needs a whiteout.
-func (n *volNode) inLowers(name string) bool {
+func (n *Node) inLowers(name string) bool {
 	return n.ovl.InLowers(filepath.Join(n.rel(), name), n.nodeLayers())
 }
 
 // whiteout hides name of the directory n (copied up) in the lower layers.
-func (n *volNode) whiteout(name string) syscall.Errno {
-	return toErrno(n.m.logger, n.ovl.Whiteout(filepath.Join(n.rel(), name)))
+func (n *Node) whiteout(name string) syscall.Errno {
+	return ToErrno(n.p.logger, n.ovl.Whiteout(filepath.Join(n.rel(), name)))
 }
 
 // prepareCreate readies the directory n of an overlay volume for a new
 // entry at name: the directory is copied up and a whiteout there is
 // removed. It reports whether the name hid something in a lower layer.
-func (n *volNode) prepareCreate(name string) (bool, syscall.Errno) {
+func (n *Node) prepareCreate(name string) (bool, syscall.Errno) {
 	if errno := n.copyUp(); errno != 0 {
 		return false, errno
 	}
 	hidden, err := n.ovl.ClearWhiteout(filepath.Join(n.rel(), name))
 	if err != nil {
-		return false, toErrno(n.m.logger, err)
+		return false, ToErrno(n.p.logger, err)
 	}
 	return hidden || n.inLowers(name), 0
 }
@@ -255,17 +255,17 @@ func (n *volNode) prepareCreate(name string) (bool, syscall.Errno) {
 // it has other names: removing or replacing one name must leave the
 // others one file with one link fewer, which only the upper layer can
 // show. It returns where name is visible afterwards.
-func (n *volNode) copyUpLinked(name string, layers []int, st *syscall.Stat_t) ([]int, syscall.Errno) {
+func (n *Node) copyUpLinked(name string, layers []int, st *syscall.Stat_t) ([]int, syscall.Errno) {
 	if layers[0] == 0 || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Nlink < 2 {
 		return layers, 0
 	}
 	rel := filepath.Join(n.rel(), name)
 	if err := n.ovl.CopyUp(rel, layers[0]); err != nil {
-		n.m.logger.Error("copy-up of a hard-linked file failed", "path", rel, "error", err)
-		return nil, toErrno(n.m.logger, err)
+		n.p.logger.Error("copy-up of a hard-linked file failed", "path", rel, "error", err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	if ch := n.GetChild(name); ch != nil {
-		if c, ok := ch.Operations().(*volNode); ok {
+		if c, ok := ch.Operations().(*Node); ok {
 			c.markUpper(false)
 		}
 	}
@@ -276,7 +276,7 @@ func (n *volNode) copyUpLinked(name string, layers []int, st *syscall.Stat_t) ([
 // overlay volume: t is copied up first (with every other name it has),
 // and the new name is the same node, so that the kernel's inode for t
 // shows the new link count.
-func (n *volNode) ovlLink(t *volNode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) ovlLink(t *Node, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if errno := t.copyUp(); errno != 0 {
 		return nil, errno
 	}
@@ -290,7 +290,7 @@ func (n *volNode) ovlLink(t *volNode, name string, out *fuse.EntryOut) (*gofs.In
 	defer to.Close()
 	var st syscall.Stat_t
 	if err := to.Lstat(&st); err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	out.Attr.FromStat(&st)
 	n.shownCtime(&out.Attr)
@@ -301,12 +301,12 @@ func (n *volNode) ovlLink(t *volNode, name string, out *fuse.EntryOut) (*gofs.In
 // from the upper layer if it is there, and with a whiteout if a lower
 // layer shows it too. rmdir refuses a directory whose merged view is not
 // empty.
-func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
+func (n *Node) removeEntry(name string, dir bool) syscall.Errno {
 	rel := filepath.Join(n.rel(), name)
 	n.lowerOnly()
 	layers, st, err := n.ovl.Visible(rel, n.nodeLayers())
 	if err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	if dir != layer.IsDir(&st) {
 		if dir {
@@ -317,7 +317,7 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 	if dir {
 		entries, err := n.ovl.List(rel, layers)
 		if err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 		if len(entries) > 0 {
 			return syscall.ENOTEMPTY
@@ -336,7 +336,7 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 		if dir {
 			// Only whiteouts can be left in a merged-empty directory.
 			if err := n.ovl.ClearDir(rel); err != nil {
-				return toErrno(n.m.logger, err)
+				return ToErrno(n.p.logger, err)
 			}
 		}
 		if errno := n.backingUnlink(name, dir); errno != 0 {
@@ -360,7 +360,7 @@ func (n *volNode) removeEntry(name string, dir bool) syscall.Errno {
 // (a directory with everything its lowers show, and made opaque), the
 // target directory is copied up, the rename happens in the upper layer,
 // and the old name is whited out if a lower layer still shows it.
-func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+func (n *Node) ovlRename(ctx context.Context, name string, dst *Node, newName string, flags uint32) syscall.Errno {
 	child := n.GetChild(name)
 	if child == nil {
 		var out fuse.EntryOut
@@ -369,7 +369,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 			return errno
 		}
 	}
-	src, ok := child.Operations().(*volNode)
+	src, ok := child.Operations().(*Node)
 	if !ok {
 		return syscall.EXDEV
 	}
@@ -382,7 +382,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 	if errno := src.copyUpTree(); errno != 0 {
 		return errno
 	}
-	if flags&renameExchange != 0 {
+	if flags&unix.RENAME_EXCHANGE != 0 {
 		other := dst.GetChild(newName)
 		if other == nil {
 			var out fuse.EntryOut
@@ -391,7 +391,7 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 				return errno
 			}
 		}
-		if o, ok := other.Operations().(*volNode); ok {
+		if o, ok := other.Operations().(*Node); ok {
 			if errno := o.copyUpTree(); errno != 0 {
 				return errno
 			}
@@ -409,14 +409,14 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 		if layer.IsDir(&st) {
 			entries, err := dst.ovl.List(target, layers)
 			if err != nil {
-				return toErrno(n.m.logger, err)
+				return ToErrno(n.p.logger, err)
 			}
 			if len(entries) > 0 {
 				return syscall.ENOTEMPTY
 			}
 			if layers[0] == 0 {
 				if err := dst.ovl.ClearDir(target); err != nil {
-					return toErrno(n.m.logger, err)
+					return ToErrno(n.p.logger, err)
 				}
 			}
 		} else if _, errno := dst.copyUpLinked(newName, layers, &st); errno != 0 {
@@ -424,13 +424,13 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 		}
 	}
 	if _, err := dst.ovl.ClearWhiteout(target); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	oldLower := n.inLowers(name)
 	if errno := n.backingRename(name, dst, newName, flags); errno != 0 {
 		return errno
 	}
-	if flags&renameWhiteout != 0 {
+	if flags&unix.RENAME_WHITEOUT != 0 {
 		// The device the rename left is the task's, and hides what a
 		// lower layer holds under the name as any entry would.
 		return n.markRealDevice(name)
@@ -445,15 +445,15 @@ func (n *volNode) ovlRename(ctx context.Context, name string, dst *volNode, newN
 // upper layer, is a task's own (layer.RealDeviceXattr): a device made by
 // mknod, or left by a rename with RENAME_WHITEOUT, in any volume, since
 // every volume's upper layer may be stacked under another one later.
-func (n *volNode) markRealDevice(name string) syscall.Errno {
+func (n *Node) markRealDevice(name string) syscall.Errno {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return errno
 	}
 	defer l.Close()
 	if err := layer.MarkRealDevice(l); err != nil {
-		n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
-		return toErrno(n.m.logger, err)
+		n.p.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
+		return ToErrno(n.p.logger, err)
 	}
 	return 0
 }
@@ -461,20 +461,20 @@ func (n *volNode) markRealDevice(name string) syscall.Errno {
 // checkRename answers, before anything is copied up, every error a rename
 // of src onto newName in this directory can get from the target, with
 // ext4's errnos: a failing rename must change nothing.
-func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscall.Errno {
+func (n *Node) checkRename(src *Node, newName string, flags uint32) syscall.Errno {
 	rel := filepath.Join(n.rel(), newName)
 	n.lowerOnly()
 	layers, st, err := n.ovl.Visible(rel, n.nodeLayers())
 	exists := err == nil
 	if err != nil && err != syscall.ENOENT {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	switch {
-	case flags&renameNoReplace != 0 && exists:
+	case flags&unix.RENAME_NOREPLACE != 0 && exists:
 		return syscall.EEXIST
-	case flags&renameExchange != 0 && !exists:
+	case flags&unix.RENAME_EXCHANGE != 0 && !exists:
 		return syscall.ENOENT
-	case flags&renameExchange != 0 || !exists:
+	case flags&unix.RENAME_EXCHANGE != 0 || !exists:
 		return 0
 	}
 	srcDir := src.StableAttr().Mode&syscall.S_IFMT == syscall.S_IFDIR
@@ -486,7 +486,7 @@ func (n *volNode) checkRename(src *volNode, newName string, flags uint32) syscal
 	case srcDir && src.EmbeddedInode() != n.GetChild(newName):
 		entries, err := n.ovl.List(rel, layers)
 		if err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 		if len(entries) > 0 {
 			return syscall.ENOTEMPTY

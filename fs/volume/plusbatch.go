@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// With READDIRPLUS_AUTO (mount.go) the kernel asks for attributes with
+// With READDIRPLUS_AUTO (the tree's mount.go) the kernel asks for attributes with
 // the first batch of every listing, and with a later batch only once an
 // entry was looked up in between. For a large directory that first batch
 // is the whole cost of a names-only listing: as many entries as fit the
@@ -16,7 +16,7 @@ import (
 // kernels ask a page at a time), each a cold stat of the backing file and
 // a node the daemon keeps until the kernel forgets it (find over 1,000
 // directories of 1,000 files made 200,000 nodes). So the first batch of a
-// listing of more than plusAttrsMax names (besides "." and "..") goes
+// listing of more than PlusAttrsMax names (besides "." and "..") goes
 // without attributes: an entry whose EntryOut has node ID 0 is, to the
 // kernel, a name the server chose not to describe (fuse_direntplus_link),
 // and a later stat of it is an ordinary LOOKUP. A lister that stats as it
@@ -24,9 +24,9 @@ import (
 // the kernel to ask for attributes with every batch after it; one that
 // reads the whole directory before it stats (du, cp -a) looks up every
 // entry beyond the first batch either way. Directories of up to
-// plusAttrsMax names, most of any source tree, keep their attributes in
+// PlusAttrsMax names, most of any source tree, keep their attributes in
 // the batch.
-const plusAttrsMax = 256
+const PlusAttrsMax = 256
 
 // plusBatch decides, for one open directory, which READDIRPLUS entries
 // come with attributes. go-fuse's bridge serves a READDIRPLUS request by
@@ -34,13 +34,13 @@ const plusAttrsMax = 256
 // context, so the context of the listing's first Readdirent names its
 // first batch.
 type plusBatch struct {
-	node  *volNode
+	node  *Node
 	large bool
 	first context.Context
 }
 
 // started records the request that reads the first entry of the listing;
-// large says whether the listing has more than plusAttrsMax names besides
+// large says whether the listing has more than PlusAttrsMax names besides
 // "." and "..".
 func (p *plusBatch) started(ctx context.Context, large bool) {
 	if p.first == nil {

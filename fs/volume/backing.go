@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -21,20 +21,20 @@ import (
 // and a symbolic link swapped into a layer is never followed.
 
 // rel is the node's path inside its volume ("" for the root).
-func (n *volNode) rel() string { return n.EmbeddedInode().Path(n.vroot) }
+func (n *Node) rel() string { return n.EmbeddedInode().Path(n.vroot) }
 
 // at names name in the node's directory (the node's own entry for "") in
 // the layer at position i. The caller closes it.
-func (n *volNode) at(i int, name string) (layer.Loc, syscall.Errno) {
+func (n *Node) at(i int, name string) (layer.Loc, syscall.Errno) {
 	l, err := n.st.Loc(i, path.Join(n.rel(), name))
 	if err != nil {
-		return l, toErrno(n.m.logger, err)
+		return l, ToErrno(n.p.logger, err)
 	}
 	return l, 0
 }
 
 // shownLayer is the layer the node's entry is shown from.
-func (n *volNode) shownLayer() int {
+func (n *Node) shownLayer() int {
 	if l := n.nodeLayers(); len(l) > 0 {
 		return l[0]
 	}
@@ -78,23 +78,23 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 // upperChild returns the node for an entry of the upper layer of this
 // directory, whose lstat is st and birth gen: the node the kernel
 // already holds for it, or a new one.
-func (n *volNode) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64, out *fuse.EntryOut) *gofs.Inode {
+func (n *Node) upperChild(ctx context.Context, st *syscall.Stat_t, gen uint64, out *fuse.EntryOut) *gofs.Inode {
 	out.Attr.FromStat(st)
 	n.shownCtime(&out.Attr) // keyed by the backing inode number
 	salted, _ := n.st.Salted(0, st.Ino)
-	ino := salted ^ n.slot<<viewShift
+	ino := salted ^ n.slot<<ViewShift
 	out.Attr.Ino = ino
 	child := n.newChild([]int{0})
 	return n.NewInode(ctx, child, gofs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: ino, Gen: gen})
 }
 
 // newChild makes a node for an entry of this volume visible in layers.
-func (n *volNode) newChild(layers []int) *volNode {
-	return &volNode{m: n.m, st: n.st, vroot: n.vroot, slot: n.slot, alloc: n.alloc, ro: n.ro, ovl: n.ovl, layers: layers}
+func (n *Node) newChild(layers []int) *Node {
+	return &Node{p: n.p, st: n.st, vroot: n.vroot, slot: n.slot, alloc: n.alloc, ro: n.ro, ovl: n.ovl, layers: layers}
 }
 
 // lookupUpper finds name in the upper layer of this directory.
-func (n *volNode) lookupUpper(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) lookupUpper(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, errno
@@ -104,11 +104,11 @@ func (n *volNode) lookupUpper(ctx context.Context, name string, out *fuse.EntryO
 }
 
 // upperChildAt is upperChild for the upper entry at l.
-func (n *volNode) upperChildAt(ctx context.Context, l layer.Loc, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) upperChildAt(ctx context.Context, l layer.Loc, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var st syscall.Stat_t
 	gen, err := lstatBirth(l, &st)
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return n.upperChild(ctx, &st, gen, out), 0
 }
@@ -121,7 +121,7 @@ var daemonIsRoot = os.Geteuid() == 0
 // owner is the uid and gid a new entry of the directory dir gets: the
 // caller's, with the group of a setgid directory, as a local filesystem
 // gives it.
-func (n *volNode) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
+func (n *Node) owner(ctx context.Context, dir layer.Loc) (int, int, bool) {
 	c, ok := fuse.FromContext(ctx)
 	if !ok || !daemonIsRoot {
 		// Without root, entries stay the daemon's.
@@ -154,7 +154,7 @@ func ownedBy(ctx context.Context, st *syscall.Stat_t) bool {
 // first, and changed (and stat'ed again) only when its owner is not the
 // caller's, which costs the directory's lstat (for its setgid bit) only
 // then.
-func (n *volNode) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var st syscall.Stat_t
 	gen, err := lstatBirth(file, &st)
 	if err == nil && !ownedBy(ctx, &st) {
@@ -169,71 +169,71 @@ func (n *volNode) made(ctx context.Context, l, file layer.Loc, mode uint32, out 
 	}
 	if err != nil {
 		n.unmake(l)
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return n.upperChild(ctx, &st, gen, out), 0
 }
 
 // unmake removes an entry an operation made and then failed to finish.
-func (n *volNode) unmake(l layer.Loc) {
+func (n *Node) unmake(l layer.Loc) {
 	err := l.Unlink()
 	if err != nil {
 		err = l.Rmdir()
 	}
 	if err != nil {
-		n.m.logger.Error("could not remove an entry left by a failed operation", "path", l.String(), "error", err)
+		n.p.logger.Error("could not remove an entry left by a failed operation", "path", l.String(), "error", err)
 	}
 }
 
-func (n *volNode) backingMkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) backingMkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, errno
 	}
 	defer l.Close()
 	if err := l.Mkdir(mode & 0o777); err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return n.made(ctx, l, l, mode, out)
 }
 
-func (n *volNode) backingMknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) backingMknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, errno
 	}
 	defer l.Close()
 	if err := l.Mknod(mode&^0o7000, int(rdev)); err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	if mode&syscall.S_IFMT == syscall.S_IFCHR && rdev == 0 && n.st.Held == nil {
 		// The task's own device 0/0, never to be taken for a whiteout.
 		// A memory volume is never stacked on, and its tmpfs would
 		// charge the mark to the task's entry cap.
 		if err := layer.MarkRealDevice(l); err != nil {
-			n.m.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
+			n.p.logger.Error("could not mark a task's device 0/0 as its own", "path", l.String(), "error", err)
 			n.unmake(l)
-			return nil, toErrno(n.m.logger, err)
+			return nil, ToErrno(n.p.logger, err)
 		}
 	}
 	return n.made(ctx, l, l, mode, out)
 }
 
-func (n *volNode) backingSymlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) backingSymlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, errno
 	}
 	defer l.Close()
 	if err := l.Symlink(target); err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return n.made(ctx, l, l, 0, out)
 }
 
 // backingCreate makes and opens a regular file. Its handle is returned
 // unwrapped: the caller chooses how it is served.
-func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
+func (n *Node) backingCreate(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return nil, nil, errno
@@ -251,7 +251,7 @@ func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode ui
 		return nil, nil, syscall.ESTALE
 	}
 	if err != nil {
-		return nil, nil, toErrno(n.m.logger, err)
+		return nil, nil, ToErrno(n.p.logger, err)
 	}
 	ch, errno := n.made(ctx, l, layer.Loc{Dir: fd}, mode, out)
 	if errno != 0 {
@@ -262,7 +262,7 @@ func (n *volNode) backingCreate(ctx context.Context, name string, flags, mode ui
 }
 
 // backingTmpfile makes an unnamed file (O_TMPFILE) in this directory.
-func (n *volNode) backingTmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
+func (n *Node) backingTmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
 	l, errno := n.at(0, "")
 	if errno != 0 {
 		return nil, nil, errno
@@ -270,13 +270,13 @@ func (n *volNode) backingTmpfile(ctx context.Context, flags, mode uint32, out *f
 	defer l.Close()
 	fd, err := l.Open(int(flags)&^syscall.O_APPEND|unix.O_TMPFILE, mode&0o777)
 	if err != nil {
-		return nil, nil, toErrno(n.m.logger, err)
+		return nil, nil, ToErrno(n.p.logger, err)
 	}
 	file := layer.Loc{Dir: fd}
 	if uid, gid, ok := n.owner(ctx, l); ok {
 		if err := unix.Fchown(fd, uid, gid); err != nil {
 			syscall.Close(fd)
-			return nil, nil, toErrno(n.m.logger, err)
+			return nil, nil, ToErrno(n.p.logger, err)
 		}
 	}
 	var st syscall.Stat_t
@@ -286,28 +286,28 @@ func (n *volNode) backingTmpfile(ctx context.Context, flags, mode uint32, out *f
 	}
 	if err != nil {
 		syscall.Close(fd)
-		return nil, nil, toErrno(n.m.logger, err)
+		return nil, nil, ToErrno(n.p.logger, err)
 	}
 	return n.upperChild(ctx, &st, gen, out), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
 }
 
-func (n *volNode) backingUnlink(name string, dir bool) syscall.Errno {
+func (n *Node) backingUnlink(name string, dir bool) syscall.Errno {
 	l, errno := n.at(0, name)
 	if errno != 0 {
 		return errno
 	}
 	defer l.Close()
 	if dir {
-		return toErrno(n.m.logger, l.Rmdir())
+		return ToErrno(n.p.logger, l.Rmdir())
 	}
-	return toErrno(n.m.logger, l.Unlink())
+	return ToErrno(n.p.logger, l.Unlink())
 }
 
 // backingLink gives the upper entry of t the name name in this directory.
 // A file with no name yet (made with O_TMPFILE: the linkat(2) that names
 // it comes as LINK without a descriptor) is linked from one of its open
 // handles.
-func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno) {
+func (n *Node) backingLink(t *Node, name string) (layer.Loc, syscall.Errno) {
 	from, errno := t.linkSource()
 	if errno != 0 {
 		return from, errno
@@ -319,7 +319,7 @@ func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno
 	}
 	if err := layer.Link(from, to); err != nil {
 		to.Close()
-		return to, toErrno(n.m.logger, err)
+		return to, ToErrno(n.p.logger, err)
 	}
 	return to, 0
 }
@@ -328,7 +328,7 @@ func (n *volNode) backingLink(t *volNode, name string) (layer.Loc, syscall.Errno
 // a duplicate of an open handle's descriptor, taken while the handle is
 // still tracked, so that a RELEASE racing the link cannot close it and
 // hand its number to another file.
-func (t *volNode) linkSource() (layer.Loc, syscall.Errno) {
+func (t *Node) linkSource() (layer.Loc, syscall.Errno) {
 	if _, parent := t.Parent(); parent != nil {
 		return t.at(0, "")
 	}
@@ -341,7 +341,7 @@ func (t *volNode) linkSource() (layer.Loc, syscall.Errno) {
 		}
 		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			return layer.Loc{Dir: -1}, toErrno(t.m.logger, err)
+			return layer.Loc{Dir: -1}, ToErrno(t.p.logger, err)
 		}
 		return layer.FdLoc(dup, "unnamed file"), 0
 	}
@@ -350,7 +350,7 @@ func (t *volNode) linkSource() (layer.Loc, syscall.Errno) {
 
 // backingRename renames name in this directory to newName in dst on the
 // upper layer.
-func (n *volNode) backingRename(name string, dst *volNode, newName string, flags uint32) syscall.Errno {
+func (n *Node) backingRename(name string, dst *Node, newName string, flags uint32) syscall.Errno {
 	from, errno := n.at(0, name)
 	if errno != 0 {
 		return errno
@@ -361,11 +361,11 @@ func (n *volNode) backingRename(name string, dst *volNode, newName string, flags
 		return errno
 	}
 	defer to.Close()
-	return toErrno(n.m.logger, layer.Rename(from, to, uint(flags)))
+	return ToErrno(n.p.logger, layer.Rename(from, to, uint(flags)))
 }
 
 // backingGetattr stats the node's upper entry.
-func (n *volNode) backingGetattr(out *fuse.AttrOut) syscall.Errno {
+func (n *Node) backingGetattr(out *fuse.AttrOut) syscall.Errno {
 	l, errno := n.at(0, "")
 	if errno != 0 {
 		return errno
@@ -373,7 +373,7 @@ func (n *volNode) backingGetattr(out *fuse.AttrOut) syscall.Errno {
 	defer l.Close()
 	var st syscall.Stat_t
 	if err := l.Lstat(&st); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	out.FromStat(&st)
 	return 0
@@ -381,7 +381,7 @@ func (n *volNode) backingGetattr(out *fuse.AttrOut) syscall.Errno {
 
 // backingSetattr changes the node's upper entry as SETATTR asks, through
 // the handle h when there is one, and answers its attributes.
-func (n *volNode) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (n *Node) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if fsa, ok := h.(gofs.FileSetattrer); ok {
 		return fsa.Setattr(ctx, in, out)
 	}
@@ -392,7 +392,7 @@ func (n *volNode) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fus
 	defer l.Close()
 	if mode, ok := in.GetMode(); ok {
 		if err := l.Chmod(mode & 0o7777); err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 	}
 	uid, gid := -1, -1
@@ -404,7 +404,7 @@ func (n *volNode) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fus
 	}
 	if uid != -1 || gid != -1 {
 		if err := l.Chown(uid, gid); err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 	}
 	// The size before the times: a truncate would stamp over them.
@@ -415,17 +415,17 @@ func (n *volNode) backingSetattr(ctx context.Context, h gofs.FileHandle, in *fus
 			unix.Close(fd)
 		}
 		if err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 	}
 	if ts, ok := setattrTimes(in); ok {
 		if err := l.Utimes(ts); err != nil {
-			return toErrno(n.m.logger, err)
+			return ToErrno(n.p.logger, err)
 		}
 	}
 	var st syscall.Stat_t
 	if err := l.Lstat(&st); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	out.FromStat(&st)
 	return 0
@@ -453,40 +453,40 @@ func setattrTimes(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
 }
 
 // backingOpen opens the node's entry in the layer at position i.
-func (n *volNode) backingOpen(i int, flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
+func (n *Node) backingOpen(i int, flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
 	flags &^= syscall.O_APPEND | syscall.O_CREAT | syscall.O_EXCL | fuse.FMODE_EXEC
 	fd, err := n.st.Open(i, n.rel(), int(flags))
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	return gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
 }
 
-var _ = (gofs.NodeStatfser)((*volNode)(nil))
+var _ = (gofs.NodeStatfser)((*Node)(nil))
 
 // Statfs answers for the filesystem of the volume's upper layer.
-func (n *volNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	fd, err := n.st.Open(0, "", unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	defer unix.Close(fd)
 	var st syscall.Statfs_t
 	if err := syscall.Fstatfs(fd, &st); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	out.FromStatfsT(&st)
 	if n.alloc != "" {
-		n.m.limitStatfs(n.alloc, out)
+		n.p.host.LimitStatfs(n.alloc, out)
 	}
 	return 0
 }
 
-var _ = (gofs.NodeCopyFileRanger)((*volNode)(nil))
+var _ = (gofs.NodeCopyFileRanger)((*Node)(nil))
 
 // CopyFileRange copies between two open files of volumes with
 // copy_file_range(2), which the backing filesystem may do by reference.
-func (n *volNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+func (n *Node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
 	// A handle without a descriptor of its own: the kernel copies
 	// through reads and writes instead.
 	in, ok := readFd(fhIn)
@@ -499,7 +499,7 @@ func (n *volNode) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn
 	}
 	roff, woff := int64(offIn), int64(offOut)
 	c, err := unix.CopyFileRange(in, &roff, dst, &woff, int(length), int(flags))
-	return uint32(c), toErrno(n.m.logger, err)
+	return uint32(c), ToErrno(n.p.logger, err)
 }
 
 // readFd is the descriptor a handle reads from: a lower file's copy once

@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 // its layer's entries plus the layout children (listDir). A handle keeps
 // answering fstat after its directory is renamed over or removed.
 
-var _ = (gofs.NodeOpendirHandler)((*volNode)(nil))
+var _ = (gofs.NodeOpendirHandler)((*Node)(nil))
 
 // OpendirHandle lists a task directory as its layer's entries plus the
 // layout children; any other directory is the loopback's own.
-func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	switch {
 	case n.task != nil:
 		return n.taskOpendir()
@@ -30,34 +30,30 @@ func (n *volNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 
 // taskOpendir lists a task directory: the layout children it has, and
 // the entries of its volume (merged with the host layer of a chroot).
-func (n *volNode) taskOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
-	st, err := n.m.store.View(n.task.id)
-	if err != nil {
-		return nil, 0, toErrno(n.m.logger, err)
-	}
-	i := st.TaskIndex(n.task.task)
-	if i < 0 {
-		return nil, 0, syscall.ENOENT
+func (n *Node) taskOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
+	names, errno := n.task.Names()
+	if errno != 0 {
+		return nil, 0, errno
 	}
 	var entries []fuse.DirEntry
-	for _, c := range layoutNames(st, place{kind: placeTask, key: n.task.task, task: i}) {
+	for _, c := range names {
 		entries = append(entries, fuse.DirEntry{Name: c, Mode: syscall.S_IFDIR})
 	}
 	if n.ovl != nil {
 		merged, err := n.ovl.List(n.rel(), n.nodeLayers())
 		if err != nil {
-			return nil, 0, toErrno(n.m.logger, err)
+			return nil, 0, ToErrno(n.p.logger, err)
 		}
 		for _, e := range merged {
 			if !n.reserved(e.Name) {
 				entries = append(entries, fuse.DirEntry{Name: e.Name, Mode: e.Mode})
 			}
 		}
-		return &listDir{plusBatch: plusBatch{node: n}, entries: withDots(n.EmbeddedInode(), entries)}, 0, 0
+		return &listDir{plusBatch: plusBatch{node: n}, entries: WithDots(n.EmbeddedInode(), entries)}, 0, 0
 	}
 	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
-		return nil, 0, toErrno(n.m.logger, err)
+		return nil, 0, ToErrno(n.p.logger, err)
 	}
 	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
 	if errno != 0 {
@@ -116,7 +112,7 @@ func (l *listDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 				names++
 			}
 		}
-		l.started(ctx, names > plusAttrsMax)
+		l.started(ctx, names > PlusAttrsMax)
 	}
 	if l.pos >= len(l.entries) {
 		return nil, 0
@@ -191,10 +187,10 @@ func (d *volDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno)
 	return d.next(ctx)
 }
 
-// readAhead reads entries into ahead until it has seen plusAttrsMax+1
+// readAhead reads entries into ahead until it has seen PlusAttrsMax+1
 // names besides "." and "..", and reports whether there were that many.
 func (d *volDir) readAhead(ctx context.Context) bool {
-	for names := 0; names <= plusAttrsMax; {
+	for names := 0; names <= PlusAttrsMax; {
 		e, errno := d.next(ctx)
 		if errno != 0 {
 			d.aheadErr = errno
@@ -233,9 +229,9 @@ func (d *volDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 
 // mapDirent gives a directory entry of the backing layer the inode number
 // the mount shows for it: the backing one with the view's slot mixed in
-// (identity.go), the node's own for "." and its parent's for "..", so
+// (the tree's identity.go), the node's own for "." and its parent's for "..", so
 // that d_ino agrees with st_ino as on a local filesystem.
-func (n *volNode) mapDirent(e *fuse.DirEntry) {
+func (n *Node) mapDirent(e *fuse.DirEntry) {
 	switch e.Name {
 	case ".":
 		e.Ino = n.StableAttr().Ino
@@ -247,18 +243,18 @@ func (n *volNode) mapDirent(e *fuse.DirEntry) {
 	default:
 		if e.Ino != 0 {
 			e.Ino, _ = n.st.Salted(0, e.Ino)
-			e.Ino ^= n.slot << viewShift
+			e.Ino ^= n.slot << ViewShift
 		}
 	}
 }
 
 // openDir opens the node's directory for listing.
-func (n *volNode) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) openDir() (gofs.FileHandle, uint32, syscall.Errno) {
 	// Opened beneath the layer root, never through a symbolic link that
 	// a task swapped in for one of the directories on the way.
 	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
 	if err != nil {
-		return nil, 0, toErrno(n.m.logger, err)
+		return nil, 0, ToErrno(n.p.logger, err)
 	}
 	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
 	if errno != 0 {

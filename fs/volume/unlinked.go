@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -17,12 +17,12 @@ import (
 // daemon, so only this descriptor can answer fstat once the name is gone
 // (with no links, as a local filesystem shows). It is closed when the
 // kernel forgets the node.
-func (n *volNode) holdSpecial(name string) {
+func (n *Node) holdSpecial(name string) {
 	ch := n.GetChild(name)
 	if ch == nil {
 		return
 	}
-	c, ok := ch.Operations().(*volNode)
+	c, ok := ch.Operations().(*Node)
 	if !ok {
 		return
 	}
@@ -56,7 +56,7 @@ func (n *volNode) holdSpecial(name string) {
 // setattrHeld changes the unlinked special file held by fd (an O_PATH
 // descriptor, reached through /proc/self/fd, which follows it) as SETATTR
 // asks, and answers its attributes.
-func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (n *Node) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	p := fmt.Sprintf("/proc/self/fd/%d", fd)
 	var err error
 	if mode, ok := in.GetMode(); ok {
@@ -78,11 +78,11 @@ func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) sys
 		err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
 	}
 	if err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
-		return toErrno(n.m.logger, err)
+		return ToErrno(n.p.logger, err)
 	}
 	out.FromStat(&st)
 	out.Ino = n.StableAttr().Ino
@@ -95,7 +95,7 @@ func (n *volNode) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) sys
 // then), or else on a copy of the lower file into an unnamed upper file
 // (layer.Stack.CopyAnonymous) that they read from then on. It returns nil
 // when the node has no open lower handle.
-func (n *volNode) copyUpUnlinked() gofs.FileHandle {
+func (n *Node) copyUpUnlinked() gofs.FileHandle {
 	if n.ovl == nil {
 		return nil
 	}
@@ -108,7 +108,7 @@ func (n *volNode) copyUpUnlinked() gofs.FileHandle {
 			// through /proc, which reaches a file without a name.
 			fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", f.upper), unix.O_RDWR|unix.O_CLOEXEC, 0)
 			if err != nil {
-				n.m.logger.Error("could not reopen the copy of an open file whose name is gone", "error", err)
+				n.p.logger.Error("could not reopen the copy of an open file whose name is gone", "error", err)
 				return nil
 			}
 			tfd = fd
@@ -126,7 +126,7 @@ func (n *volNode) copyUpUnlinked() gofs.FileHandle {
 		}
 		var err error
 		if tfd, err = n.ovl.CopyAnonymous(src); err != nil {
-			n.m.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
+			n.p.logger.Error("could not copy up an open lower file whose name is gone", "error", err)
 			return nil
 		}
 	}
@@ -146,11 +146,11 @@ func (n *volNode) copyUpUnlinked() gofs.FileHandle {
 	return lf
 }
 
-var _ = (gofs.NodeOnForgetter)((*volNode)(nil))
+var _ = (gofs.NodeOnForgetter)((*Node)(nil))
 
 // OnForget closes what holdSpecial and copyUpUnlinked kept, and drops
 // the record of a file unlinked while open.
-func (n *volNode) OnForget() {
+func (n *Node) OnForget() {
 	n.mu.Lock()
 	fd := n.heldFd
 	n.heldFd = 0
@@ -175,7 +175,7 @@ func (n *volNode) OnForget() {
 
 // pathLeads reports whether the node's path still names an entry, in
 // the layer the node is shown from.
-func (n *volNode) pathLeads() bool {
+func (n *Node) pathLeads() bool {
 	l, errno := n.shown()
 	if errno != 0 {
 		return false

@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -39,8 +39,8 @@ type unlinkedRecord struct {
 	Handle []byte `json:"handle"`
 }
 
-func (m *Mount) unlinkedPath(id uint64) string {
-	return restart.StateFile(m.store.DataDir(), filepath.Join("unlinked", strconv.FormatUint(id, 16)))
+func (p *Plane) unlinkedPath(id uint64) string {
+	return restart.StateFile(p.dataDir, filepath.Join("unlinked", strconv.FormatUint(id, 16)))
 }
 
 // unlinkedPrefix starts the name unlinkedName gives an unlinked node.
@@ -52,15 +52,15 @@ func unlinkedName(id uint64) string { return unlinkedPrefix + strconv.FormatUint
 // is unlinked or replaced, when its file is open here: its node outlives
 // the name, and a daemon that takes the connection over finds it only
 // through the record.
-func (n *volNode) recordUnlinked(name string) {
-	if _, ok := n.m.server.(ownServer); !ok {
+func (n *Node) recordUnlinked(name string) {
+	if !n.p.recordUnlinked.Load() {
 		return
 	}
 	ch := n.GetChild(name)
 	if ch == nil || ch.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
-	c, ok := ch.Operations().(*volNode)
+	c, ok := ch.Operations().(*Node)
 	if !ok || c.lowerOnly() {
 		return
 	}
@@ -77,16 +77,16 @@ func (n *volNode) recordUnlinked(name string) {
 	defer l.Close()
 	h, _, err := unix.NameToHandleAt(l.Dir, l.Name, 0)
 	if err != nil {
-		n.m.logger.Debug("no handle for a file unlinked while open: a takeover will not find it", "error", err)
+		n.p.logger.Debug("no handle for a file unlinked while open: a takeover will not find it", "error", err)
 		return
 	}
 	rec := unlinkedRecord{Root: n.vroot.Path(nil), Type: h.Type(), Handle: h.Bytes()}
 	b, err := json.Marshal(rec)
 	if err == nil {
-		err = restart.WriteReplace(n.m.unlinkedPath(ch.StableAttr().Ino), b)
+		err = restart.WriteReplace(n.p.unlinkedPath(ch.StableAttr().Ino), b)
 	}
 	if err != nil {
-		n.m.logger.Warn("failed to record a file unlinked while open: a daemon taking over will not find it", "error", err)
+		n.p.logger.Warn("failed to record a file unlinked while open: a daemon taking over will not find it", "error", err)
 		return
 	}
 	c.mu.Lock()
@@ -94,10 +94,10 @@ func (n *volNode) recordUnlinked(name string) {
 	c.mu.Unlock()
 }
 
-// unlinkedPaths are where the node id, unlinked while open, may be found
+// UnlinkedPaths are where the node id, unlinked while open, may be found
 // by lookup, from its record; nil for none.
-func (m *Mount) unlinkedPaths(id uint64) [][]string {
-	b, err := os.ReadFile(m.unlinkedPath(id))
+func (p *Plane) UnlinkedPaths(id uint64) [][]string {
+	b, err := os.ReadFile(p.unlinkedPath(id))
 	if err != nil {
 		return nil
 	}
@@ -110,12 +110,12 @@ func (m *Mount) unlinkedPaths(id uint64) [][]string {
 
 // lookupUnlinked serves the lookup of unlinkedName(id) in the volume root
 // n: the recorded file, opened by its handle, if it is still the node's.
-func (n *volNode) lookupUnlinked(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *Node) lookupUnlinked(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	id, err := strconv.ParseUint(strings.TrimPrefix(name, unlinkedPrefix), 16, 64)
 	if err != nil || n.EmbeddedInode() != n.vroot {
 		return nil, syscall.ENOENT
 	}
-	b, err := os.ReadFile(n.m.unlinkedPath(id))
+	b, err := os.ReadFile(n.p.unlinkedPath(id))
 	if err != nil {
 		return nil, syscall.ENOENT
 	}
@@ -127,7 +127,7 @@ func (n *volNode) lookupUnlinked(ctx context.Context, name string, out *fuse.Ent
 	// an O_PATH one.
 	mfd, err := n.st.Open(0, "", unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
-		return nil, toErrno(n.m.logger, err)
+		return nil, ToErrno(n.p.logger, err)
 	}
 	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(rec.Type, rec.Handle), unix.O_PATH|unix.O_CLOEXEC)
 	unix.Close(mfd)
@@ -135,7 +135,7 @@ func (n *volNode) lookupUnlinked(ctx context.Context, name string, out *fuse.Ent
 		return nil, syscall.ENOENT
 	}
 	var x unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil || saltedIno(n.st, x.Ino)^n.slot<<viewShift != id || x.Mode&unix.S_IFMT != unix.S_IFREG {
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil || saltedIno(n.st, x.Ino)^n.slot<<ViewShift != id || x.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
 		return nil, syscall.ENOENT
 	}
@@ -153,18 +153,18 @@ func (n *volNode) lookupUnlinked(ctx context.Context, name string, out *fuse.Ent
 }
 
 // dropUnlinkedRecord removes the record of a node the kernel forgot.
-func (n *volNode) dropUnlinkedRecord() {
-	os.Remove(n.m.unlinkedPath(n.StableAttr().Ino))
+func (n *Node) dropUnlinkedRecord() {
+	os.Remove(n.p.unlinkedPath(n.StableAttr().Ino))
 }
 
-// unnameUnlinked takes the name a takeover found an unlinked node by out
-// of go-fuse's tree once the node is registered: the node has no name,
+// UnnameUnlinked takes the name a takeover found an unlinked node by out
+// of go-fuse's tree (below root) once the node is registered: the node has no name,
 // and its path must lead nowhere, so that only what it holds answers.
-func (m *Mount) unnameUnlinked(path []string) {
+func UnnameUnlinked(root *gofs.Inode, path []string) {
 	if len(path) == 0 || !strings.HasPrefix(path[len(path)-1], unlinkedPrefix) {
 		return
 	}
-	dir := m.root.EmbeddedInode()
+	dir := root
 	for _, name := range path[:len(path)-1] {
 		if dir = dir.GetChild(name); dir == nil {
 			return

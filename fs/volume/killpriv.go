@@ -1,4 +1,4 @@
-package fs
+package volume
 
 import (
 	"context"
@@ -98,7 +98,7 @@ func restoreMode(l layer.Loc, st *syscall.Stat_t, want uint32) error {
 // killprivFile is an open set-id file: served by the daemon, never by
 // passthrough, so that it can clear the bits before an unprivileged write.
 // go-fuse's bridge hands a FileWriter the request's caller and its cancel
-// channel and nothing else of the request, so killFlags, right above the
+// channel and nothing else of the request, so KillFlags, right above the
 // bridge, gives a WRITE that asks for the kill killWrite as its context's
 // Done channel (writeKills).
 type killprivFile struct {
@@ -128,13 +128,13 @@ func (f *killprivFile) Write(ctx context.Context, data []byte, off int64) (uint3
 func killFd(ctx context.Context, logger hclog.Logger, fd int) syscall.Errno {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return toErrno(logger, err)
+		return ToErrno(logger, err)
 	}
 	kill := killFor(ctx, st.Mode, st.Gid)
 	if kill == 0 {
 		return 0
 	}
-	return toErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
+	return ToErrno(logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 }
 
 // killWrite is the Done channel of the context of a WRITE whose writer
@@ -146,11 +146,11 @@ var killWrite = make(chan struct{})
 // writeKills reports whether the WRITE of ctx asks for the kill.
 func writeKills(ctx context.Context) bool { return ctx.Done() == killWrite }
 
-// killFlags passes each WRITE's FUSE_WRITE_KILL_SUIDGID on to its handle
+// KillFlags, wrapped round the bridge, passes each WRITE's FUSE_WRITE_KILL_SUIDGID on to its handle
 // (killWrite).
-type killFlags struct{ fuse.RawFileSystem }
+type KillFlags struct{ fuse.RawFileSystem }
 
-func (k killFlags) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+func (k KillFlags) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
 	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
 		cancel = killWrite
 	}
@@ -167,10 +167,10 @@ func (k killFlags) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) 
 // open (the bits were set on an open file) the new handle joins it, and
 // the bits stay until that file is closed and opened again. It returns
 // the handle to give go-fuse and its open flags.
-func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
+func (n *Node) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 	lf, ok := fh.(*gofs.LoopbackFile)
 	if !ok {
-		return n.m.wrapFile(fh), 0
+		return n.p.wrapFile(fh), 0
 	}
 	setid := false
 	if fd, _ := lf.PassthroughFd(); fd >= 0 {
@@ -182,9 +182,9 @@ func (n *volNode) serveOpen(fh gofs.FileHandle) (gofs.FileHandle, uint32) {
 
 // serveOpenMode is serveOpen of a handle whose file's set-id bits the
 // caller knows (setid): a CREATE has just stat'ed the file it made.
-func (n *volNode) serveOpenMode(lf *gofs.LoopbackFile, setid bool) (gofs.FileHandle, uint32) {
+func (n *Node) serveOpenMode(lf *gofs.LoopbackFile, setid bool) (gofs.FileHandle, uint32) {
 	n.mu.Lock()
-	on := n.m.passthrough.Load()
+	on := n.p.passthrough.Load()
 	daemon := n.daemonServed > 0 || setid && (n.passthroughOpen == 0 || !on)
 	switch {
 	case daemon:
@@ -197,7 +197,7 @@ func (n *volNode) serveOpenMode(lf *gofs.LoopbackFile, setid bool) (gofs.FileHan
 	case !daemon:
 		return n.asPassthroughFile(lf, on), passthroughOpenFlags
 	case setid:
-		return n.asDaemonFile(&killprivFile{LoopbackFile: lf, logger: n.m.logger}), 0
+		return n.asDaemonFile(&killprivFile{LoopbackFile: lf, logger: n.p.logger}), 0
 	}
 	return n.asDaemonFile(lf), 0
 }
@@ -226,16 +226,16 @@ func setattrMayKill(in *fuse.SetAttrIn) bool {
 // a change that may have cleared some (a chown as root clears S_ISUID),
 // through the handle f when there is one (the file may have no name any
 // more). It reports whether it cleared any.
-func (n *volNode) clearBits(f gofs.FileHandle, kill uint32) (bool, syscall.Errno) {
+func (n *Node) clearBits(f gofs.FileHandle, kill uint32) (bool, syscall.Errno) {
 	if fd, ok := handleFd(f); ok {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
-			return false, toErrno(n.m.logger, err)
+			return false, ToErrno(n.p.logger, err)
 		}
 		if st.Mode&kill == 0 {
 			return false, 0
 		}
-		return true, toErrno(n.m.logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
+		return true, ToErrno(n.p.logger, unix.Fchmod(fd, st.Mode&0o7777&^kill))
 	}
 	l, errno := n.at(0, "")
 	if errno != 0 {
@@ -244,25 +244,25 @@ func (n *volNode) clearBits(f gofs.FileHandle, kill uint32) (bool, syscall.Errno
 	defer l.Close()
 	var st syscall.Stat_t
 	if err := l.Lstat(&st); err != nil {
-		return false, toErrno(n.m.logger, err)
+		return false, ToErrno(n.p.logger, err)
 	}
 	if st.Mode&kill == 0 {
 		return false, 0
 	}
-	return true, toErrno(n.m.logger, l.Chmod(st.Mode&0o7777&^kill))
+	return true, ToErrno(n.p.logger, l.Chmod(st.Mode&0o7777&^kill))
 }
 
 // statNode stats the node's file, through f when there is a handle.
-func (n *volNode) statNode(f gofs.FileHandle, st *syscall.Stat_t) syscall.Errno {
+func (n *Node) statNode(f gofs.FileHandle, st *syscall.Stat_t) syscall.Errno {
 	if fd, ok := handleFd(f); ok {
-		return toErrno(n.m.logger, syscall.Fstat(fd, st))
+		return ToErrno(n.p.logger, syscall.Fstat(fd, st))
 	}
 	l, errno := n.at(0, "")
 	if errno != 0 {
 		return errno
 	}
 	defer l.Close()
-	return toErrno(n.m.logger, l.Lstat(st))
+	return ToErrno(n.p.logger, l.Lstat(st))
 }
 
 // handleFd is the backing descriptor of an open handle of the node's own
