@@ -11,6 +11,8 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/snapshot"
+	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/readside"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/internal/inotify"
 	"github.com/hashicorp/go-hclog"
@@ -138,11 +140,34 @@ func (a *AllocDir) readSide() allocdir.ReadSide {
 			if err != nil {
 				return nil, nil, err
 			}
-			f := &storeFS{a: a, st: st}
-			return f, f.close, nil
+			f := readside.New(a.store, a.readMount(), st)
+			return f, f.Close, nil
 		},
 		Notifier: notifier(a.store.Notifier()),
 	}
+}
+
+// readMount is the mount the read side finds memory volumes and host
+// layers in: nil, and no typed nil, without one.
+func (a *AllocDir) readMount() readside.Mount {
+	if a.mount == nil {
+		return nil
+	}
+	return readSideMount{a.mount}
+}
+
+// readSideMount answers the read side's questions of the mount.
+type readSideMount struct{ m *Mount }
+
+func (r readSideMount) HostLayer(st *store.State, key string) *layer.HostLayer {
+	if !r.m.hasHostLayer(st, key) {
+		return nil
+	}
+	return r.m.hostLayer(st.ID, key)
+}
+
+func (r readSideMount) MemoryRoot(id, task, name string) (int, error) {
+	return r.m.memoryRoot(id, task, name)
 }
 
 // inotifyNotifier is the store's notifier as the read side takes it.
@@ -196,7 +221,7 @@ func (a *AllocDir) Snapshot(w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("failed to snapshot %s: %w", a.id, err)
 	}
-	f := &storeFS{a: a, st: st}
-	defer f.close()
+	f := readside.New(a.store, a.readMount(), st)
+	defer f.Close()
 	return snapshot.Write(w, a.id, f, roots)
 }

@@ -48,9 +48,9 @@
 //	        ├── secrets/ private/ volume.Node over a detached tmpfs (memvol.go)
 //	        └── alloc/            sharedNode again, as a second view
 //
-// One router, layoutChild (layout.go), says what each name of the
+// One router, layout.Child (fs/layout), says what each name of the
 // skeleton leads to; the tree asks it one lookup at a time, the read side
-// of the allocdir contract (storeFS.locate) a whole path at once, so the
+// of the allocdir contract (fs/readside) a whole path at once, so the
 // two never disagree.
 //
 // The skeleton (everything that is not inside a volume or a memory tree)

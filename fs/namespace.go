@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layout"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -134,7 +135,7 @@ func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return volume.ToErrno(r.m.logger, err)
 	}
-	if len(layoutNames(st, place{kind: placeAlloc})) > 0 {
+	if len(layout.Names(st, layout.Place{Kind: layout.Alloc})) > 0 {
 		return syscall.ENOTEMPTY
 	}
 	if err := r.m.handlerChange([]string{name}, func() error { return r.m.store.Destroy(name) }); err != nil {
@@ -179,7 +180,7 @@ func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fu
 	}
 	parent := a.m.allocAttr(st).dirAttr()
 	switch {
-	case layoutChild(st, place{kind: placeAlloc}, name).kind != placeNone:
+	case layout.Child(st, layout.Place{Kind: layout.Alloc}, name).Kind != layout.None:
 		return nil, syscall.EEXIST
 	case name == allocdir.SharedAllocName:
 		err = a.m.handlerChange([]string{a.id}, func() error {
@@ -211,19 +212,19 @@ func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return volume.ToErrno(a.m.logger, err)
 	}
-	p := layoutChild(st, place{kind: placeAlloc}, name)
+	p := layout.Child(st, layout.Place{Kind: layout.Alloc}, name)
 	parent := a.m.allocAttr(st).dirAttr()
-	switch p.kind {
-	case placeShared:
-		if len(layoutNames(st, p)) > 0 {
+	switch p.Kind {
+	case layout.Shared:
+		if len(layout.Names(st, p)) > 0 {
 			return syscall.ENOTEMPTY
 		}
 		err = a.m.handlerChange([]string{a.id}, func() error {
 			_, err := a.m.store.SetGone(a.id, store.DirShared, true, &parent)
 			return err
 		})
-	case placeTask:
-		if len(layoutNames(st, p)) > 0 {
+	case layout.Task:
+		if len(layout.Names(st, p)) > 0 {
 			return syscall.ENOTEMPTY
 		}
 		if empty, errno := a.m.volumeEmpty(st, name); errno != 0 {
@@ -323,7 +324,7 @@ func (s *sharedNode) Mkdir(ctx context.Context, name string, mode uint32, out *f
 	switch {
 	case len(name) > volume.MaxNameLen:
 		return nil, syscall.ENAMETOOLONG
-	case layoutChild(st, place{kind: placeShared}, name).kind != placeNone:
+	case layout.Child(st, layout.Place{Kind: layout.Shared}, name).Kind != layout.None:
 		return nil, syscall.EEXIST
 	case !slices.Contains(allocdir.SharedAllocDirs, name):
 		return nil, syscall.EPERM
@@ -346,17 +347,17 @@ func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return volume.ToErrno(s.m.logger, err)
 	}
-	p := layoutChild(st, place{kind: placeShared}, name)
-	if p.kind != placeVolume {
+	p := layout.Child(st, layout.Place{Kind: layout.Shared}, name)
+	if p.Kind != layout.Volume {
 		return syscall.ENOENT
 	}
-	if empty, errno := s.m.volumeEmpty(st, p.key); errno != 0 {
+	if empty, errno := s.m.volumeEmpty(st, p.Key); errno != 0 {
 		return errno
 	} else if !empty {
 		return syscall.ENOTEMPTY
 	}
 	parent := s.m.sharedAttr(st).dirAttr()
-	return volume.ToErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.key, &parent) }))
+	return volume.ToErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.Key, &parent) }))
 }
 
 var _ = (gofs.NodeRenamer)((*sharedNode)(nil))
@@ -445,7 +446,7 @@ func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, o
 	if i < 0 {
 		return nil, syscall.ENOENT
 	}
-	if layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name).kind != placeNone {
+	if layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name).Kind != layout.None {
 		return nil, syscall.EEXIST
 	}
 	err = t.m.handlerChange([]string{t.id}, func() error {
@@ -476,20 +477,20 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 	if i < 0 {
 		return syscall.ENOENT
 	}
-	p := layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name)
-	switch p.kind {
-	case placeVolume:
-		if empty, errno := t.m.volumeEmpty(st, p.key); errno != 0 {
+	p := layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name)
+	switch p.Kind {
+	case layout.Volume:
+		if empty, errno := t.m.volumeEmpty(st, p.Key); errno != 0 {
 			return errno
 		} else if !empty {
 			return syscall.ENOTEMPTY
 		}
-		return volume.ToErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.key, nil) }))
-	case placeShared:
-		if len(layoutNames(st, p)) > 0 {
+		return volume.ToErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.Key, nil) }))
+	case layout.Shared:
+		if len(layout.Names(st, p)) > 0 {
 			return syscall.ENOTEMPTY
 		}
-	case placeMemory:
+	case layout.Memory:
 		if v := t.m.existingMemVolume(t.id, t.task, name); v != nil {
 			if empty, err := v.empty(); err != nil {
 				return volume.ToErrno(t.m.logger, err)
@@ -504,7 +505,7 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true, nil)
 		return err
 	})
-	if err == nil && p.kind == placeMemory {
+	if err == nil && p.Kind == layout.Memory {
 		t.m.dropMemRoot(t.id, t.task, name)
 	}
 	return volume.ToErrno(t.m.logger, err)

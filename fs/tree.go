@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/layout"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -131,25 +132,25 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if err != nil {
 		return nil, volume.ToErrno(a.m.logger, err)
 	}
-	return a.m.layoutInode(ctx, &a.Inode, st, layoutChild(st, place{kind: placeAlloc}, name), out)
+	return a.m.layoutInode(ctx, &a.Inode, st, layout.Child(st, layout.Place{Kind: layout.Alloc}, name), out)
 }
 
 // layoutInode returns the node of the layout directory p (layout.go),
 // a child of parent in the allocation st.
-func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.State, p place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	switch p.kind {
-	case placeShared:
-		return m.sharedInode(ctx, parent, st, p.view, out)
-	case placeTask:
+func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.State, p layout.Place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	switch p.Kind {
+	case layout.Shared:
+		return m.sharedInode(ctx, parent, st, p.View, out)
+	case layout.Task:
 		view := uint64(0)
-		if m.hasHostLayer(st, p.key) {
-			view = taskRootView + uint64(p.task)
+		if m.hasHostLayer(st, p.Key) {
+			view = taskRootView + uint64(p.Task)
 		}
-		return m.volumeInode(ctx, parent, st, p.key, view, &taskNode{m: m, id: st.ID, task: p.key}, out)
-	case placeVolume:
-		return m.volumeInode(ctx, parent, st, p.key, p.view, nil, out)
-	case placeMemory:
-		return m.memoryInode(ctx, parent, st, p.task, p.name, out)
+		return m.volumeInode(ctx, parent, st, p.Key, view, &taskNode{m: m, id: st.ID, task: p.Key}, out)
+	case layout.Volume:
+		return m.volumeInode(ctx, parent, st, p.Key, p.View, nil, out)
+	case layout.Memory:
+		return m.memoryInode(ctx, parent, st, p.Task, p.Name, out)
 	}
 	return nil, syscall.ENOENT
 }
@@ -186,7 +187,7 @@ func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 		return nil, volume.ToErrno(a.m.logger, err)
 	}
 	var entries []fuse.DirEntry
-	for _, n := range layoutNames(st, place{kind: placeAlloc}) {
+	for _, n := range layout.Names(st, layout.Place{Kind: layout.Alloc}) {
 		e := fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR}
 		if n == allocdir.SharedAllocName {
 			e.Ino = syntheticIno("shared", a.id, "0")
@@ -224,7 +225,7 @@ func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 	if err != nil {
 		return nil, volume.ToErrno(s.m.logger, err)
 	}
-	return s.m.layoutInode(ctx, &s.Inode, st, layoutChild(st, place{kind: placeShared, view: s.view}, name), out)
+	return s.m.layoutInode(ctx, &s.Inode, st, layout.Child(st, layout.Place{Kind: layout.Shared, View: s.view}, name), out)
 }
 
 var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
@@ -234,7 +235,7 @@ func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno
 	if err != nil {
 		return nil, volume.ToErrno(s.m.logger, err)
 	}
-	names := layoutNames(st, place{kind: placeShared})
+	names := layout.Names(st, layout.Place{Kind: layout.Shared})
 	entries := make([]fuse.DirEntry, 0, len(names))
 	for _, n := range names {
 		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
@@ -255,7 +256,7 @@ var _ volume.Layout = (*taskNode)(nil)
 
 // Reserved reports whether name is one of a task directory's layout
 // children, which the task directory's volume never shows.
-func (t *taskNode) Reserved(name string) bool { return slices.Contains(taskChildren, name) }
+func (t *taskNode) Reserved(name string) bool { return slices.Contains(layout.TaskChildren, name) }
 
 // Names lists the layout children the task directory has now.
 func (t *taskNode) Names() ([]string, syscall.Errno) {
@@ -267,7 +268,7 @@ func (t *taskNode) Names() ([]string, syscall.Errno) {
 	if i < 0 {
 		return nil, syscall.ENOENT
 	}
-	return layoutNames(st, place{kind: placeTask, key: t.task, task: i}), 0
+	return layout.Names(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}), 0
 }
 
 // Lookup finds the layout child name of the task directory parent.
@@ -280,7 +281,7 @@ func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, 
 	if i < 0 {
 		return nil, syscall.ENOENT
 	}
-	return t.m.layoutInode(ctx, parent, st, layoutChild(st, place{kind: placeTask, key: t.task, task: i}, name), out)
+	return t.m.layoutInode(ctx, parent, st, layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name), out)
 }
 
 // statfs reports the backing store's real numbers, so that df on the

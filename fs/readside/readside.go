@@ -1,4 +1,4 @@
-package fs
+package readside
 
 import (
 	"errors"
@@ -14,23 +14,19 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/layout"
 	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
-// The read side of an allocation (AllocDir's List, Stat, ReadAt, the
-// followers, snapshots) reads the store, never the mount: storeFS is the
-// allocdir.ReadFS that allocdir.ReadSide resolves paths in, with a volume
-// read from its layers (ovlReadFS merges a stack, stackLayerFS reads one
-// layer) and a memory volume from the mount's tmpfs.
-
-// storeFS presents one allocation of the store as an allocdir.ReadFS:
+// FS presents one allocation of the store as an allocdir.ReadFS:
 // the skeleton is synthesised from the state, volumes are read from their
 // upper layer beneath an fd of it, and memory-only directories from the
 // mount's memory tree.
-type storeFS struct {
-	a  *AllocDir
-	st *store.State
+type FS struct {
+	store *store.Store
+	mount Mount
+	st    *store.State
 	// volumes holds each volume's ReadFS, with its layers' fds open, for
 	// the whole operation: the resolver looks at a path one component at
 	// a time.
@@ -38,7 +34,25 @@ type storeFS struct {
 	fds     []int
 }
 
-func (f *storeFS) close() {
+// New returns the read side of allocation st of s; m is the mount the
+// allocation is shown in, nil for none.
+func New(s *store.Store, m Mount, st *store.State) *FS {
+	return &FS{store: s, mount: m, st: st}
+}
+
+// Mount is what the read side finds only in the mount: the host layer of
+// a chroot, and the memory volumes.
+type Mount interface {
+	// HostLayer is the host layer shown below the task directory's
+	// volume key of st, nil for none.
+	HostLayer(st *store.State, key string) *layer.HostLayer
+	// MemoryRoot opens the root of the memory volume name of task in
+	// allocation id, or returns -1 when the mount has not made it.
+	MemoryRoot(id, task, name string) (int, error)
+}
+
+// Close closes the descriptors f opened.
+func (f *FS) Close() {
 	for _, fd := range f.fds {
 		unix.Close(fd)
 	}
@@ -60,41 +74,41 @@ type where struct {
 	base    string // the path's last component
 }
 
-func (f *storeFS) locate(name string) (*where, error) {
-	at := place{kind: placeAlloc}
+func (f *FS) locate(name string) (*where, error) {
+	at := layout.Place{Kind: layout.Alloc}
 	if name == "." {
-		return &where{skeleton: layoutNames(f.st, at), base: "."}, nil
+		return &where{skeleton: layout.Names(f.st, at), base: "."}, nil
 	}
 	comps := strings.Split(name, "/")
 	base := comps[len(comps)-1]
 	for i, c := range comps {
-		next := layoutChild(f.st, at, c)
-		switch next.kind {
-		case placeNone:
-			if at.kind == placeTask {
+		next := layout.Child(f.st, at, c)
+		switch next.Kind {
+		case layout.None:
+			if at.Kind == layout.Task {
 				// An entry of the task's own volume.
-				return f.volume(at.key, comps[i:], base)
+				return f.volume(at.Key, comps[i:], base)
 			}
 			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
-		case placeVolume:
-			return f.volume(next.key, comps[i+1:], base)
-		case placeMemory:
-			return f.memory(f.st.Tasks[next.task], next.name, comps[i+1:], base)
+		case layout.Volume:
+			return f.volume(next.Key, comps[i+1:], base)
+		case layout.Memory:
+			return f.memory(f.st.Tasks[next.Task], next.Name, comps[i+1:], base)
 		}
 		at = next
 	}
-	if at.kind == placeTask {
-		w, err := f.volume(at.key, nil, base)
+	if at.Kind == layout.Task {
+		w, err := f.volume(at.Key, nil, base)
 		if err != nil {
 			return nil, err
 		}
-		w.skeleton = layoutNames(f.st, at)
+		w.skeleton = layout.Names(f.st, at)
 		return w, nil
 	}
-	return &where{skeleton: layoutNames(f.st, at), base: base}, nil
+	return &where{skeleton: layout.Names(f.st, at), base: base}, nil
 }
 
-func (f *storeFS) volume(key string, rest []string, base string) (*where, error) {
+func (f *FS) volume(key string, rest []string, base string) (*where, error) {
 	v, ok := f.st.Volumes[key]
 	if !ok {
 		return nil, &iofs.PathError{Op: "lookup", Path: key, Err: iofs.ErrNotExist}
@@ -105,7 +119,7 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 		layers := make([]allocdir.ReadFS, 0, len(ids))
 		roots := make([]string, 0, len(ids))
 		for _, id := range ids {
-			root := f.a.store.LayerPath(id)
+			root := f.store.LayerPath(id)
 			fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return nil, fmt.Errorf("layer %s of %s/%s: %w", id, f.st.ID, key, err)
@@ -115,10 +129,10 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 			roots = append(roots, root)
 		}
 		stack := &layer.Stack{Roots: roots}
-		if f.a.mount != nil && f.a.mount.hasHostLayer(f.st, key) {
+		if host := f.hostLayer(key); host != nil {
 			// A chroot task's directory shows the host's files below
 			// its own, as the mount does.
-			stack.Host = f.a.mount.hostLayer(f.st.ID, key)
+			stack.Host = host
 			stack.Roots = append(stack.Roots, stack.Host.Skeleton)
 			layers = append(layers, stackLayerFS{s: stack, i: len(stack.Roots) - 1})
 		}
@@ -135,18 +149,25 @@ func (f *storeFS) volume(key string, rest []string, base string) (*where, error)
 	if r == "" {
 		r = "."
 	}
-	return &where{layerFS: vfs, rest: r, base: base, upperRoot: f.a.store.LayerPath(v.Upper)}, nil
+	return &where{layerFS: vfs, rest: r, base: base, upperRoot: f.store.LayerPath(v.Upper)}, nil
+}
+
+func (f *FS) hostLayer(key string) *layer.HostLayer {
+	if f.mount == nil {
+		return nil
+	}
+	return f.mount.HostLayer(f.st, key)
 }
 
 // memory says where a path in a task's memory volume is: in the volume
 // the mount made, read beneath a descriptor of it, or in one not made
 // yet, an empty directory (as also without a mount).
-func (f *storeFS) memory(task allocdir.Task, name string, rest []string, base string) (*where, error) {
+func (f *FS) memory(task allocdir.Task, name string, rest []string, base string) (*where, error) {
 	w := &where{memory: true, memRest: rest, base: base}
-	if f.a.mount == nil {
+	if f.mount == nil {
 		return w, nil
 	}
-	fd, err := f.a.mount.memoryRoot(f.st.ID, task.Name, name)
+	fd, err := f.mount.MemoryRoot(f.st.ID, task.Name, name)
 	if err != nil || fd < 0 {
 		return w, err
 	}
@@ -159,12 +180,12 @@ func (f *storeFS) memory(task allocdir.Task, name string, rest []string, base st
 	return w, nil
 }
 
-func (f *storeFS) skeletonInfo(name string, mode iofs.FileMode) iofs.FileInfo {
+func (f *FS) skeletonInfo(name string, mode iofs.FileMode) iofs.FileInfo {
 	return &synthInfo{name: name, mode: iofs.ModeDir | mode, mtime: f.st.Created}
 }
 
 // Open implements iofs.FS; only volume files can be opened.
-func (f *storeFS) Open(name string) (iofs.File, error) {
+func (f *FS) Open(name string) (iofs.File, error) {
 	w, err := f.locate(name)
 	if err != nil {
 		return nil, err
@@ -176,7 +197,7 @@ func (f *storeFS) Open(name string) (iofs.File, error) {
 }
 
 // ReadDir implements iofs.ReadDirFS.
-func (f *storeFS) ReadDir(name string) ([]iofs.DirEntry, error) {
+func (f *FS) ReadDir(name string) ([]iofs.DirEntry, error) {
 	w, err := f.locate(name)
 	if err != nil {
 		return nil, err
@@ -225,7 +246,7 @@ func (f *storeFS) ReadDir(name string) ([]iofs.DirEntry, error) {
 }
 
 // Lstat implements iofs.ReadLinkFS.
-func (f *storeFS) Lstat(name string) (iofs.FileInfo, error) {
+func (f *FS) Lstat(name string) (iofs.FileInfo, error) {
 	w, err := f.locate(name)
 	if err != nil {
 		return nil, err
@@ -251,7 +272,7 @@ func (f *storeFS) Lstat(name string) (iofs.FileInfo, error) {
 }
 
 // ReadLink implements iofs.ReadLinkFS.
-func (f *storeFS) ReadLink(name string) (string, error) {
+func (f *FS) ReadLink(name string) (string, error) {
 	w, err := f.locate(name)
 	if err != nil {
 		return "", err

@@ -1,0 +1,18 @@
+// Package layout is an allocation's layout, routed in one place. Both the
+// FUSE tree (one lookup at a time) and the read side of the allocdir
+// contract (a whole path at once) ask Child what a name of a layout
+// directory is, so the two can never disagree on where a path leads:
+//
+//	<alloc>/                  Alloc
+//	├── alloc/                Shared, view 0
+//	│   └── data|logs|tmp/    Volume  "alloc/<name>", the view's
+//	└── <task>/               Task    the task's own volume "<task>"
+//	    ├── alloc/            Shared, view task index + 1
+//	    ├── local/ tmp/       Volume  "<task>/<name>", view 0
+//	    └── secrets/ private/ Memory
+//
+// Any other name of a task directory is an entry of the task's own
+// volume. The layout is computed from the allocation's record
+// (store.State) alone: a volume the record no longer has, or a directory
+// it says is gone, is no child.
+package layout
