@@ -434,22 +434,18 @@ func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
 	return len(entries) == 0, 0
 }
 
-// taskMkdir makes the layout directory name of a task directory again
+// Mkdir makes the layout directory name of a task directory again
 // after an rmdir: local/ and tmp/ with a fresh layer, secrets/, private/
 // and the alloc/ view as they were made first.
 func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := t.m.store.View(t.id)
-	if err != nil {
-		return nil, volume.ToErrno(t.m.logger, err)
+	st, task, errno := t.place()
+	if errno != 0 {
+		return nil, errno
 	}
-	i := st.TaskIndex(t.task)
-	if i < 0 {
-		return nil, syscall.ENOENT
-	}
-	if layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name).Kind != layout.None {
+	if layout.Child(st, task, name).Kind != layout.None {
 		return nil, syscall.EEXIST
 	}
-	err = t.m.handlerChange([]string{t.id}, func() error {
+	err := t.m.handlerChange([]string{t.id}, func() error {
 		var err error
 		switch name {
 		case allocdir.TaskLocal, allocdir.TmpDirName:
@@ -469,15 +465,11 @@ func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, o
 // empty: a volume with its layers; secrets/ or private/, whose memory
 // goes; the alloc/ view once alloc/'s volumes are gone.
 func (t *taskNode) Rmdir(name string) syscall.Errno {
-	st, err := t.m.store.View(t.id)
-	if err != nil {
-		return volume.ToErrno(t.m.logger, err)
+	st, task, errno := t.place()
+	if errno != 0 {
+		return errno
 	}
-	i := st.TaskIndex(t.task)
-	if i < 0 {
-		return syscall.ENOENT
-	}
-	p := layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name)
+	p := layout.Child(st, task, name)
 	switch p.Kind {
 	case layout.Volume:
 		if empty, errno := t.m.volumeEmpty(st, p.Key); errno != 0 {
@@ -501,7 +493,7 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 	default:
 		return syscall.ENOENT
 	}
-	err = t.m.handlerChange([]string{t.id}, func() error {
+	err := t.m.handlerChange([]string{t.id}, func() error {
 		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true, nil)
 		return err
 	})

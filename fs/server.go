@@ -5,8 +5,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	"github.com/allocfs/allocfs/fs/transport"
-	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -45,7 +45,7 @@ func (s goFuseServer) Wait() error {
 }
 
 // newHandler makes what serves the mount's requests: the node tree behind
-// go-fuse's bridge, with the write flags passed on (volume.KillFlags), the
+// go-fuse's bridge, with the write flags passed on (killpriv.Flags), the
 // attributes a SETATTR answers cached (setattrTimeout), the release
 // ordering around it.
 // A daemon of a later generation than 0 took the connection over, and
@@ -53,10 +53,10 @@ func (s goFuseServer) Wait() error {
 // connection can be taken over records the outcome of namespace requests
 // (outcomes.go), for the next.
 func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool) fuse.RawFileSystem {
-	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{volume.KillFlags{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
+	var h fuse.RawFileSystem = &releaseOrder{RawFileSystem: setattrTimeout{killpriv.Flags{RawFileSystem: gofs.NewNodeFS(m.root, fopts)}, m.opts.StableTimeout}}
 	if generation > 0 {
 		m.takeover = restart.NewTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
-		m.takeover.Found = func(path []string) { volume.UnnameUnlinked(m.root.EmbeddedInode(), path) }
+		m.takeover.Found = func(path []string) { unnameUnlinked(m.root.EmbeddedInode(), path) }
 		h = m.takeover
 	}
 	if takeable {

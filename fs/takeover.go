@@ -17,6 +17,7 @@ import (
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -46,10 +47,10 @@ import (
 // the bridge from the root (so that each node on the way is registered and
 // attached where it is), and runs the request again. What else the next
 // daemon needs (the session, the outcomes of namespace requests, the
-// passthrough backing IDs) is package restart's too; the slot table
-// (identity.go), the memory volumes' table (memvol.go) and the records of
-// files unlinked while open (volume/unlinkedrec.go) are the tree's, kept in the
-// same directory (restart.StateFile).
+// passthrough backing IDs, the records of files unlinked while open) is
+// package restart's too; the slot table (identity.go) and the memory
+// volumes' table (memvol.go) are the tree's, kept in the same directory
+// (restart.StateFile).
 
 // dropTakeoverState removes what the mount kept for a daemon taking it
 // over, once the connection has ended.
@@ -134,7 +135,7 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 		}
 		return [][]string{p}, 0
 	}
-	if paths := m.vol.UnlinkedPaths(id); paths != nil {
+	if paths := restart.NewUnlinked(m.store.DataDir()).Paths(id); paths != nil {
 		return paths, 0
 	}
 	slot, ino := id>>volume.ViewShift, id&(1<<volume.ViewShift-1)
@@ -331,4 +332,20 @@ func findIno(root string, ino uint64) ([]string, bool) {
 		return nil
 	})
 	return found, found != nil
+}
+
+// unnameUnlinked takes the name a takeover found an unlinked node by out
+// of go-fuse's tree (below root) once the node is registered: the node has no name,
+// and its path must lead nowhere, so that only what it holds answers.
+func unnameUnlinked(root *gofs.Inode, path []string) {
+	if len(path) == 0 || !strings.HasPrefix(path[len(path)-1], restart.UnlinkedPrefix) {
+		return
+	}
+	dir := root
+	for _, name := range path[:len(path)-1] {
+		if dir = dir.GetChild(name); dir == nil {
+			return
+		}
+	}
+	dir.RmChild(path[len(path)-1])
 }

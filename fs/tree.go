@@ -258,30 +258,36 @@ var _ volume.Layout = (*taskNode)(nil)
 // children, which the task directory's volume never shows.
 func (t *taskNode) Reserved(name string) bool { return slices.Contains(layout.TaskChildren, name) }
 
-// Names lists the layout children the task directory has now.
-func (t *taskNode) Names() ([]string, syscall.Errno) {
+// place returns the allocation's committed record and the task
+// directory's place in its layout.
+func (t *taskNode) place() (*store.State, layout.Place, syscall.Errno) {
 	st, err := t.m.store.View(t.id)
 	if err != nil {
-		return nil, volume.ToErrno(t.m.logger, err)
+		return nil, layout.Place{}, volume.ToErrno(t.m.logger, err)
 	}
 	i := st.TaskIndex(t.task)
 	if i < 0 {
-		return nil, syscall.ENOENT
+		return nil, layout.Place{}, syscall.ENOENT
 	}
-	return layout.Names(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}), 0
+	return st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, 0
+}
+
+// Names lists the layout children the task directory has now.
+func (t *taskNode) Names() ([]string, syscall.Errno) {
+	st, p, errno := t.place()
+	if errno != 0 {
+		return nil, errno
+	}
+	return layout.Names(st, p), 0
 }
 
 // Lookup finds the layout child name of the task directory parent.
 func (t *taskNode) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := t.m.store.View(t.id)
-	if err != nil {
-		return nil, volume.ToErrno(t.m.logger, err)
+	st, p, errno := t.place()
+	if errno != 0 {
+		return nil, errno
 	}
-	i := st.TaskIndex(t.task)
-	if i < 0 {
-		return nil, syscall.ENOENT
-	}
-	return t.m.layoutInode(ctx, parent, st, layout.Child(st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, name), out)
+	return t.m.layoutInode(ctx, parent, st, layout.Child(st, p, name), out)
 }
 
 // statfs reports the backing store's real numbers, so that df on the

@@ -51,6 +51,8 @@
 //     run again;
 //   - the passthrough backing IDs (BackingIDs), which the next daemon
 //     must release;
+//   - the files unlinked while open (Unlinked), which no path leads to
+//     and the kernel still names;
 //   - and, the tree's own, how node IDs map to files (fs/identity.go).
 //
 // TakeoverFS stands in front of go-fuse's bridge and resolves, on first

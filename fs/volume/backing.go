@@ -7,6 +7,7 @@ import (
 	"path"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	"github.com/allocfs/allocfs/fs/layer"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -144,7 +145,7 @@ func ownedBy(ctx context.Context, st *syscall.Stat_t) bool {
 }
 
 // made finishes an entry just made at l: it gets its owner (owner), the
-// mode bits asked for (restoreMode) and a node. file is the new entry to
+// mode bits asked for (killpriv.RestoreMode) and a node. file is the new entry to
 // change: l itself, or, for a file made open, its descriptor, so that
 // another file renamed onto the name meanwhile is never the one changed.
 // An entry that cannot be finished is removed again.
@@ -165,7 +166,7 @@ func (n *Node) made(ctx context.Context, l, file layer.Loc, mode uint32, out *fu
 		}
 	}
 	if err == nil && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-		err = restoreMode(file, &st, mode)
+		err = killpriv.RestoreMode(file, &st, mode)
 	}
 	if err != nil {
 		n.unmake(l)
@@ -282,7 +283,7 @@ func (n *Node) backingTmpfile(ctx context.Context, flags, mode uint32, out *fuse
 	var st syscall.Stat_t
 	gen, err := lstatBirth(file, &st)
 	if err == nil {
-		err = restoreMode(file, &st, mode)
+		err = killpriv.RestoreMode(file, &st, mode)
 	}
 	if err != nil {
 		syscall.Close(fd)

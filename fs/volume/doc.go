@@ -26,7 +26,7 @@
 // are bounded by what is open, not by what the kernel caches. New
 // entries are made as root and given the caller's uid and, in a setgid
 // directory, the directory's group, in one chown; the mode bits asked for
-// are put back afterwards (restoreMode), since chown clears set-id bits.
+// are put back afterwards (killpriv.RestoreMode), since chown clears set-id bits.
 //
 // # Data path
 //
@@ -40,7 +40,7 @@
 // leaves the set-id rule to us: the kernel says per request when the VFS
 // would clear the bits (a WRITE's kill flag, a SETATTR's, the empty
 // SETATTR of file_remove_privs), and the daemon clears the bits ext4
-// would (killpriv.go); a file with set-id bits is served by the daemon,
+// would (fs/killpriv); a file with set-id bits is served by the daemon,
 // so that every write to it is seen. A lower file of a writable overlay is served by
 // the daemon too (the kernel binds one backing file to an inode, and a
 // copy-up must replace it), with its page cache kept across opens. The

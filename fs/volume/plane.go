@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
@@ -18,9 +19,9 @@ type Plane struct {
 	logger hclog.Logger
 	host   Host
 	dirs   *layer.DirCache
-	// dataDir is the store's data dir, below whose state dir the records
-	// of files unlinked while open are kept (unlinkedrec.go).
-	dataDir string
+	// unlinked are the records of files unlinked while open
+	// (unlinkedrec.go), in the store's data dir.
+	unlinked restart.Unlinked
 	// recordUnlinked is set when the mount serves its own connection,
 	// which a daemon can take over: only then are those records of use.
 	recordUnlinked atomic.Bool
@@ -71,7 +72,7 @@ type Layout interface {
 // whose logger they log with and whose directory cache they name entries
 // through.
 func NewPlane(logger hclog.Logger, host Host, dirs *layer.DirCache, dataDir string) *Plane {
-	return &Plane{logger: logger, host: host, dirs: dirs, dataDir: dataDir}
+	return &Plane{logger: logger, host: host, dirs: dirs, unlinked: restart.NewUnlinked(dataDir)}
 }
 
 // SetPassthrough says whether the kernel negotiated passthrough; files

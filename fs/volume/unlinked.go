@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -64,7 +65,7 @@ func (n *Node) setattrHeld(fd int, in *fuse.SetAttrIn, out *fuse.AttrOut) syscal
 	}
 	uid, uok := in.GetUID()
 	gid, gok := in.GetGID()
-	if err == nil && (uok || gok || in.Valid&setattrChanges == 0) {
+	if err == nil && (uok || gok || in.Valid&killpriv.SetattrChanges == 0) {
 		u, g := -1, -1
 		if uok {
 			u = int(uid)

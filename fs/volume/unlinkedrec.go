@@ -2,9 +2,6 @@ package volume
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,37 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A file unlinked while a task holds it open has no path: a daemon that
-// takes the connection over cannot find it by walking, and the kernel
-// still names its node (an fstat, a setattr, an inherited handle opened
-// again). So when a name whose file this daemon has open goes, the file's
-// handle (name_to_handle_at) is recorded first, in
-// <data-dir>/fuse/unlinked/<node ID in hex>:
-//
-//	{"root": "a1/web/secrets", "type": 1, "handle": "<base64>"}
-//
-// root is the volume root the file was in, as a path of the mount. A
-// daemon that does not know the node looks up the name unlinkedName(id)
-// in that root: no name from the kernel holds a NUL, so only the
-// takeover asks it, and the lookup opens the file by its handle and
-// serves the node from that descriptor (heldFd), as holdSpecial does for
-// a FIFO. The record goes when the kernel forgets the node.
-
-// unlinkedRecord is one record of unlinked/.
-type unlinkedRecord struct {
-	Root   string `json:"root"`
-	Type   int32  `json:"type"`
-	Handle []byte `json:"handle"`
-}
-
-func (p *Plane) unlinkedPath(id uint64) string {
-	return restart.StateFile(p.dataDir, filepath.Join("unlinked", strconv.FormatUint(id, 16)))
-}
-
-// unlinkedPrefix starts the name unlinkedName gives an unlinked node.
-const unlinkedPrefix = "\x00unlinked:"
-
-func unlinkedName(id uint64) string { return unlinkedPrefix + strconv.FormatUint(id, 16) }
+// Files unlinked while open are found again by a daemon that takes the
+// connection over through their records (restart.Unlinked): written
+// before the last name goes, read by a lookup of restart.UnlinkedName in
+// the volume root, removed when the kernel forgets the node.
 
 // recordUnlinked records the handle of name in the directory n, before it
 // is unlinked or replaced, when its file is open here: its node outlives
@@ -80,12 +50,8 @@ func (n *Node) recordUnlinked(name string) {
 		n.p.logger.Debug("no handle for a file unlinked while open: a takeover will not find it", "error", err)
 		return
 	}
-	rec := unlinkedRecord{Root: n.vroot.Path(nil), Type: h.Type(), Handle: h.Bytes()}
-	b, err := json.Marshal(rec)
-	if err == nil {
-		err = restart.WriteReplace(n.p.unlinkedPath(ch.StableAttr().Ino), b)
-	}
-	if err != nil {
+	rec := restart.UnlinkedRecord{Root: n.vroot.Path(nil), Type: h.Type(), Handle: h.Bytes()}
+	if err := n.p.unlinked.Save(ch.StableAttr().Ino, rec); err != nil {
 		n.p.logger.Warn("failed to record a file unlinked while open: a daemon taking over will not find it", "error", err)
 		return
 	}
@@ -94,33 +60,15 @@ func (n *Node) recordUnlinked(name string) {
 	c.mu.Unlock()
 }
 
-// UnlinkedPaths are where the node id, unlinked while open, may be found
-// by lookup, from its record; nil for none.
-func (p *Plane) UnlinkedPaths(id uint64) [][]string {
-	b, err := os.ReadFile(p.unlinkedPath(id))
-	if err != nil {
-		return nil
-	}
-	var rec unlinkedRecord
-	if json.Unmarshal(b, &rec) != nil || rec.Root == "" {
-		return nil
-	}
-	return [][]string{append(strings.Split(rec.Root, "/"), unlinkedName(id))}
-}
-
-// lookupUnlinked serves the lookup of unlinkedName(id) in the volume root
+// lookupUnlinked serves the lookup of restart.UnlinkedName(id) in the volume root
 // n: the recorded file, opened by its handle, if it is still the node's.
 func (n *Node) lookupUnlinked(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	id, err := strconv.ParseUint(strings.TrimPrefix(name, unlinkedPrefix), 16, 64)
+	id, err := strconv.ParseUint(strings.TrimPrefix(name, restart.UnlinkedPrefix), 16, 64)
 	if err != nil || n.EmbeddedInode() != n.vroot {
 		return nil, syscall.ENOENT
 	}
-	b, err := os.ReadFile(n.p.unlinkedPath(id))
-	if err != nil {
-		return nil, syscall.ENOENT
-	}
-	var rec unlinkedRecord
-	if json.Unmarshal(b, &rec) != nil || rec.Root != n.vroot.Path(nil) {
+	rec, ok := n.p.unlinked.Load(id)
+	if !ok || rec.Root != n.vroot.Path(nil) {
 		return nil, syscall.ENOENT
 	}
 	// open_by_handle_at wants a descriptor of the filesystem that is not
@@ -154,23 +102,7 @@ func (n *Node) lookupUnlinked(ctx context.Context, name string, out *fuse.EntryO
 
 // dropUnlinkedRecord removes the record of a node the kernel forgot.
 func (n *Node) dropUnlinkedRecord() {
-	os.Remove(n.p.unlinkedPath(n.StableAttr().Ino))
-}
-
-// UnnameUnlinked takes the name a takeover found an unlinked node by out
-// of go-fuse's tree (below root) once the node is registered: the node has no name,
-// and its path must lead nowhere, so that only what it holds answers.
-func UnnameUnlinked(root *gofs.Inode, path []string) {
-	if len(path) == 0 || !strings.HasPrefix(path[len(path)-1], unlinkedPrefix) {
-		return
-	}
-	dir := root
-	for _, name := range path[:len(path)-1] {
-		if dir = dir.GetChild(name); dir == nil {
-			return
-		}
-	}
-	dir.RmChild(path[len(path)-1])
+	n.p.unlinked.Remove(n.StableAttr().Ino)
 }
 
 // saltedIno is the inode number the upper layer of stack shows for its

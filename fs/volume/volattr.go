@@ -5,6 +5,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	"github.com/allocfs/allocfs/fs/layer"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -123,11 +124,6 @@ func (n *Node) openDirStat(st *syscall.Stat_t) bool {
 
 var _ = (gofs.NodeSetattrer)((*Node)(nil))
 
-// setattrChanges are the SETATTR fields that change something besides the
-// change time.
-const setattrChanges = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_SIZE |
-	fuse.FATTR_ATIME | fuse.FATTR_MTIME | fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW
-
 // Setattr copies a lower entry up first: metadata changes are writes.
 func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if n.readOnly() {
@@ -166,14 +162,14 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		}
 	}
 	var kill uint32
-	if setattrMayKill(in) {
+	if killpriv.SetattrMayKill(in) {
 		var st syscall.Stat_t
 		if errno := n.statNode(h, &st); errno != 0 {
 			return errno
 		}
-		kill = setattrKills(ctx, in, &st)
+		kill = killpriv.SetattrKills(ctx, in, &st)
 	}
-	if in.Valid&setattrChanges == 0 {
+	if in.Valid&killpriv.SetattrChanges == 0 {
 		// Nothing but the change time: chown(f, -1, -1), or the
 		// kernel's file_remove_privs (killpriv.go). A local filesystem
 		// still stamps ctime and clears set-id bits; a chown that
@@ -296,7 +292,7 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 			return false
 		}
 		if !checked {
-			checked, admin = true, callerHasCap(ctx, capSysAdmin)
+			checked, admin = true, killpriv.HasCap(ctx, killpriv.CapSysAdmin)
 		}
 		return !admin
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -55,11 +56,11 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// mount has no ATOMIC_O_TRUNC, so an OPEN never does): an
 		// unprivileged caller's truncate clears set-id bits as a write
 		// does.
-		if lf, ok := fh.(*gofs.LoopbackFile); ok && !callerHasCap(ctx, capFsetid) {
+		if lf, ok := fh.(*gofs.LoopbackFile); ok && !killpriv.HasCap(ctx, killpriv.CapFsetid) {
 			fd, _ := lf.PassthroughFd()
-			if errno := killFd(ctx, n.p.logger, fd); errno != 0 {
+			if err := killpriv.Clear(ctx, fd); err != nil {
 				releaseHandle(ctx, fh)
-				return nil, 0, errno
+				return nil, 0, ToErrno(n.p.logger, err)
 			}
 		}
 	}

@@ -9,7 +9,9 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/killpriv"
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/restart"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -179,7 +181,7 @@ func (n *Node) Freeze() {
 var _ = (gofs.NodeLookuper)((*Node)(nil))
 
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if strings.HasPrefix(name, unlinkedPrefix) {
+	if strings.HasPrefix(name, restart.UnlinkedPrefix) {
 		return n.lookupUnlinked(ctx, name, out)
 	}
 	if len(name) > MaxNameLen {
@@ -283,7 +285,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno
 	}
 	if child, ok := ch.Operations().(*Node); ok {
-		fh, openFlags := child.serveOpenMode(fh, hasSetid(out.Attr.Mode))
+		fh, openFlags := child.serveOpenMode(fh, killpriv.HasSetid(out.Attr.Mode))
 		return ch, fh, openFlags, 0
 	}
 	return ch, n.p.wrapFile(fh), 0, 0

@@ -1,4 +1,4 @@
-package volume
+package killpriv
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 
 // Bits of a capability set.
 const (
-	capFsetid   = 4  // CAP_FSETID
-	capSysAdmin = 21 // CAP_SYS_ADMIN
+	CapFsetid   = 4  // CAP_FSETID
+	CapSysAdmin = 21 // CAP_SYS_ADMIN
 )
 
 // callerProc is what /proc/<pid>/status says of the process that made a
@@ -57,18 +57,18 @@ func readCaller(ctx context.Context) (callerProc, bool) {
 	return p, true
 }
 
-// callerHasCap reports whether the process that made the request has the
+// HasCap reports whether the process that made the request has the
 // capability bit in its effective set. Unknown means no.
-func callerHasCap(ctx context.Context, bit uint) bool {
+func HasCap(ctx context.Context, bit uint) bool {
 	p, ok := readCaller(ctx)
 	return ok && p.capEff&(1<<bit) != 0
 }
 
-// callerInGroupOrFsetid reports whether the caller of ctx is in group
+// inGroupOrFsetid reports whether the caller of ctx is in group
 // gid (its fsgid or a supplementary group) or has CAP_FSETID: the VFS's
 // in_group_or_capable, which decides whether a change keeps a set-gid
 // bit. Unknown means no.
-func callerInGroupOrFsetid(ctx context.Context, gid uint32) bool {
+func inGroupOrFsetid(ctx context.Context, gid uint32) bool {
 	if c, ok := fuse.FromContext(ctx); ok && c.Gid == gid {
 		return true
 	}
@@ -76,7 +76,7 @@ func callerInGroupOrFsetid(ctx context.Context, gid uint32) bool {
 	if !ok {
 		return false
 	}
-	if p.capEff&(1<<capFsetid) != 0 {
+	if p.capEff&(1<<CapFsetid) != 0 {
 		return true
 	}
 	for _, g := range p.groups {
