@@ -2,18 +2,18 @@ package fs
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,25 +39,6 @@ import (
 // directory itself that of the host's /, and before that made it
 // nobody's): nothing else chowns a task directory Nomad just made to
 // root before its task writes anything in it.
-
-// DefaultChrootEnv is Nomad's default chroot_env: host paths by their
-// place in the chroot.
-func DefaultChrootEnv() map[string]string {
-	env := make(map[string]string)
-	for _, p := range []string{"/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr", "/run/resolvconf", "/run/systemd/resolve"} {
-		env[p] = p
-	}
-	return env
-}
-
-// chrootEnv is a mount's chroot environment, ready to stack.
-type chrootEnv struct {
-	entries  []layer.HostEntry
-	skeleton string // the host layer's root: <data-dir>/chroot/<hash>/root
-	empty    string // what an off host layer shows: <data-dir>/chroot/<hash>/empty
-	// devs are the devices of the entries' sources, by entry.
-	devs []uint64
-}
 
 // setupChroot resolves env (Nomad's chroot_env) and makes its skeleton
 // under the store's chroot directory, once per content: a skeleton with
@@ -176,36 +157,6 @@ func (m *Mount) identity(stack *layer.Stack, i int, rel string, st *syscall.Stat
 	return ino
 }
 
-// Chowned turns on the host layer of the task root n when the chown in
-// of the SETATTR is the first step of Nomad's chroot build: the still
-// empty directory of a task Nomad made, given to root.
-func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
-	m := t.m
-	if uid != 0 || m.chroot == nil || n.Stack().Host == nil {
-		return 0
-	}
-	st, err := m.store.View(t.id)
-	if err != nil || st.IsChroot(t.task) {
-		return 0
-	}
-	entries, err := n.Stack().List("", []int{0})
-	if err != nil {
-		return volume.ToErrno(m.logger, err)
-	}
-	if len(entries) > 0 {
-		return 0
-	}
-	err = m.handlerChange([]string{t.id}, func() error {
-		_, err := m.store.SetChroot(t.id, t.task)
-		return err
-	})
-	if err != nil {
-		return volume.ToErrno(m.logger, err)
-	}
-	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", t.id, "task", t.task)
-	return 0
-}
-
 // hostPaths returns where in the mount the host entry of backing inode
 // number ino (identity), shown in view, may be: in the directory of
 // the task of st the view is (taskRootView), at the entry's place; nil
@@ -240,36 +191,57 @@ func (m *Mount) hostPaths(st *store.State, view, ino uint64) [][]string {
 	return [][]string{append([]string{st.ID, task}, rel...)}
 }
 
-// destOf is the place in a task directory of the host path p: below an
-// entry's source, or in the skeleton.
-func (c *chrootEnv) destOf(p string) ([]string, bool) {
-	split := func(dest, below string) []string {
-		parts := strings.Split(dest, "/")
-		if below != "" {
-			parts = append(parts, strings.Split(below, "/")...)
-		}
-		return parts
+// fileidIno32Gen is the ext4 (and ext2/3) file handle type: a 32-bit
+// inode number and a 32-bit generation.
+const fileidIno32Gen = 1
+
+// openByIno opens inode ino of the filesystem of dir by handle and
+// returns its path.
+func openByIno(dir string, ino uint64) (string, error) {
+	if ino > 1<<32-1 {
+		return "", errors.New("inode number beyond 32 bits")
 	}
-	for _, e := range c.entries {
-		if p == e.Source {
-			return split(e.Dest, ""), true
-		}
-		if below, ok := strings.CutPrefix(p, e.Source+"/"); ok {
-			return split(e.Dest, below), true
-		}
+	mfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
 	}
-	if below, ok := strings.CutPrefix(p, c.skeleton+"/"); ok {
-		return strings.Split(below, "/"), true
+	defer unix.Close(mfd)
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint32(b, uint32(ino))
+	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileidIno32Gen, b), unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return "", err
 	}
-	return nil, false
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ino {
+		return "", fmt.Errorf("handle of inode %d opened inode %d (%v)", ino, st.Ino, err)
+	}
+	return os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 }
 
-// volumeHost answers the volume nodes' questions of the mount
-// (volume.Host).
-type volumeHost struct{ m *Mount }
-
-func (h volumeHost) Identity(stack *layer.Stack, i int, rel string, st *syscall.Stat_t) uint64 {
-	return h.m.identity(stack, i, rel, st)
+// volumeStack is the stack of layers of the volume key of st, or nil for
+// none: its layers, and for a task directory of Nomad's the host layer of
+// the chroot environment at the bottom.
+func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
+	v := st.Volumes[key]
+	if v == nil {
+		return nil
+	}
+	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Dirs: m.dirs, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
+	for _, l := range v.Lowers {
+		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
+	}
+	if len(st.Tags) > 0 {
+		stack.Salts = make([]uint64, len(stack.Roots))
+		for i, l := range append([]string{v.Upper}, v.Lowers...) {
+			stack.Salts[i] = uint64(st.Tags[l]) << layer.SaltShift
+		}
+	}
+	if m.hasHostLayer(st, key) {
+		stack.Host = m.hostLayer(st.ID, key)
+		stack.Roots = append(stack.Roots, stack.Host.Skeleton)
+		stack.Identity = func(i int, rel string, st *syscall.Stat_t) uint64 { return m.identity(stack, i, rel, st) }
+	}
+	return stack
 }
-
-func (h volumeHost) LimitStatfs(id string, out *fuse.StatfsOut) { h.m.limitStatfs(id, out) }

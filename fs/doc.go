@@ -76,6 +76,29 @@
 // a FUSE request handler, where a notification can deadlock. Failed
 // lookups are cached briefly.
 //
+// # Files
+//
+// The package's files are layered: each uses only what the files below it
+// declare (TestFilesFormNoCircle checks it), so that one can be read
+// knowing only those.
+//
+//	mount.go        NewMount, AdoptMount, Unmount: the mount's life, and
+//	                what a change of the store does to the kernel's caches
+//	server.go       the handler chain in front of go-fuse's bridge
+//	takeover.go     where a node ID an earlier daemon handed out leads
+//	allocdir.go     AllocDir, the allocdir contract over the store
+//	namespace.go    mkdir, rmdir, rename and setattr of the skeleton
+//	tree.go         the skeleton's nodes and lookups, a task directory's
+//	                layout children (taskNode)
+//	chroot.go       the host layer of a chroot task directory
+//	memvol.go       the memory volumes' life in the mount
+//	deferred.go     notifications deferred past a request handler
+//	mountstate.go   the Mount and its options
+//	chrootenv.go, memvolume.go, opcount.go, identity.go, releaseorder.go
+//	                what the Mount holds: the chroot environment, the
+//	                memory volumes, request counts, view slots, the order
+//	                of RELEASE and FORGET
+//
 // # Never through the mount
 //
 // The daemon must not access its own mount point: a request handler that

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,8 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,130 +26,6 @@ import (
 // detachWait bounds how long Unmount waits for a lazily detached mount's
 // last open files to be closed.
 const detachWait = 5 * time.Second
-
-// capHandleKillprivV2 is FUSE_HANDLE_KILLPRIV_V2 (bit 28 on Linux), which
-// go-fuse does not name. With it the kernel stops asking the daemon for
-// security.capability before every write(2).
-const capHandleKillprivV2 = 1 << 28
-
-// MountOptions tune a mount.
-type MountOptions struct {
-	// GoFuseServer serves requests with go-fuse's fuse.Server instead of
-	// allocfs's own loop (fs/transport), to compare the two.
-	GoFuseServer bool
-	// Debug turns on go-fuse's request trace, which only go-fuse's server
-	// has: it implies GoFuseServer.
-	Debug bool
-	// IOUring has the kernel send requests over io_uring where it can
-	// (FUSE_OVER_IO_URING, Linux 6.14+ with the fuse module's
-	// enable_uring on); /dev/fuse otherwise. Only the own loop has it.
-	IOUring bool
-	// StableTimeout is how long the kernel may cache entries and
-	// attributes; allocfs invalidates what it changes itself.
-	StableTimeout time.Duration
-	// Requests, when set, is told of every request allocfs's own loop
-	// handles (fs/transport); go-fuse's server (GoFuseServer, Debug)
-	// tells it nothing.
-	Requests transport.Observer
-	// CopyUps, when set, is told of every entry a volume copies up.
-	CopyUps layer.CopyUpObserver
-	// NegativeTimeout is how long a failed lookup is cached.
-	NegativeTimeout time.Duration
-	// ChrootEnv is Nomad's chroot_env: host paths by their place in a
-	// chroot (DefaultChrootEnv). A task directory Nomad builds a chroot
-	// in shows them, read-only, below its own layer (chroot.go); nil or
-	// empty shows none.
-	ChrootEnv map[string]string
-	// Memory, when set, keeps the memory volumes' descriptors while no
-	// daemon runs (memvol.go); without one they end with this process.
-	Memory MemoryKeeper
-	// HeldMemory are the descriptors of memory volumes that Memory kept
-	// for the previous daemon, by key; the mount takes them.
-	HeldMemory map[string]int
-	// MemoryInodes, when set, gives the entry cap of a memory volume of
-	// a byte cap instead of defaultMemInodes.
-	MemoryInodes func(size int64) int64
-	// Created, when set, is told of each allocation a mkdir at the mount
-	// root made (Nomad's client), once it is recorded: the daemon asks
-	// Nomad its size. It runs in the mkdir's request, so it must not
-	// block.
-	Created func(id string)
-	// interpose, when set, wraps the request handler: tests use it to
-	// hold or delay a request as a busy or starved daemon thread would.
-	interpose func(fuse.RawFileSystem) fuse.RawFileSystem
-	// adopt, when set, serves a connection an earlier daemon mounted
-	// (AdoptMount).
-	adopt *adoption
-}
-
-// DefaultMountOptions are the mount's defaults. `allocfs serve` takes
-// them but for IOUring, which it leaves off unless asked: a connection
-// that outlives its daemon must not hold requests in rings
-// (docs/design/live-restart.md).
-func DefaultMountOptions() MountOptions {
-	return MountOptions{IOUring: true, StableTimeout: 60 * time.Second, NegativeTimeout: time.Second}
-}
-
-// Mount is a live FUSE mount of a store.
-type Mount struct {
-	// ioUring is set when the kernel sends requests over io_uring.
-	ioUring bool
-	// takeover resolves what the kernel got from earlier daemons, in a
-	// daemon that took the connection over; nil otherwise.
-	takeover *restart.TakeoverFS
-	// backingIDs records passthrough registrations for a daemon that
-	// takes the connection over (backingids.go); nil without one.
-	backingIDs *restart.BackingIDs
-	// outcomes records the outcome of namespace requests for a daemon
-	// that takes the connection over (outcomes.go); nil without one.
-	outcomes *restart.Outcomes
-	logger   hclog.Logger
-	store    *store.Store
-	dir      string
-	opts     MountOptions
-	server   fuseServer
-	root     *rootNode
-	started  time.Time
-	// agent owns allocation roots; shared owns alloc/ and task dirs
-	// (nobody when root, the agent otherwise). Both are fixed at mount.
-	agent, shared fuseOwner
-	mem           memVolumes
-	noSwapOnce    sync.Once
-	slots         slots
-	// links finds the names of hard-linked lower files for copy-up;
-	// ctimes hides copy-ups from change times.
-	links  layer.Links
-	ctimes layer.Ctimes
-	// roots keeps the layer roots every fd-relative call starts from;
-	// dirs the directories below them that entries are named in.
-	roots *layer.RootCache
-	dirs  *layer.DirCache
-	// requests counts what the kernel asks, by opcode.
-	requests *requestCounter
-
-	// vol is what the volume nodes share: the passthrough state and its
-	// counters among it.
-	vol *volume.Plane
-
-	// deferred holds the allocations a request handler is changing
-	// (handlerChange), whose notifications wait until it returns, and
-	// the goroutines sending those.
-	deferred struct {
-		mu  sync.Mutex
-		ids map[string]int
-		wg  sync.WaitGroup
-	}
-	// rootTime is when an allocation last came or went through the
-	// mount, in Unix nanoseconds (0: never): the mount root's times.
-	rootTime atomic.Int64
-	// chroot is the chroot environment task directories can show
-	// (chroot.go); nil for none.
-	chroot *chrootEnv
-
-	stopHook    func()
-	unmountOnce sync.Once
-	unmountErr  error
-}
 
 // rootCacheSize bounds the layer roots a mount keeps open: two or three
 // per live volume (its upper layer and lowers), for a few dozen busy
@@ -264,6 +137,10 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 	}
 	if opts.GoFuseServer || opts.Debug {
 		if err := m.serveGoFuse(dir, fopts); err != nil {
+			if m.server != nil {
+				// Mounted, and did not come up.
+				m.Unmount()
+			}
 			return nil, err
 		}
 	} else {
@@ -457,63 +334,6 @@ func (m *Mount) followRecord(n *volume.Node, st *store.State) bool {
 	return v.ReadOnly == n.ReadOnly()
 }
 
-// volumeStack is the stack of layers of the volume key of st, or nil for
-// none: its layers, and for a task directory of Nomad's the host layer of
-// the chroot environment at the bottom.
-func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
-	v := st.Volumes[key]
-	if v == nil {
-		return nil
-	}
-	stack := &layer.Stack{Roots: []string{m.store.LayerPath(v.Upper)}, Cache: m.roots, Dirs: m.dirs, Links: &m.links, Ctimes: &m.ctimes, CopyUps: m.opts.CopyUps}
-	for _, l := range v.Lowers {
-		stack.Roots = append(stack.Roots, m.store.LayerPath(l))
-	}
-	if len(st.Tags) > 0 {
-		stack.Salts = make([]uint64, len(stack.Roots))
-		for i, l := range append([]string{v.Upper}, v.Lowers...) {
-			stack.Salts[i] = uint64(st.Tags[l]) << layer.SaltShift
-		}
-	}
-	if m.hasHostLayer(st, key) {
-		stack.Host = m.hostLayer(st.ID, key)
-		stack.Roots = append(stack.Roots, stack.Host.Skeleton)
-		stack.Identity = func(i int, rel string, st *syscall.Stat_t) uint64 { return m.identity(stack, i, rel, st) }
-	}
-	return stack
-}
-
-// stableTimeouts sets the kernel cache lifetime of a skeleton entry.
-func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
-	out.SetEntryTimeout(m.opts.StableTimeout)
-	out.SetAttrTimeout(m.opts.StableTimeout)
-}
-
-// allocAttr is the attribute of <mount>/<allocID>: what was set on it
-// through the mount, else 0755, owned by the agent.
-func (m *Mount) allocAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
-}
-
-// fuseOwner is a uid/gid pair as FUSE attributes carry it.
-type fuseOwner struct{ uid, gid uint32 }
-
-// sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
-// what was set on it through the mount, else 0777, owned by nobody when
-// running as root.
-func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
-}
-
-// sharedInode returns the alloc/ node of an allocation in a view.
-func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *store.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
-	m.sharedAttr(st).fill(&out.Attr, ino)
-	m.stableTimeouts(out)
-	n := &sharedNode{m: m, id: st.ID, view: view}
-	return parent.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
-}
-
 // Unmount detaches the mount: a normal unmount with a few retries while
 // it is busy, then a lazy detach, so that shutdown always leaves the mount
 // point usable. It waits for the server loop to end.
@@ -572,4 +392,51 @@ func processUmask() (uint32, error) {
 		}
 	}
 	return 0, errors.New("no Umask line in /proc/self/status")
+}
+
+// RequestCounts returns how many requests of each kind the mount has
+// served since it was made (a FORGET or a BATCH_FORGET counted once per
+// message), by the protocol's name of the opcode ("UNKNOWN" for one the
+// transport does not know); kinds never seen are left out.
+func (m *Mount) RequestCounts() map[string]uint64 {
+	out := make(map[string]uint64)
+	for op := range m.requests.counts {
+		n := m.requests.counts[op].Load()
+		if n == 0 {
+			continue
+		}
+		name := transport.OpName(uint32(op))
+		if name == "" {
+			name = "UNKNOWN"
+		}
+		out[name] += n
+	}
+	return out
+}
+
+// volumeHost answers the volume nodes' questions of the mount
+// (volume.Host).
+type volumeHost struct{ m *Mount }
+
+func (h volumeHost) Identity(stack *layer.Stack, i int, rel string, st *syscall.Stat_t) uint64 {
+	return h.m.identity(stack, i, rel, st)
+}
+
+func (h volumeHost) LimitStatfs(id string, out *fuse.StatfsOut) { h.m.limitStatfs(id, out) }
+
+// AdoptMount serves the connection of /dev/fuse descriptor fd, which an
+// earlier daemon mounted on store's data dir and recorded there, and
+// asks the kernel to send again what that daemon had not answered. It
+// takes fd. The mount point is the recorded one.
+func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions) (*Mount, error) {
+	f, err := restart.LoadSession(st.DataDir())
+	if err != nil {
+		return nil, err
+	}
+	f.Generation++
+	if f.Generation == 0 {
+		return nil, errors.New("the FUSE session has been taken over 2^32 times")
+	}
+	opts.adopt = &adoption{fd: fd, session: f}
+	return NewMount(logger, st, f.Session.Dir, opts)
 }

@@ -40,46 +40,6 @@ import (
 // returns; by then the kernel's own dcache already says what the request
 // did.
 
-// handlerChange runs change, a change of the store made by a FUSE request
-// handler about allocations ids, with the kernel notifications the
-// store's OnChange hook sends for them deferred until after the handler
-// returns.
-func (m *Mount) handlerChange(ids []string, change func() error) error {
-	m.deferred.mu.Lock()
-	for _, id := range ids {
-		m.deferred.ids[id]++
-	}
-	m.deferred.mu.Unlock()
-	defer func() {
-		m.deferred.mu.Lock()
-		for _, id := range ids {
-			if m.deferred.ids[id]--; m.deferred.ids[id] <= 0 {
-				delete(m.deferred.ids, id)
-			}
-		}
-		m.deferred.mu.Unlock()
-	}()
-	return change()
-}
-
-// fromHandler reports whether a change of allocation id comes from a
-// request handler (handlerChange), whose notifications must wait.
-func (m *Mount) fromHandler(id string) bool {
-	m.deferred.mu.Lock()
-	defer m.deferred.mu.Unlock()
-	return m.deferred.ids[id] > 0
-}
-
-// later runs fn on a goroutine of its own: a notification of the kernel
-// that must not be sent from the request handler that caused it.
-func (m *Mount) later(fn func()) {
-	m.deferred.wg.Add(1)
-	go func() {
-		defer m.deferred.wg.Done()
-		fn()
-	}()
-}
-
 // callerOwner is the uid and gid of the caller of a request.
 func callerOwner(ctx context.Context) (uint32, uint32) {
 	if c, ok := fuse.FromContext(ctx); ok {
@@ -155,15 +115,6 @@ func (r *rootNode) Rename(ctx context.Context, name string, newParent gofs.Inode
 // touchRoot stamps the mount root's times: an allocation came or went.
 func (m *Mount) touchRoot() {
 	m.rootTime.Store(time.Now().UnixNano())
-}
-
-// rootAttr is the mount root's attribute.
-func (m *Mount) rootAttr() skeletonAttr {
-	t := m.started
-	if ns := m.rootTime.Load(); ns != 0 {
-		t = time.Unix(0, ns)
-	}
-	return skeletonAttr{mode: 0o755, atime: m.started, mtime: t, ctime: t}
 }
 
 var _ = (gofs.NodeMkdirer)((*allocNode)(nil))

@@ -32,23 +32,3 @@ func (c *requestCounter) Request(op uint32, d time.Duration, errno syscall.Errno
 		c.next.Request(op, d, errno)
 	}
 }
-
-// RequestCounts returns how many requests of each kind the mount has
-// served since it was made (a FORGET or a BATCH_FORGET counted once per
-// message), by the protocol's name of the opcode ("UNKNOWN" for one the
-// transport does not know); kinds never seen are left out.
-func (m *Mount) RequestCounts() map[string]uint64 {
-	out := make(map[string]uint64)
-	for op := range m.requests.counts {
-		n := m.requests.counts[op].Load()
-		if n == 0 {
-			continue
-		}
-		name := transport.OpName(uint32(op))
-		if name == "" {
-			name = "UNKNOWN"
-		}
-		out[name] += n
-	}
-	return out
-}

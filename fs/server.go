@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/killpriv"
-	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -21,28 +20,6 @@ import (
 const mountCapabilities = fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_FILE_OPS |
 	fuse.CAP_READDIRPLUS | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES |
 	fuse.CAP_RENAME_SWAP | fuse.CAP_PASSTHROUGH | fuse.CAP_AUTO_INVAL_DATA | capHandleKillprivV2
-
-// fuseServer is the end of the FUSE connection serving a mount: allocfs's
-// own loop, or go-fuse's server.
-type fuseServer interface {
-	// Unmount unmounts; EBUSY while files are open in the mount.
-	Unmount() error
-	// Wait returns once the connection has ended.
-	Wait() error
-}
-
-type ownServer struct{ conn *transport.Conn }
-
-func (s ownServer) Unmount() error { return s.conn.Unmount() }
-func (s ownServer) Wait() error    { return s.conn.Wait() }
-
-type goFuseServer struct{ server *fuse.Server }
-
-func (s goFuseServer) Unmount() error { return s.server.Unmount() }
-func (s goFuseServer) Wait() error {
-	s.server.Wait()
-	return nil
-}
 
 // newHandler makes what serves the mount's requests: the node tree behind
 // go-fuse's bridge, with the write flags passed on (killpriv.Flags), the
@@ -83,7 +60,6 @@ func (m *Mount) serveGoFuse(dir string, fopts *gofs.Options) error {
 	go server.Serve()
 	m.server = goFuseServer{server}
 	if err := server.WaitMount(); err != nil {
-		m.Unmount()
 		return fmt.Errorf("mount at %q did not come up: %w", dir, err)
 	}
 	m.vol.SetPassthrough(os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0)

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -18,7 +17,6 @@ import (
 	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,23 +66,6 @@ func (m *Mount) dropTakeoverState() error {
 	return errors.Join(err, restart.RemoveState(m.store.DataDir()))
 }
 
-// AdoptMount serves the connection of /dev/fuse descriptor fd, which an
-// earlier daemon mounted on store's data dir and recorded there, and
-// asks the kernel to send again what that daemon had not answered. It
-// takes fd. The mount point is the recorded one.
-func AdoptMount(logger hclog.Logger, st *store.Store, fd int, opts MountOptions) (*Mount, error) {
-	f, err := restart.LoadSession(st.DataDir())
-	if err != nil {
-		return nil, err
-	}
-	f.Generation++
-	if f.Generation == 0 {
-		return nil, errors.New("the FUSE session has been taken over 2^32 times")
-	}
-	opts.adopt = &adoption{fd: fd, session: f}
-	return NewMount(logger, st, f.Session.Dir, opts)
-}
-
 // FuseFd returns the mount's /dev/fuse descriptor, for a holder to keep
 // a copy of (it stays the mount's), and false for go-fuse's server,
 // whose connection cannot be taken over.
@@ -117,12 +98,6 @@ func (m *Mount) Park(timeout time.Duration) error {
 		return errors.New("go-fuse's server cannot hand its connection over")
 	}
 	return s.conn.Park(timeout)
-}
-
-// adoption is what NewMount needs to serve a connection it did not mount.
-type adoption struct {
-	fd      int
-	session restart.SessionFile
 }
 
 // pathsOfNode returns the places in the mount where node id may be, most
@@ -268,35 +243,6 @@ func birth(path string) (time.Time, error) {
 		return time.Time{}, nil
 	}
 	return time.Unix(x.Btime.Sec, int64(x.Btime.Nsec)), nil
-}
-
-// fileidIno32Gen is the ext4 (and ext2/3) file handle type: a 32-bit
-// inode number and a 32-bit generation.
-const fileidIno32Gen = 1
-
-// openByIno opens inode ino of the filesystem of dir by handle and
-// returns its path.
-func openByIno(dir string, ino uint64) (string, error) {
-	if ino > 1<<32-1 {
-		return "", errors.New("inode number beyond 32 bits")
-	}
-	mfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", err
-	}
-	defer unix.Close(mfd)
-	b := make([]byte, 8)
-	binary.LittleEndian.PutUint32(b, uint32(ino))
-	fd, err := unix.OpenByHandleAt(mfd, unix.NewFileHandle(fileidIno32Gen, b), unix.O_PATH|unix.O_CLOEXEC)
-	if err != nil {
-		return "", err
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ino {
-		return "", fmt.Errorf("handle of inode %d opened inode %d (%v)", ino, st.Ino, err)
-	}
-	return os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 }
 
 // splitLayerPath splits p, a path under layers, into its layer and the

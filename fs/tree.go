@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -65,12 +66,6 @@ func skeletonOf(st *store.State, dir string, def skeletonAttr) skeletonAttr {
 		return def
 	}
 	return skeletonAttr{mode: a.Mode, uid: a.UID, gid: a.GID, atime: a.Atime, mtime: a.Mtime, ctime: a.Ctime}
-}
-
-// rootNode is the mount root: one directory per allocation.
-type rootNode struct {
-	gofs.Inode
-	m *Mount
 }
 
 var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
@@ -355,4 +350,65 @@ func (m *Mount) limitStatfs(id string, out *fuse.StatfsOut) {
 		out.Files = files
 		out.Ffree = min(files-min(files, uint64(max(u.Inodes, 0))), out.Ffree)
 	}
+}
+
+// Chowned turns on the host layer of the task root n when the chown in
+// of the SETATTR is the first step of Nomad's chroot build: the still
+// empty directory of a task Nomad made, given to root.
+func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
+	m := t.m
+	if uid != 0 || m.chroot == nil || n.Stack().Host == nil {
+		return 0
+	}
+	st, err := m.store.View(t.id)
+	if err != nil || st.IsChroot(t.task) {
+		return 0
+	}
+	entries, err := n.Stack().List("", []int{0})
+	if err != nil {
+		return volume.ToErrno(m.logger, err)
+	}
+	if len(entries) > 0 {
+		return 0
+	}
+	err = m.handlerChange([]string{t.id}, func() error {
+		_, err := m.store.SetChroot(t.id, t.task)
+		return err
+	})
+	if err != nil {
+		return volume.ToErrno(m.logger, err)
+	}
+	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", t.id, "task", t.task)
+	return 0
+}
+
+// sharedInode returns the alloc/ node of an allocation in a view.
+func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *store.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
+	m.sharedAttr(st).fill(&out.Attr, ino)
+	m.stableTimeouts(out)
+	n := &sharedNode{m: m, id: st.ID, view: view}
+	return parent.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+}
+
+// rootAttr is the mount root's attribute.
+func (m *Mount) rootAttr() skeletonAttr {
+	t := m.started
+	if ns := m.rootTime.Load(); ns != 0 {
+		t = time.Unix(0, ns)
+	}
+	return skeletonAttr{mode: 0o755, atime: m.started, mtime: t, ctime: t}
+}
+
+// allocAttr is the attribute of <mount>/<allocID>: what was set on it
+// through the mount, else 0755, owned by the agent.
+func (m *Mount) allocAttr(st *store.State) skeletonAttr {
+	return skeletonOf(st, store.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
+}
+
+// sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
+// what was set on it through the mount, else 0777, owned by nobody when
+// running as root.
+func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
+	return skeletonOf(st, store.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
 }
