@@ -11,7 +11,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +31,7 @@ import (
 // docker or exec2 task must find in its directory what it would find on
 // a plain disk, and nothing of the host's. Every task directory Nomad
 // makes through the mount has the host layer, off; it turns on for good
-// (store.State.Chroots) at the first step of Nomad's chroot build, a
+// (record.State.Chroots) at the first step of Nomad's chroot build, a
 // chown of the still empty task directory to root (Nomad gives each
 // directory it re-creates the owner of its host counterpart, the task
 // directory itself that of the host's /, and before that made it
@@ -136,8 +136,8 @@ func (m *Mount) hostLayer(id, task string) *layer.HostLayer {
 // hasHostLayer reports whether the volume key of st stacks a host layer:
 // the directory of a task of an allocation Nomad made through the mount,
 // on a mount with a chroot environment.
-func (m *Mount) hasHostLayer(st *store.State, key string) bool {
-	return m.chroot != nil && st.Origin == store.OriginMount && st.TaskIndex(key) >= 0
+func (m *Mount) hasHostLayer(st *record.State, key string) bool {
+	return m.chroot != nil && st.Origin == record.OriginMount && st.TaskIndex(key) >= 0
 }
 
 // hostShift places the number of a host layer's entry in the inode
@@ -208,7 +208,7 @@ func (m *Mount) maybeChroot(n *volNode, uid uint32) syscall.Errno {
 // the task of st the view is (taskRootView), at the entry's place; nil
 // when ino is no host entry's. A daemon taking the mount over resolves the nodes
 // the kernel holds for a chroot's files so (takeover.go).
-func (m *Mount) hostPaths(st *store.State, view, ino uint64) [][]string {
+func (m *Mount) hostPaths(st *record.State, view, ino uint64) [][]string {
 	if m.chroot == nil || view < taskRootView || view-taskRootView >= uint64(len(st.Tasks)) {
 		return nil
 	}

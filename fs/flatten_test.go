@@ -17,6 +17,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -130,10 +131,10 @@ func buildChain(t *testing.T, tm *testMount) []string {
 }
 
 // stackOf is the layers of v, top first.
-func stackOf(v *store.Volume) []string { return append([]string{v.Upper}, v.Lowers...) }
+func stackOf(v *record.Volume) []string { return append([]string{v.Upper}, v.Lowers...) }
 
 // layersOf is every layer st stacks.
-func layersOf(st *store.State) map[string]bool {
+func layersOf(st *record.State) map[string]bool {
 	out := make(map[string]bool)
 	for _, v := range st.Volumes {
 		for _, l := range stackOf(v) {

@@ -5,7 +5,7 @@ import (
 	"sort"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // The allocation layout, routed in one place. Both the FUSE tree (one
@@ -37,7 +37,7 @@ const (
 // place is a directory of the layout.
 type place struct {
 	kind placeKind
-	// key is the volume of placeVolume and placeTask (store.State.Volumes).
+	// key is the volume of placeVolume and placeTask (record.State.Volumes).
 	key string
 	// view is the slot view of placeShared and placeVolume (identity.go).
 	view uint64
@@ -56,11 +56,11 @@ var taskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocd
 // layout directory removed through the mount (a volume st has no more, a
 // directory st.Gone names) is no such name, as after an rmdir on a local
 // filesystem; a task's reserved names are never entries of its volume.
-func layoutChild(st *store.State, parent place, name string) place {
+func layoutChild(st *record.State, parent place, name string) place {
 	switch parent.kind {
 	case placeAlloc:
 		if name == allocdir.SharedAllocName {
-			if st.IsGone(store.DirShared) {
+			if st.IsGone(record.DirShared) {
 				return place{}
 			}
 			return place{kind: placeShared}
@@ -101,7 +101,7 @@ func layoutChild(st *store.State, parent place, name string) place {
 
 // layoutNames are the layout children of parent that st has, sorted; a
 // task directory shows its volume's entries besides them.
-func layoutNames(st *store.State, parent place) []string {
+func layoutNames(st *record.State, parent place) []string {
 	var names []string
 	switch parent.kind {
 	case placeAlloc:

@@ -17,6 +17,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -411,7 +412,7 @@ func (m *Mount) invalidateNow(id string) {
 // are left alone: the kernel detaches the mounts below a dropped entry,
 // and Nomad mounts on the task directories and the <task>/alloc views
 // (nothing of Nomad's lies below a volume that migrates).
-func (m *Mount) invalidateVolumes(id string, st *store.State) {
+func (m *Mount) invalidateVolumes(id string, st *record.State) {
 	a := m.root.GetChild(id)
 	if a == nil {
 		return
@@ -457,7 +458,7 @@ func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 // volume, and two invalidations of one allocation can run at once, the
 // older with a record from before the seal; a writable record over a
 // frozen node (which no store change makes) drops the node instead.
-func (m *Mount) followRecord(n *volNode, st *store.State) bool {
+func (m *Mount) followRecord(n *volNode, st *record.State) bool {
 	v := st.Volumes[n.key]
 	if v == nil || n.slot != m.slots.peek(st.ID, n.view) {
 		return false
@@ -474,7 +475,7 @@ func (m *Mount) followRecord(n *volNode, st *store.State) bool {
 // volumeStack is the stack of layers of the volume key of st, or nil for
 // none: its layers, and for a task directory of Nomad's the host layer of
 // the chroot environment at the bottom.
-func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
+func (m *Mount) volumeStack(st *record.State, key string) *layer.Stack {
 	v := st.Volumes[key]
 	if v == nil {
 		return nil
@@ -505,8 +506,8 @@ func (m *Mount) stableTimeouts(out *fuse.EntryOut) {
 
 // allocAttr is the attribute of <mount>/<allocID>: what was set on it
 // through the mount, else 0755, owned by the agent.
-func (m *Mount) allocAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
+func (m *Mount) allocAttr(st *record.State) skeletonAttr {
+	return skeletonOf(st, record.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
 }
 
 // fuseOwner is a uid/gid pair as FUSE attributes carry it.
@@ -515,12 +516,12 @@ type fuseOwner struct{ uid, gid uint32 }
 // sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
 // what was set on it through the mount, else 0777, owned by nobody when
 // running as root.
-func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
+func (m *Mount) sharedAttr(st *record.State) skeletonAttr {
+	return skeletonOf(st, record.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
 }
 
 // sharedInode returns the alloc/ node of an allocation in a view.
-func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *store.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *record.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
 	m.sharedAttr(st).fill(&out.Attr, ino)
 	m.stableTimeouts(out)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +30,7 @@ import (
 // mount's memory tree.
 type storeFS struct {
 	a  *AllocDir
-	st *store.State
+	st *record.State
 	// volumes holds each volume's ReadFS, with its layers' fds open, for
 	// the whole operation: the resolver looks at a path one component at
 	// a time.

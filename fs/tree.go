@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -64,13 +64,13 @@ func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
 }
 
 // dirAttr is the record's form of a.
-func (a skeletonAttr) dirAttr() store.DirAttr {
-	return store.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
+func (a skeletonAttr) dirAttr() record.DirAttr {
+	return record.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
 }
 
 // skeletonOf is the attribute the record st sets on its skeleton
 // directory dir, or def when it sets none.
-func skeletonOf(st *store.State, dir string, def skeletonAttr) skeletonAttr {
+func skeletonOf(st *record.State, dir string, def skeletonAttr) skeletonAttr {
 	a := st.Dirs[dir]
 	if a == nil {
 		return def
@@ -148,7 +148,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 
 // layoutInode returns the node of the layout directory p (layout.go),
 // a child of parent in the allocation st.
-func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.State, p place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.State, p place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	switch p.kind {
 	case placeShared:
 		return m.sharedInode(ctx, parent, st, p.view, out)

@@ -10,7 +10,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -80,7 +80,7 @@ type volNode struct {
 	// presented over the layer and cannot be replaced.
 	task *taskNode
 	// key and view are set on a volume's root: the volume it is
-	// (store.State.Volumes) and the view it shows it in, which a change
+	// (record.State.Volumes) and the view it shows it in, which a change
 	// of the record compares it with (Mount.invalidateVolumes).
 	key  string
 	view uint64
@@ -97,7 +97,7 @@ func (n *volNode) readOnly() bool { return n.ro != nil && n.ro.Load() }
 // volumeInode returns the root node of the volume at key ("alloc/data",
 // "<task>/local", ...) of an allocation, as seen in view. task is set for
 // a task directory's own volume, whose layout children it presents.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, ok := st.Volumes[key]
 	if !ok {
 		return nil, syscall.ENOENT

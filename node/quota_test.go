@@ -10,6 +10,7 @@ import (
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 func sizedBody(id string, diskMB int64, prev, policy, mode string) string {
@@ -44,7 +45,7 @@ func TestDiskLimitRefusedWhereUnenforceable(t *testing.T) {
 func TestDiskLimitThroughTheAPI(t *testing.T) {
 	img := fstest.Image(t, "btrfs", 300, "")
 	logger := testLogger(t)
-	backend, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: store.Limit{Bytes: 8 << 20}})
+	backend, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
@@ -193,7 +194,7 @@ func (s *Service) notNomads(id, verb string) error {
 	if err != nil {
 		return classify(err)
 	}
-	if st.Origin == store.OriginMount {
+	if st.Origin == record.OriginMount {
 		return classify(fmt.Errorf("cannot %s allocation %q: %w by Nomad's client, which removes it itself when it collects it", verb, id, store.ErrOwnedByMount))
 	}
 	return nil

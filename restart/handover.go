@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -139,7 +140,7 @@ func CheckHeld(dataDir, mountDir string, fd int, keeper string) error {
 // may hold files in the mount.
 func AnyRunning(s *store.Store) bool {
 	for _, st := range s.List() {
-		if st.Status == store.StatusRunning {
+		if st.Status == record.StatusRunning {
 			return true
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/spf13/pflag"
 )
 
@@ -51,6 +52,6 @@ func (q quotaArgs) storeOptions() (store.Options, error) {
 	}
 	opts.Quotas = q.enable
 	opts.Groups = [2]uint64{a, b}
-	opts.DefaultLimit = store.Limit{Bytes: q.defaultDiskMB << 20}
+	opts.DefaultLimit = record.Limit{Bytes: q.defaultDiskMB << 20}
 	return opts, nil
 }

@@ -29,7 +29,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +36,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
@@ -163,7 +165,7 @@ func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where 
 	writable := map[string]string{}
 	for _, st := range s.List() {
 		for key, v := range st.Volumes {
-			for _, l := range v.layers() {
+			for _, l := range v.Layers() {
 				if err := s.checkLayer(l); err != nil {
 					t.Errorf("%s: %s's %s stacks layer %s: %v", where, st.ID, key, l, err)
 				}
@@ -221,7 +223,7 @@ func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) strin
 		for _, a := range st.Dirs {
 			a.Atime, a.Mtime, a.Ctime = time.Time{}, time.Time{}, time.Time{}
 		}
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			v := st.Volumes[key]
 			v.Upper = name(v.Upper)
 			for i, l := range v.Lowers {
@@ -265,7 +267,7 @@ func volumeHas(s *Store, id, key, name string) bool {
 	if err != nil || st.Volumes[key] == nil {
 		return false
 	}
-	for _, l := range st.Volumes[key].layers() {
+	for _, l := range st.Volumes[key].Layers() {
 		if _, err := os.Lstat(filepath.Join(s.LayerPath(l), name)); err == nil {
 			return true
 		}
@@ -428,7 +430,7 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-alloc",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.CreateFromMount("n", DirAttr{Mode: 0o755})
+				_, err := s.CreateFromMount("n", record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
@@ -436,14 +438,14 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.AddTask("a", "db", 0o777, 0, 0, DirAttr{Mode: 0o755})
+				_, err := s.AddTask("a", "db", 0o777, 0, 0, record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
 		{
 			name:  "mount-rmdir-volume",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &DirAttr{Mode: 0o777}) },
+			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &record.DirAttr{Mode: 0o777}) },
 		},
 		{
 			name: "mount-mkdir-volume",
@@ -459,13 +461,13 @@ func crashOps() []crashOp {
 		{
 			name:  "mount-rmdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropTask("a", "web", DirAttr{Mode: 0o755}) },
+			run:   func(s *Store) error { return s.DropTask("a", "web", record.DirAttr{Mode: 0o755}) },
 		},
 		{
 			name:  "mount-rmdir-shared",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.SetGone("a", DirShared, true, &DirAttr{Mode: 0o755})
+				_, err := s.SetGone("a", record.DirShared, true, &record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
@@ -473,7 +475,7 @@ func crashOps() []crashOp {
 			name:  "mount-chmod",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.SetDirAttr("a", DirShared, DirAttr{Mode: 0o777}, func(a *DirAttr) { a.Mode = 0o751 })
+				_, err := s.SetDirAttr("a", record.DirShared, record.DirAttr{Mode: 0o777}, func(a *record.DirAttr) { a.Mode = 0o751 })
 				return err
 			},
 		},

@@ -1,8 +1,9 @@
 // Package store is allocfs's backing store: the records of allocations
 // and the layers they stack, on a plain data directory, changed crash-
 // atomically. It knows nothing of FUSE; the tree in package fs serves
-// what it records, and the layer format (package layer) says what a
-// layer's entries mean.
+// what it records, the record format (package record) says what a record
+// holds and when it is valid, and the layer format (package layer) says
+// what a layer's entries mean.
 //
 // # Layout on disk
 //
@@ -54,14 +55,14 @@
 // # Disk limits
 //
 // With Options.Quotas on a btrfs data dir, every new layer is a subvolume
-// and every allocation with a limit (State.Disk) a qgroup over the upper
+// and every allocation with a limit (record.State.Disk) a qgroup over the upper
 // layers of its volumes (quota_btrfs.go); on xfs or ext4 with project
 // quotas, a project whose ID its upper layers carry (quota_project.go).
 // Either way the kernel holds the allocation to its limit for every
 // write, the daemon's or passthrough's. After each intent is applied the
 // store settles the kernel's groups with the records; at open it settles
 // them all. Subvolumes number their inodes alike, so on btrfs each record
-// tags its layers (State.Tags) for the mount to tell their files apart.
+// tags its layers (record.State.Tags) for the mount to tell their files apart.
 // docs/design/quotas.md has the whole design.
 //
 // # Migration and collection
@@ -98,7 +99,7 @@
 // below it.
 // It is synced, renamed into layers/, and every record that stacked the
 // pair is switched to it in one intent, each retaining the pair
-// (State.Retained): a view the mount built before the switch keeps
+// (record.State.Retained): a view the mount built before the switch keeps
 // reading the pair's paths for as long as the kernel holds it. Once those
 // allocations are gone the pair is an orphan, and the sweep removes it.
 package store

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -143,7 +144,7 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 	if err != nil {
 		return err
 	}
-	if st.Status != StatusTerminal {
+	if st.Status != record.StatusTerminal {
 		return &stateError{msg: fmt.Sprintf("allocation %q is %s: stop it before collecting it", id, st.Status), kind: ErrNotTerminal}
 	}
 	pass := CollectorPass{Requested: true}
@@ -160,7 +161,7 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 // reason's class, for the observer. One pinned since it was chosen, or
 // destroyed by someone else meanwhile, is no collection (the caller
 // counts the pinned ones, once each).
-func (c *Collector) destroy(st *State, class GCReason, reason string) error {
+func (c *Collector) destroy(st *record.State, class GCReason, reason string) error {
 	err := c.store.Destroy(st.ID)
 	if !errors.Is(err, ErrPinned) && !errors.Is(err, allocdir.ErrUnknownAlloc) {
 		c.store.obs.Collected(class, err)
@@ -215,7 +216,7 @@ func (c *Collector) collect(pass *CollectorPass) []string {
 		for _, id := range pinned {
 			pinnedSeen[id] = true
 		}
-		var victim *State
+		var victim *record.State
 		for _, st := range terminal {
 			if !skip[st.ID] {
 				victim = st
@@ -268,11 +269,11 @@ func (c *Collector) pressure() (GCReason, string) {
 
 // terminal returns the terminal, unpinned allocations, stopped first
 // first, and the IDs of the terminal ones a migration pins.
-func (c *Collector) terminal() (terminal []*State, pinned []string) {
+func (c *Collector) terminal() (terminal []*record.State, pinned []string) {
 	for _, st := range c.store.List() {
 		// Nomad's client removes what it made through the mount; it
 		// tells no one when an allocation stops.
-		if st.Status != StatusTerminal || st.Origin == OriginMount {
+		if st.Status != record.StatusTerminal || st.Origin == record.OriginMount {
 			continue
 		}
 		c.store.mu.RLock()

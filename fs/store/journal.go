@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // The journal is the store's write-ahead log (state/journal). Every change
@@ -59,7 +61,7 @@ type intent struct {
 	Op string `json:"op"`
 	// Records are the allocation records as the change leaves them; a
 	// null record means the allocation is gone.
-	Records map[string]*State `json:"records"`
+	Records map[string]*record.State `json:"records"`
 	// Fresh are the layers the change created empty (or holding only a
 	// MIGRATED-TO note). They were made before the intent was written,
 	// unsynced; a replay makes again any that a power cut lost.
@@ -151,8 +153,8 @@ func (s *Store) change(in *intent) error {
 		if st.ID != id {
 			return fmt.Errorf("record of %s carries ID %q", id, st.ID)
 		}
-		st.normalize()
-		if err := st.validate(); err != nil {
+		st.Normalize()
+		if err := st.Validate(); err != nil {
 			return err
 		}
 	}
@@ -170,9 +172,9 @@ func (s *Store) change(in *intent) error {
 		return err
 	}
 	s.seq = in.Seq
-	var before map[string]*State
+	var before map[string]*record.State
 	if s.quota != nil {
-		before = make(map[string]*State, len(in.Records))
+		before = make(map[string]*record.State, len(in.Records))
 		s.mu.RLock()
 		for id := range in.Records {
 			before[id] = s.allocs[id]
@@ -263,7 +265,7 @@ func (s *Store) applyIntent(in *intent) {
 
 // writeRecord replaces the state file of id with st, or removes it when st
 // is nil; sync makes the new content durable before the rename.
-func (s *Store) writeRecord(id string, st *State, sync bool) error {
+func (s *Store) writeRecord(id string, st *record.State, sync bool) error {
 	file := s.statePath(id)
 	if st == nil {
 		if err := s.disk.Remove(file); err != nil && !errors.Is(err, iofs.ErrNotExist) {
@@ -309,7 +311,7 @@ func (s *Store) checkpoint() error {
 	}
 	sort.Strings(ids)
 	s.mu.RLock()
-	records := make(map[string]*State, len(ids))
+	records := make(map[string]*record.State, len(ids))
 	for _, id := range ids {
 		records[id] = s.allocs[id]
 	}
@@ -381,10 +383,10 @@ func (s *Store) replayJournal() error {
 				if st.ID != id {
 					return fmt.Errorf("journal intent %d: record of %s carries ID %q", in.Seq, id, st.ID)
 				}
-				if err := st.validate(); err != nil {
+				if err := st.Validate(); err != nil {
 					return fmt.Errorf("journal intent %d: %w", in.Seq, err)
 				}
-				st.normalize()
+				st.Normalize()
 				s.allocs[id] = st
 			} else {
 				delete(s.allocs, id)

@@ -192,7 +192,7 @@ func (s *Store) referencedAll() map[string]struct{} {
 	defer s.mu.RUnlock()
 	out := make(map[string]struct{})
 	for _, st := range s.allocs {
-		for l := range st.allLayerIDs() {
+		for l := range st.AllLayerIDs() {
 			out[l] = struct{}{}
 		}
 	}

@@ -8,54 +8,16 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"github.com/allocfs/allocfs/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
-// Errors of the store's disk limits.
-var (
-	// ErrNoQuota: a limit was asked of a store whose data dir cannot
-	// enforce one. Creating the allocation without it would promise
-	// what the kernel does not keep, so the store refuses.
-	ErrNoQuota = errors.New("the data dir cannot enforce disk limits")
-	// ErrBadLimit: a limit that is negative, or of a kind the
-	// mechanism does not count (inodes on btrfs).
-	ErrBadLimit = errors.New("invalid disk limit")
-)
-
-// Limit is an allocation's disk limit; zero fields are unlimited.
-type Limit struct {
-	Bytes  int64 `json:"bytes,omitempty"`
-	Inodes int64 `json:"inodes,omitempty"`
-}
-
-// IsZero reports whether l limits nothing.
-func (l Limit) IsZero() bool { return l.Bytes == 0 && l.Inodes == 0 }
-
-// DiskQuota is an allocation's limit as its record keeps it, in
-// state/<id>.json:
-//
-//	"disk": {"bytes": 104857600, "group": 2000001}
-//
-// Group names the quota group that counts the allocation: on btrfs the
-// qgroup 1/<group>, whose members are the level-0 qgroups of the upper
-// layers of the allocation's volumes.
-type DiskQuota struct {
-	Limit
-	Group uint64 `json:"group"`
-	// From says who set the limit: "request" (the API or the allocdir
-	// contract), "default" (Options.DefaultLimit), "nomad" (the
-	// allocation's ephemeral_disk.size, read from Nomad's API).
-	From string `json:"from,omitempty"`
-}
-
-// Where a limit came from (DiskQuota.From).
-const (
-	FromRequest = "request"
-	FromDefault = "default"
-	FromNomad   = "nomad"
-)
+// ErrNoQuota: a limit was asked of a store whose data dir cannot
+// enforce one. Creating the allocation without it would promise what
+// the kernel does not keep, so the store refuses.
+var ErrNoQuota = errors.New("the data dir cannot enforce disk limits")
 
 // DefaultGroups is the range of quota group IDs the store takes for its
 // allocations unless told otherwise (Options.Groups): far above what
@@ -95,7 +57,7 @@ type quota interface {
 	// before holds the affected allocations' records before the change
 	// (nil: a settle at open). It reports whether the counters need a
 	// recount, which rescan does.
-	settle(records, before map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error)
+	settle(records, before map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error)
 	rescan() error
 	// usage reads what group g holds.
 	usage(g uint64) (bytes, inodes uint64, err error)
@@ -179,12 +141,12 @@ func (s *Store) Quota() QuotaReport { return s.quotaReport }
 // left them inconsistent. A failure is logged and tried again after the
 // next change: the records hold, and the limits of the allocations
 // concerned lag until then. The caller holds writeMu.
-func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) {
+func (s *Store) settleQuota(affected map[string]bool, before map[string]*record.State) {
 	if s.quota == nil || !s.unsettled {
 		return
 	}
 	s.mu.RLock()
-	records := make(map[string]*State, len(s.allocs))
+	records := make(map[string]*record.State, len(s.allocs))
 	for id, st := range s.allocs {
 		records[id] = st
 	}
@@ -207,7 +169,7 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) 
 
 // tagLayers gives every layer a record of in stacks or retains a tag
 // unique in that record, keeping the tags it has. A tag is never given
-// twice in a record (State.TagTop): a layer new to it takes the tag it had
+// twice in a record (record.State.TagTop): a layer new to it takes the tag it had
 // in the record it came from where that tag was never used here (its
 // files keep their numbers, and the origins its copy-ups recorded keep
 // naming the right layers), else the next one. Past 255 the least recent
@@ -217,7 +179,7 @@ func (s *Store) tagLayers(in *intent) error {
 		if st == nil {
 			continue
 		}
-		layers := st.allLayerIDs()
+		layers := st.AllLayerIDs()
 		tags := make(map[string]uint8, len(layers))
 		used := make(map[uint8]bool)
 		top := st.TagTop
@@ -286,10 +248,10 @@ func (s *Store) tagElsewhere(l, id string, in *intent) uint8 {
 
 // sizeNew gives the record of a new allocation its limit: lim, or the
 // store's default where lim is zero. The caller holds writeMu.
-func (s *Store) sizeNew(st *State, lim Limit) error {
-	from := FromRequest
+func (s *Store) sizeNew(st *record.State, lim record.Limit) error {
+	from := record.FromRequest
 	if lim.IsZero() {
-		lim, from = s.defaultLimit, FromDefault
+		lim, from = s.defaultLimit, record.FromDefault
 	}
 	if lim.IsZero() {
 		return nil
@@ -301,19 +263,19 @@ func (s *Store) sizeNew(st *State, lim Limit) error {
 	if err != nil {
 		return err
 	}
-	st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
+	st.Disk = &record.DiskQuota{Limit: lim, Group: g, From: from}
 	return nil
 }
 
 // SetLimit changes allocation id's disk limit to lim (zero: none), set
-// by from (FromNomad...). Like every change it is journaled, and the
+// by from (record.FromNomad...). Like every change it is journaled, and the
 // kernel's groups follow at once. It tells no OnChange hook: nothing the
 // mount shows changes, and Nomad's client is often inside a mkdir of the
 // allocation when its size arrives, a request the mount's invalidation
 // would wait for while it waits for the store. A limit below what the allocation
 // holds is set all the same: its data stays, its writes fail until it
 // deletes some, and a warning says so.
-func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
+func (s *Store) SetLimit(id string, lim record.Limit, from string) (*record.State, error) {
 	if !lim.IsZero() {
 		if err := s.checkLimit(lim); err != nil {
 			return nil, fmt.Errorf("failed to limit allocation %q: %w", id, err)
@@ -330,12 +292,12 @@ func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
 		default:
 			var g uint64
 			if g, err = s.freeGroup(); err == nil {
-				st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
+				st.Disk = &record.DiskQuota{Limit: lim, Group: g, From: from}
 			}
 		}
 	}
 	if err == nil {
-		err = s.change(&intent{Op: "limit", Records: map[string]*State{id: st}, quiet: true})
+		err = s.change(&intent{Op: "limit", Records: map[string]*record.State{id: st}, quiet: true})
 	}
 	s.writeMu.Unlock()
 	if err != nil {
@@ -347,15 +309,15 @@ func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
 }
 
 // checkLimit refuses a limit the store cannot keep.
-func (s *Store) checkLimit(lim Limit) error {
+func (s *Store) checkLimit(lim record.Limit) error {
 	if lim.Bytes < 0 || lim.Inodes < 0 {
-		return fmt.Errorf("%w: %d bytes, %d inodes", ErrBadLimit, lim.Bytes, lim.Inodes)
+		return fmt.Errorf("%w: %d bytes, %d inodes", record.ErrBadLimit, lim.Bytes, lim.Inodes)
 	}
 	if s.quota == nil {
 		return fmt.Errorf("%w: %s", ErrNoQuota, s.quotaReport.Why)
 	}
 	if lim.Inodes != 0 && !s.quota.countsInodes() {
-		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", ErrBadLimit)
+		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", record.ErrBadLimit)
 	}
 	return nil
 }
@@ -381,7 +343,7 @@ func (s *Store) freeGroup() (uint64, error) {
 
 // Usage is what an allocation holds against its limit.
 type Usage struct {
-	Limit
+	record.Limit
 	// Bytes is what the allocation's upper layers hold, or will once
 	// the writes under way commit; Inodes how many files and
 	// directories, where the mechanism counts them (0 on btrfs).
@@ -414,7 +376,7 @@ var ErrTooBig = errors.New("the data does not fit the allocation's disk limit")
 
 // fitsImport checks that the received trees in dirs fit st's limit, by
 // the blocks their files take, before any becomes a layer.
-func (s *Store) fitsImport(st *State, dirs map[string]string) error {
+func (s *Store) fitsImport(st *record.State, dirs map[string]string) error {
 	if st.Disk == nil || st.Disk.Bytes == 0 {
 		return nil
 	}
@@ -455,7 +417,7 @@ func (s *Store) warnOverLimit(id string) {
 }
 
 // DefaultLimit is the limit of a new allocation that asks for none.
-func (s *Store) DefaultLimit() Limit { return s.defaultLimit }
+func (s *Store) DefaultLimit() record.Limit { return s.defaultLimit }
 
 // QuotaError is the error of the last settle of the kernel's quota
 // groups with the records, nil once one succeeded: while it is set,

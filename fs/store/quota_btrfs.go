@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 )
 
@@ -74,7 +75,7 @@ func (q *btrfsQuota) subvol(l string) (uint64, error) {
 // affected are looked at (nil: all), and the groups no record names. It
 // reports whether the counters went inconsistent, which a rescan puts
 // right.
-func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error) {
+func (q *btrfsQuota) settle(records, _ map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error) {
 	rel, err := btrfs.Relations(q.dir)
 	if err != nil {
 		return false, err
@@ -129,7 +130,7 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 		if err := btrfs.Limit(q.dir, g, uint64(st.Disk.Bytes)); err != nil {
 			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
 		}
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			sv, err := q.subvol(st.Volumes[key].Upper)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
@@ -196,7 +197,7 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 }
 
 // groupNamed reports whether a record names group g.
-func groupNamed(records map[string]*State, g uint64) bool {
+func groupNamed(records map[string]*record.State, g uint64) bool {
 	for _, st := range records {
 		if st.Disk != nil && st.Disk.Group == g {
 			return true

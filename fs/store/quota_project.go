@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/projquota"
 )
 
@@ -102,7 +103,7 @@ func (q *projQuota) before(op string, what any) error {
 // done: SetTree sets the root last). An allocation whose limit went away
 // has its project's limits cleared and its uppers back in project 0. At
 // open (before nil) every record is looked at.
-func (q *projQuota) settle(records, before map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error) {
+func (q *projQuota) settle(records, before map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error) {
 	var errs []error
 	if before == nil && affected == nil {
 		// At open: a project of the range whose allocation a crash took
@@ -184,8 +185,8 @@ func (q *projQuota) settle(records, before map[string]*State, affected map[strin
 
 // needsRetag reports whether an upper layer of st's volumes has another
 // project than id at its root.
-func (q *projQuota) needsRetag(st *State, id uint32) bool {
-	for _, key := range sortedVolumeKeys(st) {
+func (q *projQuota) needsRetag(st *record.State, id uint32) bool {
+	for _, key := range st.VolumeKeys() {
 		cur, err := projquota.ProjectOf(filepath.Join(q.dir, st.Volumes[key].Upper))
 		if err != nil || cur != id {
 			return true
@@ -196,9 +197,9 @@ func (q *projQuota) needsRetag(st *State, id uint32) bool {
 
 // retag gives the upper layers of st's volumes project id where their
 // root has another.
-func (q *projQuota) retag(st *State, id uint32) []error {
+func (q *projQuota) retag(st *record.State, id uint32) []error {
 	var errs []error
-	for _, key := range sortedVolumeKeys(st) {
+	for _, key := range st.VolumeKeys() {
 		p := filepath.Join(q.dir, st.Volumes[key].Upper)
 		cur, err := projquota.ProjectOf(p)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -93,7 +94,7 @@ type Store struct {
 
 	// mu guards the maps below. It is held for memory operations only.
 	mu     sync.RWMutex
-	allocs map[string]*State
+	allocs map[string]*record.State
 	// destroyed holds the IDs destroyed since the store was opened, so a
 	// late request can be told "gone" rather than "never existed". It grows
 	// by one short string per destroyed allocation.
@@ -130,7 +131,7 @@ type Store struct {
 	quotaStep    func(op, path string) error
 	quotaReport  QuotaReport
 	groups       [2]uint64
-	defaultLimit Limit
+	defaultLimit record.Limit
 	unsettled    bool
 	// settleErr holds the last settle's error, for health.
 	settleErr atomic.Pointer[error]
@@ -163,7 +164,7 @@ type Options struct {
 	// DefaultGroups when zero.
 	Groups [2]uint64
 	// DefaultLimit is given to every new allocation that asks for none.
-	DefaultLimit Limit
+	DefaultLimit record.Limit
 	// quotaStep, when set, takes every change the quota makes in the
 	// kernel as a step of Disk's (the crash tests').
 	quotaStep func(op, path string) error
@@ -187,7 +188,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		dataDir:   abs,
 		disk:      d,
 		dirty:     make(map[string]struct{}),
-		allocs:    make(map[string]*State),
+		allocs:    make(map[string]*record.State),
 		destroyed: make(map[string]struct{}),
 		pins:      make(map[string]int),
 		dying:     make(map[string]bool),
@@ -246,7 +247,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		s.groups = DefaultGroups
 	}
 	if s.groups[0] == 0 || s.groups[0] > s.groups[1] || s.groups[1] >= 1<<48 {
-		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], ErrBadLimit)
+		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], record.ErrBadLimit)
 	}
 	if err := s.openQuota(opts.Quotas); err != nil {
 		return nil, err
@@ -318,12 +319,12 @@ func (s *Store) load() error {
 				return fmt.Errorf("failed to remove temporary state file %q: %w", p, err)
 			}
 			s.logger.Debug("removed temporary state file", "path", p)
-		case strings.HasSuffix(e.Name(), stateSuffix):
-			st, err := readState(p)
+		case strings.HasSuffix(e.Name(), record.Suffix):
+			st, err := record.Read(p)
 			if err != nil {
 				// The journal may hold this record whole: a power cut
 				// can leave a state file renamed in but empty.
-				if s.journalHas(strings.TrimSuffix(e.Name(), stateSuffix)) {
+				if s.journalHas(strings.TrimSuffix(e.Name(), record.Suffix)) {
 					s.logger.Warn("unreadable state file; the journal has its record", "path", p, "error", err)
 					continue
 				}
@@ -370,7 +371,7 @@ func (s *Store) checkLayers() error {
 	sort.Strings(ids)
 	for _, id := range ids {
 		st := s.allocs[id]
-		for _, l := range sortedKeys(st.layerIDs()) {
+		for _, l := range sortedKeys(st.LayerIDs()) {
 			if err := s.checkLayer(l); err != nil {
 				return fmt.Errorf("allocation %q references layer %s, which is unusable: %w; "+
 					"restore the layer, or move %q out of the data dir to start without that allocation",
@@ -411,7 +412,7 @@ func (s *Store) LayerPath(layerID string) string {
 
 // StagingDir returns <dataDir>/staging, where incoming snapshots are
 // unpacked before they become layers. It is emptied at every open, so
-// nothing there may be referenced by a State.
+// nothing there may be referenced by a record.
 func (s *Store) StagingDir() string {
 	return filepath.Join(s.dataDir, stagingDirName)
 }
@@ -438,11 +439,11 @@ func (s *Store) stateDir() string { return filepath.Join(s.dataDir, stateDirName
 func (s *Store) layersDir() string { return filepath.Join(s.dataDir, layersDirName) }
 
 func (s *Store) statePath(id string) string {
-	return filepath.Join(s.stateDir(), id+stateSuffix)
+	return filepath.Join(s.stateDir(), id+record.Suffix)
 }
 
 // lookup returns the record of id (not a copy). The caller holds mu.
-func (s *Store) lookup(id string) (*State, error) {
+func (s *Store) lookup(id string) (*record.State, error) {
 	if st, ok := s.allocs[id]; ok {
 		return st, nil
 	}
@@ -477,7 +478,7 @@ func (e *stateError) Error() string        { return e.msg }
 func (e *stateError) Is(target error) bool { return target == e.kind }
 
 // Get returns a copy of the record of id.
-func (s *Store) Get(id string) (*State, error) {
+func (s *Store) Get(id string) (*record.State, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	st, err := s.lookup(id)
@@ -491,7 +492,7 @@ func (s *Store) Get(id string) (*State, error) {
 // the mount's request handlers, which run on every lookup and getattr:
 // committed records are never modified (every change commits a new
 // record), so the result may be read freely and must never be written.
-func (s *Store) View(id string) (*State, error) {
+func (s *Store) View(id string) (*record.State, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.lookup(id)
@@ -517,9 +518,9 @@ func (s *Store) Len() int {
 }
 
 // List returns a copy of every record, sorted by ID.
-func (s *Store) List() []*State {
+func (s *Store) List() []*record.State {
 	s.mu.RLock()
-	out := make([]*State, 0, len(s.allocs))
+	out := make([]*record.State, 0, len(s.allocs))
 	for _, st := range s.allocs {
 		out = append(out, st.Clone())
 	}
