@@ -55,14 +55,15 @@
 // # Disk limits
 //
 // With Options.Quotas on a btrfs data dir, every new layer is a subvolume
-// and every allocation with a limit (record.State.Disk) a qgroup over the upper
-// layers of its volumes (quota_btrfs.go); on xfs or ext4 with project
-// quotas, a project whose ID its upper layers carry (quota_project.go).
-// Either way the kernel holds the allocation to its limit for every
-// write, the daemon's or passthrough's. After each intent is applied the
-// store settles the kernel's groups with the records; at open it settles
-// them all. Subvolumes number their inodes alike, so on btrfs each record
-// tags its layers (record.State.Tags) for the mount to tell their files apart.
+// and every allocation with a limit (record.State.Disk) a qgroup over the
+// upper layers of its volumes; on xfs or ext4 with project quotas, a
+// project whose ID its upper layers carry. Package quota holds both
+// mechanisms; the store decides when they act. Either way the kernel
+// holds the allocation to its limit for every write, the daemon's or
+// passthrough's. After each intent is applied the store settles the
+// kernel's groups with the records; at open it settles them all.
+// Subvolumes number their inodes alike, so on btrfs each record tags its
+// layers (record.State.Tags) for the mount to tell their files apart.
 // docs/design/quotas.md has the whole design.
 //
 // # Migration and collection

@@ -60,7 +60,7 @@ type flattenPlan struct {
 // cloning would give the merged files new inode numbers under open
 // files. Such volumes keep their depth until their allocations go.
 func (s *Store) Flatten() (int, error) {
-	if s.quota != nil && s.quota.subvolumes() {
+	if s.quota != nil && s.quota.Subvolumes() {
 		return 0, nil
 	}
 	var errs []error

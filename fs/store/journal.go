@@ -158,7 +158,7 @@ func (s *Store) change(in *intent) error {
 			return err
 		}
 	}
-	if s.quota != nil && s.quota.subvolumes() {
+	if s.quota != nil && s.quota.Subvolumes() {
 		if err := s.tagLayers(in); err != nil {
 			return err
 		}

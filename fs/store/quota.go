@@ -8,10 +8,8 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
-	"github.com/allocfs/allocfs/internal/btrfs"
-	"github.com/allocfs/allocfs/internal/mountinfo"
-	"golang.org/x/sys/unix"
 )
 
 // ErrNoQuota: a limit was asked of a store whose data dir cannot
@@ -19,122 +17,19 @@ import (
 // the kernel does not keep, so the store refuses.
 var ErrNoQuota = errors.New("the data dir cannot enforce disk limits")
 
-// DefaultGroups is the range of quota group IDs the store takes for its
-// allocations unless told otherwise (Options.Groups): far above what
-// btrfs-progs or an operator numbers by hand.
-var DefaultGroups = [2]uint64{2000000, 2999999}
-
-// QuotaReport says what the data dir can enforce, for the daemon to say
-// once at start, and for health and metrics.
-type QuotaReport struct {
-	// Filesystem is the data dir's filesystem type: "btrfs", "ext4".
-	Filesystem string
-	// Mechanism is what enforces limits ("btrfs qgroups"), empty where
-	// nothing does.
-	Mechanism string
-	// Why says, where nothing enforces limits, what would.
-	Why string
-}
-
-// Enforced reports whether the store can enforce limits.
-func (r QuotaReport) Enforced() bool { return r.Mechanism != "" }
-
-// quota is one mechanism that enforces allocations' disk limits: btrfs
-// qgroups (quota_btrfs.go) or project quotas (quota_project.go).
-type quota interface {
-	// mechanism names it for people: "btrfs qgroups".
-	mechanism() string
-	// subvolumes reports whether layers are btrfs subvolumes, which
-	// number their inodes alike (tags), cannot be merged by link(2)
-	// (no flatten), and are counted only when made as such (a received
-	// tree becomes the lower of a fresh one).
-	subvolumes() bool
-	// countsInodes reports whether it can limit inodes.
-	countsInodes() bool
-	// makeLayer makes a layer's root at p where subvolumes is set.
-	makeLayer(p string) error
-	// settle makes the kernel agree with records (see btrfsQuota's);
-	// before holds the affected allocations' records before the change
-	// (nil: a settle at open). It reports whether the counters need a
-	// recount, which rescan does.
-	settle(records, before map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error)
-	rescan() error
-	// usage reads what group g holds.
-	usage(g uint64) (bytes, inodes uint64, err error)
-	// groupFree reports whether nothing of the host's uses group g.
-	groupFree(g uint64) bool
-	// setStep sets the crash tests' step hook (btrfsQuota.step).
-	setStep(step func(op, path string) error)
-}
-
-// detectQuota finds what the filesystem of dir can enforce and, with
-// enable, turns it on there.
-func detectQuota(dir string, enable bool) (quota, QuotaReport, error) {
-	var r QuotaReport
-	isBtrfs, err := btrfs.Is(dir)
-	if err != nil {
-		return nil, r, err
-	}
-	r.Filesystem = "btrfs"
-	if !isBtrfs {
-		r.Filesystem = fsTypeName(dir)
-		q, why, err := detectProject(dir, r.Filesystem, enable)
-		if err != nil || q == nil {
-			r.Why = why
-			return nil, r, err
-		}
-		r.Mechanism = q.mechanism()
-		return q, r, nil
-	}
-	if !enable {
-		r.Why = "the data dir is on btrfs, and disk limits are off: start serve with --enable-quotas (it runs the equivalent of `btrfs quota enable`)"
-		return nil, r, nil
-	}
-	if err := btrfs.EnableQuotas(dir); err != nil {
-		return nil, r, err
-	}
-	fsid, err := btrfs.FSID(dir)
-	if err != nil {
-		return nil, r, err
-	}
-	r.Mechanism = mechanismBtrfs
-	return &btrfsQuota{dir: dir, fsid: fsid}, r, nil
-}
-
-// fsTypeName names the filesystem of dir as the mount table does: the
-// entry of its device (a btrfs subvolume's anonymous device has none:
-// detectQuota tells btrfs by statfs).
-func fsTypeName(dir string) string {
-	var st unix.Stat_t
-	mounts, err := mountinfo.Read("")
-	if err != nil || unix.Stat(dir, &st) != nil {
-		return "unknown"
-	}
-	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
-	for _, m := range mounts {
-		if m.Device == dev {
-			return m.FSType
-		}
-	}
-	return "unknown"
-}
-
 // openQuota finds what the data dir can enforce and, with enable, turns
 // it on: Options.Quotas.
 func (s *Store) openQuota(enable bool) error {
-	q, r, err := detectQuota(s.layersDir(), enable)
+	q, r, err := quota.Detect(s.layersDir(), enable, s.quotaStep)
 	if err != nil {
 		return fmt.Errorf("failed to set up disk limits: %w", err)
 	}
 	s.quota, s.quotaReport = q, r
-	if q != nil {
-		q.setStep(s.quotaStep)
-	}
 	return nil
 }
 
 // Quota says what the store's data dir enforces.
-func (s *Store) Quota() QuotaReport { return s.quotaReport }
+func (s *Store) Quota() quota.Report { return s.quotaReport }
 
 // settleQuota makes the kernel's groups agree with the records after a
 // change, or at open, and rescans the counters when a relation change
@@ -151,7 +46,7 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*record.
 		records[id] = st
 	}
 	s.mu.RUnlock()
-	inconsistent, err := s.quota.settle(records, before, affected, s.groups)
+	inconsistent, err := s.quota.Settle(records, before, affected, s.groups)
 	if err != nil {
 		s.logger.Warn("disk limits do not match the records yet; the next change tries again", "error", err)
 		s.settleErr.Store(&err)
@@ -161,7 +56,7 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*record.
 	s.settleErr.Store(nil)
 	if inconsistent {
 		s.logger.Info("recounting btrfs qgroups: a layer that moved between allocations shares extents")
-		if err := s.quota.rescan(); err != nil {
+		if err := s.quota.Rescan(); err != nil {
 			s.logger.Warn("qgroup rescan failed", "error", err)
 		}
 	}
@@ -316,7 +211,7 @@ func (s *Store) checkLimit(lim record.Limit) error {
 	if s.quota == nil {
 		return fmt.Errorf("%w: %s", ErrNoQuota, s.quotaReport.Why)
 	}
-	if lim.Inodes != 0 && !s.quota.countsInodes() {
+	if lim.Inodes != 0 && !s.quota.CountsInodes() {
 		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", record.ErrBadLimit)
 	}
 	return nil
@@ -334,7 +229,7 @@ func (s *Store) freeGroup() (uint64, error) {
 	}
 	s.mu.RUnlock()
 	for g := s.groups[0]; g <= s.groups[1]; g++ {
-		if !used[g] && s.quota.groupFree(g) {
+		if !used[g] && s.quota.GroupFree(g) {
 			return g, nil
 		}
 	}
@@ -363,7 +258,7 @@ func (s *Store) Usage(id string) (u Usage, ok bool, err error) {
 	if st.Disk == nil || s.quota == nil {
 		return u, false, nil
 	}
-	bytes, inodes, err := s.quota.usage(st.Disk.Group)
+	bytes, inodes, err := s.quota.Usage(st.Disk.Group)
 	if err != nil {
 		return u, false, fmt.Errorf("failed to read the disk usage of allocation %s: %w", id, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/projquota"
 	"golang.org/x/sys/unix"
@@ -25,7 +26,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	r := s.Quota()
-	if r.Filesystem == "ext4" && hasCapSysResource() {
+	if r.Filesystem == "ext4" && quota.HasCapSysResource() {
 		// ext4 lets CAP_SYS_RESOURCE past project limits: the store
 		// must refuse to claim it enforces them.
 		if r.Enforced() || !strings.Contains(r.Why, "CAP_SYS_RESOURCE") {
@@ -33,7 +34,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 		}
 		t.Skip("ext4 lets CAP_SYS_RESOURCE past project quotas, and this test has it: run it without (setpriv --bounding-set=-sys_resource)")
 	}
-	if r.Mechanism != mechanismProject {
+	if r.Mechanism != quota.ProjectQuotas {
 		t.Fatalf("Quota() on a filesystem with project quotas = %+v", r)
 	}
 	return s
@@ -154,7 +155,7 @@ func TestProjectQuota(t *testing.T) {
 	if p := projectOf(t, s, "a3", "alloc/data"); p != 0 {
 		t.Fatalf("a3's upper in project %d after its limit was removed", p)
 	}
-	if !s.quota.groupFree(st3.Disk.Group) {
+	if !s.quota.GroupFree(st3.Disk.Group) {
 		t.Fatalf("project %d is not free after its limit was removed", st3.Disk.Group)
 	}
 	if err := s.QuotaError(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"golang.org/x/sys/unix"
@@ -25,7 +26,7 @@ func openQuotaStore(t *testing.T, opts Options) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if r := s.Quota(); !r.Enforced() || r.Mechanism != mechanismBtrfs || r.Filesystem != "btrfs" {
+	if r := s.Quota(); !r.Enforced() || r.Mechanism != quota.BtrfsQgroups || r.Filesystem != "btrfs" {
 		t.Fatalf("Quota() = %+v", r)
 	}
 	return s
@@ -56,7 +57,7 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Disk == nil || st.Disk.Bytes != limit || st.Disk.Group != DefaultGroups[0] {
+	if st.Disk == nil || st.Disk.Bytes != limit || st.Disk.Group != quota.DefaultGroups[0] {
 		t.Fatalf("record's disk = %+v", st.Disk)
 	}
 	for key, v := range st.Volumes {
@@ -97,13 +98,13 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st2.Disk.Group != DefaultGroups[0]+1 {
+	if st2.Disk.Group != quota.DefaultGroups[0]+1 {
 		t.Fatalf("second group %d", st2.Disk.Group)
 	}
 	if err := s.Destroy("a1"); err != nil {
 		t.Fatal(err)
 	}
-	if !s.quota.groupFree(DefaultGroups[0]) {
+	if !s.quota.GroupFree(quota.DefaultGroups[0]) {
 		t.Fatal("the group of a destroyed allocation is left")
 	}
 }
@@ -240,7 +241,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if err := btrfs.Limit(dir, g, 0); err != nil {
 		t.Fatal(err)
 	}
-	stray := btrfs.Qgroup(1, DefaultGroups[0]+5)
+	stray := btrfs.Qgroup(1, quota.DefaultGroups[0]+5)
 	if err := btrfs.CreateQgroup(dir, stray); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if got := rel[btrfs.Qgroup(0, sv)]; !slices.Equal(got, []btrfs.QgroupID{g}) {
 		t.Fatalf("the data layer's groups after open: %v, want [%v]", got, g)
 	}
-	if !s.quota.groupFree(stray.ID()) {
+	if !s.quota.GroupFree(stray.ID()) {
 		t.Fatal("a group no record names survived the open")
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "big", 16<<20); !errors.Is(err, unix.EDQUOT) {
@@ -335,7 +336,7 @@ func TestQuotaSetLimit(t *testing.T) {
 	if st, err := s.SetLimit("a1", record.Limit{}, record.FromRequest); err != nil || st.Disk != nil {
 		t.Fatalf("removing the limit: %+v, %v", st, err)
 	}
-	if !s.quota.groupFree(DefaultGroups[0]) {
+	if !s.quota.GroupFree(quota.DefaultGroups[0]) {
 		t.Fatal("the group of a limit removed is left")
 	}
 	if _, err := s.SetLimit("nope", record.Limit{Bytes: 1 << 20}, record.FromNomad); err == nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"github.com/allocfs/allocfs/internal/projquota"
@@ -46,7 +47,7 @@ func TestQuotaCrashAtEveryStep(t *testing.T) {
 // project of the store's range that no record names keeps limits.
 func TestProjectQuotaCrashAtEveryStep(t *testing.T) {
 	dir := fstest.ProjectQuotaDir(t)
-	if fsTypeName(dir) == "ext4" && hasCapSysResource() {
+	if quota.FSType(dir) == "ext4" && quota.HasCapSysResource() {
 		t.Skip("ext4 lets CAP_SYS_RESOURCE past project quotas, and this test has it: run it without (setpriv --bounding-set=-sys_resource)")
 	}
 	runQuotaCrashes(t, dir, 6000000, checkProjectsAgree)

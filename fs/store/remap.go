@@ -312,7 +312,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 		}
 		imported = append(imported, l)
 		st.Volumes[key] = &record.Volume{Upper: l}
-		if s.quota != nil && s.quota.subvolumes() {
+		if s.quota != nil && s.quota.Subvolumes() {
 			// A received tree is a plain directory, which no qgroup
 			// counts: it becomes the lower of a fresh subvolume that
 			// takes the writes (and the copy-ups, whose clones it

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -127,9 +128,9 @@ type Store struct {
 	// allocation gets, and unsettled is set while the kernel's groups
 	// may disagree with the records (a settle failed). Guarded by
 	// writeMu.
-	quota        quota
+	quota        quota.Mechanism
 	quotaStep    func(op, path string) error
-	quotaReport  QuotaReport
+	quotaReport  quota.Report
 	groups       [2]uint64
 	defaultLimit record.Limit
 	unsettled    bool
@@ -161,7 +162,7 @@ type Options struct {
 	// them and Quota says why.
 	Quotas bool
 	// Groups is the range of quota group IDs the store may take;
-	// DefaultGroups when zero.
+	// quota.DefaultGroups when zero.
 	Groups [2]uint64
 	// DefaultLimit is given to every new allocation that asks for none.
 	DefaultLimit record.Limit
@@ -244,7 +245,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 
 	s.groups, s.defaultLimit, s.quotaStep = opts.Groups, opts.DefaultLimit, opts.quotaStep
 	if s.groups == ([2]uint64{}) {
-		s.groups = DefaultGroups
+		s.groups = quota.DefaultGroups
 	}
 	if s.groups[0] == 0 || s.groups[0] > s.groups[1] || s.groups[1] >= 1<<48 {
 		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], record.ErrBadLimit)
