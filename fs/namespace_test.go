@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
@@ -90,7 +91,7 @@ func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
 	if _, err := tm.store.Stop(id); err != nil {
 		t.Fatal(err)
 	}
-	c := store.NewCollector(testLogger(t), tm.store, store.GCConfig{MaxAllocs: -1})
+	c := gc.NewCollector(testLogger(t), tm.store, gc.Config{MaxAllocs: -1})
 	if got, _ := c.CollectAll("test"); len(got) != 0 {
 		t.Errorf("the collector took %v, an allocation Nomad made through the mount", got)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/allocfs/allocfs/fs/store/record"
 )
 
@@ -50,7 +51,7 @@ func TestDiskLimitThroughTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { backend.Close() })
-	svc := New(Config{Logger: logger, Store: backend, GC: store.DefaultGCConfig(), MountDir: testMount})
+	svc := New(Config{Logger: logger, Store: backend, GC: gc.DefaultConfig(), MountDir: testMount})
 	t.Cleanup(svc.Wait)
 	s := api.NewServer(logger, svc)
 

@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
@@ -27,7 +28,7 @@ type Config struct {
 	Store *store.Store
 	// GC is the collector's triggers; GC.Interval 0 turns the timer off
 	// (explicit collections still run).
-	GC store.GCConfig
+	GC gc.Config
 	// MountDir is where the mount shows allocations: <MountDir>/<id>.
 	MountDir string
 	// Passthrough reports whether the mount serves file data by
@@ -49,7 +50,7 @@ type Config struct {
 type Service struct {
 	logger    hclog.Logger
 	store     *store.Store
-	collector *store.Collector
+	collector *gc.Collector
 	cfg       Config
 	// background is work a request started and did not wait for (the
 	// migration log line); Wait waits for it.
@@ -72,7 +73,7 @@ func New(cfg Config) *Service {
 	return &Service{
 		logger:    logger,
 		store:     cfg.Store,
-		collector: store.NewCollector(logger, cfg.Store, cfg.GC),
+		collector: gc.NewCollector(logger, cfg.Store, cfg.GC),
 		cfg:       cfg,
 	}
 }

@@ -224,3 +224,34 @@ func (s *Store) Destroy(id string) error {
 	}
 	return nil
 }
+
+// Pin keeps allocation id from being destroyed until the returned func
+// is called: a migration streaming its snapshot holds one.
+func (s *Store) Pin(id string) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.lookup(id); err != nil {
+		return nil, err
+	}
+	s.pins[id]++
+	released := false
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if released {
+			return
+		}
+		released = true
+		if s.pins[id]--; s.pins[id] <= 0 {
+			delete(s.pins, id)
+		}
+	}, nil
+}
+
+// Pinned reports whether something that must finish first (a migration
+// streaming a snapshot) keeps allocation id from being destroyed.
+func (s *Store) Pinned(id string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pins[id] > 0
+}

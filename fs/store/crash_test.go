@@ -515,14 +515,19 @@ func crashOps() []crashOp {
 		{
 			// One terminal allocation beside a running one: a pass of
 			// several is several changes, each as atomic as this one.
+			// run asks of the store what a pass of the collector
+			// (package gc) asks: the terminal one destroyed, then the
+			// sweep, the flatten and the settle of the limits.
 			name: "gc",
 			setup: func(t *testing.T, s *Store) {
 				stoppedWithData(false)(t, s)
 				mustCreate(t, s, "c", "web")
 			},
 			run: func(s *Store) error {
-				_, err := NewCollector(hclog.NewNullLogger(), s, DefaultGCConfig()).CollectAll("test")
-				return err
+				err := s.Destroy("a")
+				_, serr := s.Sweep()
+				_, ferr := s.Flatten()
+				return errors.Join(err, serr, ferr, s.Resettle())
 			},
 		},
 		{

@@ -78,18 +78,19 @@
 // (CreateImported). Destroy only removes layers no other allocation
 // references, so layers stacked under a live allocation survive their
 // owner; Pin keeps an allocation whose snapshot is streaming from being
-// destroyed; the Collector, the node's only one (the timer and explicit
-// requests alike), destroys terminal allocations, oldest first, under
-// Nomad's GC triggers, then sweeps and flattens. An Observer
-// (SetObserver; package metrics is one) is told of every migration and
-// of every decision of the collector, reasons reduced to a fixed set
-// (GCReason) fit for a metric's label.
+// destroyed. The collector (package gc), the node's only one, decides
+// which terminal allocations to destroy and when, and asks the store to,
+// then to sweep and flatten: all through the store's exported methods,
+// since deciding is a policy of the node's and the store only makes
+// changes. An Observer (SetObserver; package metrics is one) is told of
+// every migration and of every decision of the collector, reasons
+// reduced to a fixed set (GCReason) fit for a metric's label.
 //
 // # Flattening
 //
 // Every snapshot migration stacks one more layer, and a lookup that misses
 // the upper layer costs one lstat per lower, so Flatten (run by the
-// Collector after each pass) merges adjacent lower layers of any volume
+// collector after each pass) merges adjacent lower layers of any volume
 // with more than MaxLowers of them. Two layers merge only when every
 // volume that references either stacks them the same way, which a stopped
 // previous allocation's frozen view (its sealed layer as a read-only
