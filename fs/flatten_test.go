@@ -17,6 +17,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/disk"
 	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -511,7 +512,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
 			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
 			must(t, os.Mkdir(merged, 0o700))
-			must(t, errOnly(layer.Merge(store.OSDisk{}, merged, upper, lower, through)))
+			must(t, errOnly(layer.Merge(disk.OS{}, merged, upper, lower, through)))
 			pair, flat := []string{upper, lower}, []string{merged}
 			if through {
 				pair, flat = append(pair, below), append(flat, below)

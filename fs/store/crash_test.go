@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/lock"
 	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
@@ -107,7 +108,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 					d.steps, d.limit = 0, n
 					runErr := op.run(s)
 					// The process dies here: nothing it holds runs again.
-					must(t, s.lock.release())
+					must(t, s.lock.Release())
 					if power {
 						must(t, os.RemoveAll(dir))
 						if out, err := exec.Command("cp", "-a", d.image, dir).CombinedOutput(); err != nil {
@@ -154,7 +155,7 @@ func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where 
 	s, err := Open(hclog.NewNullLogger(), dir)
 	// A child another test forks inherits the dead store's lock until it
 	// execs; the lock is gone a moment later.
-	for i := 0; i < 100 && errors.Is(err, ErrLocked); i++ {
+	for i := 0; i < 100 && errors.Is(err, lock.ErrLocked); i++ {
 		time.Sleep(10 * time.Millisecond)
 		s, err = Open(hclog.NewNullLogger(), dir)
 	}

@@ -11,6 +11,7 @@
 //
 //	<data-dir>/lock                   flock(2)ed by the one store that has the
 //	                                  data dir open; says its PID and mount
+//	                                  (package lock)
 //	<data-dir>/state/<allocID>.json   the allocation's record (tasks, status,
 //	                                  which layers back which mount point)
 //	<data-dir>/state/journal          the write-ahead log of record changes
@@ -41,8 +42,9 @@
 // instant the daemon dies at, the next Open replays the journal and
 // shows the state before or after, never a data layer writable under two
 // allocations. Every step that changes the data dir goes through one
-// small interface, Disk, which OpenWith takes: tests pass one that kills
-// the store at each step, or drops what a power cut would (crash_test.go).
+// small interface, disk.Disk, which OpenWith takes: tests pass one that
+// kills the store at each step, or drops what a power cut would
+// (crash_test.go).
 //
 // A layer that no record names is an orphan: what a crash left between
 // making a layer and journaling the change that names it, a removal that

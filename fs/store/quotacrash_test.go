@@ -151,7 +151,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 				op.setup(t, s)
 				d.steps, d.limit = 0, n
 				runErr := op.run(s)
-				must(t, s.lock.release())
+				must(t, s.lock.Release())
 				where := fmt.Sprintf("crash at step %d of %d (%s; run: %v)", n, total, trail[n-1], runErr)
 				s = open(dir, g, nil)
 				if _, err := s.Sweep(); err != nil {

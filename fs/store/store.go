@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/lock"
 	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
@@ -72,8 +74,8 @@ type Store struct {
 	// so that tasks running as nobody can write; nil leaves ownership alone.
 	owner *allocdir.Owner
 	// disk takes every step that changes the data dir; tests wrap it.
-	disk Disk
-	lock *dirLock
+	disk disk.Disk
+	lock *lock.Lock
 
 	// writeMu serializes changes, so that each one sees the state left by
 	// the previous one while it works on disk with mu released. It also
@@ -140,7 +142,7 @@ type Store struct {
 
 // Open opens the store in dataDir, creating its directories if they are
 // missing. It takes the data dir's lock (a second store on the same data
-// dir fails with ErrLocked), empties staging/ (a half-received snapshot
+// dir fails with lock.ErrLocked), empties staging/ (a half-received snapshot
 // is never resumed), loads every allocation and replays what the journal
 // holds beyond the state files. It refuses to start on a state file it
 // cannot read, or one that references a missing layer: starting without
@@ -152,10 +154,10 @@ func Open(logger hclog.Logger, dataDir string) (*Store, error) {
 
 // Options are what OpenWith may change about a store.
 type Options struct {
-	// Disk takes every step that changes the data dir; nil is OSDisk.
+	// Disk takes every step that changes the data dir; nil is disk.OS.
 	// Crash and fault tests pass one that stops or fails steps, and
 	// tests about something other than durability one without syncs.
-	Disk Disk
+	Disk disk.Disk
 	// Quotas turns on disk limits where the data dir's filesystem can
 	// enforce them (btrfs: quota accounting is enabled, and every new
 	// layer is a subvolume). Where it cannot, the store opens without
@@ -175,7 +177,7 @@ type Options struct {
 func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err error) {
 	d := opts.Disk
 	if d == nil {
-		d = OSDisk{}
+		d = disk.OS{}
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
@@ -208,14 +210,14 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 			return nil, fmt.Errorf("failed to create data dir: %w", err)
 		}
 	}
-	lock, err := lockDataDir(abs)
+	l, err := lock.Take(abs)
 	if err != nil {
 		return nil, err
 	}
-	s.lock = lock
+	s.lock = l
 	defer func() {
 		if err != nil {
-			lock.release()
+			l.Release()
 		}
 	}()
 	for _, name := range Dirs {
@@ -404,6 +406,13 @@ func (s *Store) checkLayer(id string) error {
 
 // DataDir returns the absolute path of the data dir.
 func (s *Store) DataDir() string { return s.dataDir }
+
+// Announce records the mount point in the data dir's lock, so that a
+// second daemon started on the same data dir says where the first one
+// serves.
+func (s *Store) Announce(mount string) error {
+	return s.lock.Describe(mount)
+}
 
 // LayerPath returns the directory of a layer, <dataDir>/layers/<layerID>.
 // layerID must come from a State: it is not checked here.

@@ -584,27 +584,6 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 	}
 }
 
-// TestCloseUnlocksWhileAChildHoldsTheLock: a child forked by anything in
-// the process shares the lock's descriptor until it execs (or for its
-// life, if it inherited it): closing the store still lets the next Open
-// in at once.
-func TestCloseUnlocksWhileAChildHoldsTheLock(t *testing.T) {
-	dir := t.TempDir()
-	s := openTestStore(t, dir)
-	child := exec.Command("sleep", "30")
-	child.ExtraFiles = []*os.File{s.lock.f}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		child.Process.Kill()
-		child.Wait()
-	})
-	must(t, s.Close())
-	s2 := openTestStore(t, dir)
-	must(t, s2.Close())
-}
-
 // TestOnChangeRunsUnlocked: a change's OnChange hooks run before its
 // method returns, and with the store taking changes again: a hook's
 // kernel notification may wait for a directory that a FUSE request holds
