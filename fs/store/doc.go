@@ -1,9 +1,15 @@
 // Package store is allocfs's backing store: the records of allocations
 // and the layers they stack, on a plain data directory, changed crash-
 // atomically. It knows nothing of FUSE; the tree in package fs serves
-// what it records, the record format (package record) says what a record
-// holds and when it is valid, and the layer format (package layer) says
-// what a layer's entries mean.
+// what it records, and the layer format (package layer) says what a
+// layer's entries mean.
+//
+// Its own job is to change records and layers crash-atomically; the rest
+// is in packages of one job each: record (what a record holds, and when
+// it is valid), disk (the steps a crash can fall between), lock (one
+// store per data dir), frame (the journal's framing), quota (what makes
+// the kernel enforce disk limits) and, above the store and through its
+// exported methods only, gc (what to destroy, and when).
 //
 // # Layout on disk
 //
@@ -11,7 +17,6 @@
 //
 //	<data-dir>/lock                   flock(2)ed by the one store that has the
 //	                                  data dir open; says its PID and mount
-//	                                  (package lock)
 //	<data-dir>/state/<allocID>.json   the allocation's record (tasks, status,
 //	                                  which layers back which mount point)
 //	<data-dir>/state/journal          the write-ahead log of record changes
