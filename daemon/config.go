@@ -7,6 +7,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -31,7 +32,7 @@ type Config struct {
 	// files held at the start (Node.Load).
 	Node    NodeConfig
 	Secrets *NodeSecrets
-	GC      store.GCConfig
+	GC      gc.Config
 	// UsageInterval is how often the metrics' allocation usage is
 	// measured.
 	UsageInterval time.Duration

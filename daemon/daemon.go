@@ -20,6 +20,7 @@ import (
 	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/lock"
 	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/allocfs/allocfs/node"
@@ -164,8 +165,8 @@ func preflight(logger hclog.Logger, cfg Config) error {
 // an upgrade, and announces the mount point in it.
 func (d *Daemon) openStore() error {
 	s, err := store.OpenWith(d.logger, d.cfg.DataDir, d.cfg.StoreOpts)
-	if errors.Is(err, store.ErrLocked) && d.cfg.Live {
-		if _, mount, _ := store.LockHolder(d.cfg.DataDir); mount == d.cfg.MountDir {
+	if errors.Is(err, lock.ErrLocked) && d.cfg.Live {
+		if _, mount, _ := lock.Holder(d.cfg.DataDir); mount == d.cfg.MountDir {
 			// An upgrade: the running daemon hands its mount over.
 			s, err = restart.TakeOverRunning(d.logger, d.cfg.DataDir, d.cfg.StoreOpts)
 		}

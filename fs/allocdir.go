@@ -14,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/readside"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/inotify"
 	"github.com/hashicorp/go-hclog"
 )
@@ -159,7 +160,7 @@ func (a *AllocDir) readMount() readside.Mount {
 // readSideMount answers the read side's questions of the mount.
 type readSideMount struct{ m *Mount }
 
-func (r readSideMount) HostLayer(st *store.State, key string) *layer.HostLayer {
+func (r readSideMount) HostLayer(st *record.State, key string) *layer.HostLayer {
 	if !r.m.hasHostLayer(st, key) {
 		return nil
 	}

@@ -12,7 +12,7 @@ import (
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
@@ -33,7 +33,7 @@ import (
 // docker or exec2 task must find in its directory what it would find on
 // a plain disk, and nothing of the host's. Every task directory Nomad
 // makes through the mount has the host layer, off; it turns on for good
-// (store.State.Chroots) at the first step of Nomad's chroot build, a
+// (record.State.Chroots) at the first step of Nomad's chroot build, a
 // chown of the still empty task directory to root (Nomad gives each
 // directory it re-creates the owner of its host counterpart, the task
 // directory itself that of the host's /, and before that made it
@@ -119,8 +119,8 @@ func (m *Mount) hostLayer(id, task string) *layer.HostLayer {
 // hasHostLayer reports whether the volume key of st stacks a host layer:
 // the directory of a task of an allocation Nomad made through the mount,
 // on a mount with a chroot environment.
-func (m *Mount) hasHostLayer(st *store.State, key string) bool {
-	return m.chroot != nil && st.Origin == store.OriginMount && st.TaskIndex(key) >= 0
+func (m *Mount) hasHostLayer(st *record.State, key string) bool {
+	return m.chroot != nil && st.Origin == record.OriginMount && st.TaskIndex(key) >= 0
 }
 
 // hostShift places the number of a host layer's entry in the inode
@@ -162,7 +162,7 @@ func (m *Mount) identity(stack *layer.Stack, i int, rel string, st *syscall.Stat
 // the task of st the view is (taskRootView), at the entry's place; nil
 // when ino is no host entry's. A daemon taking the mount over resolves the nodes
 // the kernel holds for a chroot's files so (takeover.go).
-func (m *Mount) hostPaths(st *store.State, view, ino uint64) [][]string {
+func (m *Mount) hostPaths(st *record.State, view, ino uint64) [][]string {
 	if m.chroot == nil || view < taskRootView || view-taskRootView >= uint64(len(st.Tasks)) {
 		return nil
 	}
@@ -223,7 +223,7 @@ func openByIno(dir string, ino uint64) (string, error) {
 // volumeStack is the stack of layers of the volume key of st, or nil for
 // none: its layers, and for a task directory of Nomad's the host layer of
 // the chroot environment at the bottom.
-func (m *Mount) volumeStack(st *store.State, key string) *layer.Stack {
+func (m *Mount) volumeStack(st *record.State, key string) *layer.Stack {
 	v := st.Volumes[key]
 	if v == nil {
 		return nil

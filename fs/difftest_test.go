@@ -14,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/difftest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/disk"
 	"golang.org/x/sys/unix"
 )
 
@@ -239,7 +240,7 @@ func TestDifferential(t *testing.T) {
 }
 
 // noSyncDisk is the store's disk without its syncs.
-type noSyncDisk struct{ store.OSDisk }
+type noSyncDisk struct{ disk.OS }
 
 func (noSyncDisk) Fsync(string) error  { return nil }
 func (noSyncDisk) Syncfs(string) error { return nil }

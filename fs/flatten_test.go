@@ -17,6 +17,8 @@ import (
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -130,10 +132,10 @@ func buildChain(t *testing.T, tm *testMount) []string {
 }
 
 // stackOf is the layers of v, top first.
-func stackOf(v *store.Volume) []string { return append([]string{v.Upper}, v.Lowers...) }
+func stackOf(v *record.Volume) []string { return append([]string{v.Upper}, v.Lowers...) }
 
 // layersOf is every layer st stacks.
-func layersOf(st *store.State) map[string]bool {
+func layersOf(st *record.State) map[string]bool {
 	out := make(map[string]bool)
 	for _, v := range st.Volumes {
 		for _, l := range stackOf(v) {
@@ -510,7 +512,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
 			merged := filepath.Join(dir, fmt.Sprintf("m-%v", through))
 			must(t, os.Mkdir(merged, 0o700))
-			must(t, errOnly(layer.Merge(store.OSDisk{}, merged, upper, lower, through)))
+			must(t, errOnly(layer.Merge(disk.OS{}, merged, upper, lower, through)))
 			pair, flat := []string{upper, lower}, []string{merged}
 			if through {
 				pair, flat = append(pair, below), append(flat, below)

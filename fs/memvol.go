@@ -13,7 +13,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/internal/tmpfs"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -126,7 +126,7 @@ func (m *Mount) dropKept(key string) {
 
 // memVolumeOf returns the memory volume name of task of allocation st,
 // making it on first use with the task's caps and owner.
-func (m *Mount) memVolumeOf(st *store.State, task allocdir.Task, name string) (*memVolume, error) {
+func (m *Mount) memVolumeOf(st *record.State, task allocdir.Task, name string) (*memVolume, error) {
 	key := st.ID + "/" + task.Name + "/" + name
 	mv := &m.mem
 	mv.mu.Lock()
@@ -217,7 +217,7 @@ func (m *Mount) existingMemVolume(allocID, task, name string) *memVolume {
 
 // memoryInode returns the root node of the memory volume name of the
 // task at index i of st.
-func (m *Mount) memoryInode(ctx context.Context, parent *gofs.Inode, st *store.State, i int, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) memoryInode(ctx context.Context, parent *gofs.Inode, st *record.State, i int, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, err := m.memVolumeOf(st, st.Tasks[i], name)
 	if err != nil {
 		m.logger.Error("failed to make a memory volume", "error", err)
@@ -329,7 +329,7 @@ func (m *Mount) memoryRoot(allocID, task, name string) (int, error) {
 // of st, for a daemon that took the connection over: the instance's tree
 // is searched (it holds at most its entry cap). A file born after this
 // daemon started only took a freed number, and is not the node.
-func (m *Mount) memoryPaths(st *store.State, i int, name string, ino uint64) ([][]string, syscall.Errno) {
+func (m *Mount) memoryPaths(st *record.State, i int, name string, ino uint64) ([][]string, syscall.Errno) {
 	if i >= len(st.Tasks) {
 		return nil, syscall.ESTALE
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/transport"
 	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
@@ -274,7 +275,7 @@ func (m *Mount) invalidateNow(id string) {
 // are left alone: the kernel detaches the mounts below a dropped entry,
 // and Nomad mounts on the task directories and the <task>/alloc views
 // (nothing of Nomad's lies below a volume that migrates).
-func (m *Mount) invalidateVolumes(id string, st *store.State) {
+func (m *Mount) invalidateVolumes(id string, st *record.State) {
 	a := m.root.GetChild(id)
 	if a == nil {
 		return
@@ -320,7 +321,7 @@ func (m *Mount) dropEntry(dir *gofs.Inode, name string) {
 // volume, and two invalidations of one allocation can run at once, the
 // older with a record from before the seal; a writable record over a
 // frozen node (which no store change makes) drops the node instead.
-func (m *Mount) followRecord(n *volume.Node, st *store.State) bool {
+func (m *Mount) followRecord(n *volume.Node, st *record.State) bool {
 	v := st.Volumes[n.Key()]
 	if v == nil || n.Slot() != m.slots.peek(st.ID, n.View()) {
 		return false

@@ -9,7 +9,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layout"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -72,7 +72,7 @@ func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 	}
 	uid, gid := callerOwner(ctx)
 	now := time.Now().UTC()
-	attr := store.DirAttr{Mode: mode & 0o7777, UID: uid, GID: gid, Atime: now, Mtime: now, Ctime: now}
+	attr := record.DirAttr{Mode: mode & 0o7777, UID: uid, GID: gid, Atime: now, Mtime: now, Ctime: now}
 	if err := r.m.handlerChange([]string{name}, func() error {
 		_, err := r.m.store.CreateFromMount(name, attr)
 		return err
@@ -135,7 +135,7 @@ func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fu
 		return nil, syscall.EEXIST
 	case name == allocdir.SharedAllocName:
 		err = a.m.handlerChange([]string{a.id}, func() error {
-			_, err := a.m.store.SetGone(a.id, store.DirShared, false, &parent)
+			_, err := a.m.store.SetGone(a.id, record.DirShared, false, &parent)
 			return err
 		})
 	case allocdir.ValidTaskName(name) != nil:
@@ -171,7 +171,7 @@ func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 		err = a.m.handlerChange([]string{a.id}, func() error {
-			_, err := a.m.store.SetGone(a.id, store.DirShared, true, &parent)
+			_, err := a.m.store.SetGone(a.id, record.DirShared, true, &parent)
 			return err
 		})
 	case layout.Task:
@@ -206,7 +206,7 @@ var _ = (gofs.NodeSetattrer)((*allocNode)(nil))
 // Setattr changes the allocation root's mode, owner or times, in its
 // record.
 func (a *allocNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return a.m.setSkeleton(a.id, store.DirRoot, a.m.allocAttr, in, out, a.StableAttr().Ino)
+	return a.m.setSkeleton(a.id, record.DirRoot, a.m.allocAttr, in, out, a.StableAttr().Ino)
 }
 
 var _ = (gofs.NodeSetattrer)((*sharedNode)(nil))
@@ -214,13 +214,13 @@ var _ = (gofs.NodeSetattrer)((*sharedNode)(nil))
 // Setattr changes alloc/'s mode, owner or times, in the record: every
 // <task>/alloc view shows them too.
 func (s *sharedNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return s.m.setSkeleton(s.id, store.DirShared, s.m.sharedAttr, in, out, s.StableAttr().Ino)
+	return s.m.setSkeleton(s.id, record.DirShared, s.m.sharedAttr, in, out, s.StableAttr().Ino)
 }
 
 // setSkeleton applies SETATTR in to the skeleton directory dir of
 // allocation id, whose attribute attrOf gives, and answers the result.
 // The kernel has checked the caller's permission (default_permissions).
-func (m *Mount) setSkeleton(id, dir string, attrOf func(*store.State) skeletonAttr, in *fuse.SetAttrIn, out *fuse.AttrOut, ino uint64) syscall.Errno {
+func (m *Mount) setSkeleton(id, dir string, attrOf func(*record.State) skeletonAttr, in *fuse.SetAttrIn, out *fuse.AttrOut, ino uint64) syscall.Errno {
 	if _, ok := in.GetSize(); ok {
 		return syscall.EISDIR
 	}
@@ -240,7 +240,7 @@ func (m *Mount) setSkeleton(id, dir string, attrOf func(*store.State) skeletonAt
 	}
 	err = m.handlerChange([]string{id}, func() error {
 		var err error
-		st, err = m.store.SetDirAttr(id, dir, attrOf(st).dirAttr(), func(a *store.DirAttr) {
+		st, err = m.store.SetDirAttr(id, dir, attrOf(st).dirAttr(), func(a *record.DirAttr) {
 			if mode, ok := in.GetMode(); ok {
 				a.Mode = mode & 0o7777
 			}
@@ -373,7 +373,7 @@ func (m *Mount) adoptVolume(prevID, newID, key string, flags uint32) syscall.Err
 // volumeEmpty reports whether the volume key of st holds no entry, its
 // lower layers included; a task directory's volume is empty when it holds
 // nothing besides the layout.
-func (m *Mount) volumeEmpty(st *store.State, key string) (bool, syscall.Errno) {
+func (m *Mount) volumeEmpty(st *record.State, key string) (bool, syscall.Errno) {
 	stack := m.volumeStack(st, key)
 	if stack == nil {
 		return true, 0

@@ -15,6 +15,8 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
@@ -53,8 +55,8 @@ func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
 	}
 	id := filepath.Base(a)
 	rec := mustState(t, tm.store, id)
-	if rec.Origin != store.OriginMount || len(rec.Tasks) != 0 {
-		t.Errorf("the record: origin %q, tasks %v; want %q and none", rec.Origin, rec.Tasks, store.OriginMount)
+	if rec.Origin != record.OriginMount || len(rec.Tasks) != 0 {
+		t.Errorf("the record: origin %q, tasks %v; want %q and none", rec.Origin, rec.Tasks, record.OriginMount)
 	}
 	// Build: alloc/ is chmodded 0777 and chowned to nobody.
 	must(t, os.Chmod(filepath.Join(a, "alloc"), 0o751))
@@ -64,7 +66,7 @@ func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
 	if st.Mode&0o7777 != 0o751 || st.Uid != 4321 || st.Gid != 4322 || st.Mtim.Nano() != 2e18 {
 		t.Errorf("alloc/ after chmod, chown, utimes: mode %o owner %d:%d mtime %d", st.Mode&0o7777, st.Uid, st.Gid, st.Mtim.Nano())
 	}
-	if d := mustState(t, tm.store, id).Dirs[store.DirShared]; d == nil || d.Mode != 0o751 || d.UID != 4321 || d.Mtime.UnixNano() != 2e18 {
+	if d := mustState(t, tm.store, id).Dirs[record.DirShared]; d == nil || d.Mode != 0o751 || d.UID != 4321 || d.Mtime.UnixNano() != 2e18 {
 		t.Errorf("the record keeps alloc/'s attribute as %+v", d)
 	}
 	// The task's view shows the same attribute.
@@ -90,7 +92,7 @@ func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
 	if _, err := tm.store.Stop(id); err != nil {
 		t.Fatal(err)
 	}
-	c := store.NewCollector(testLogger(t), tm.store, store.GCConfig{MaxAllocs: -1})
+	c := gc.NewCollector(testLogger(t), tm.store, gc.Config{MaxAllocs: -1})
 	if got, _ := c.CollectAll("test"); len(got) != 0 {
 		t.Errorf("the collector took %v, an allocation Nomad made through the mount", got)
 	}
@@ -358,7 +360,7 @@ func TestMountsOnTopSurviveChanges(t *testing.T) {
 	os.Remove(filepath.Join(next, "alloc/data"))
 	must(t, os.Rename(filepath.Join(prev, "alloc/data"), filepath.Join(next, "alloc/data")))
 	// And a change through the API, which invalidates at once.
-	if _, err := tm.store.Update("new", func(st *store.State) error { return nil }); err != nil {
+	if _, err := tm.store.Update("new", func(st *record.State) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := os.ReadFile(filepath.Join(secrets, "token")); err != nil || string(got) != "t" {

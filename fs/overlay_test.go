@@ -17,6 +17,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hanwen/go-fuse/v2/posixtest"
 )
 
@@ -35,10 +36,10 @@ func stackLayer(t *testing.T, s *store.Store, id, key string) (lower, upper stri
 	}
 	must(t, os.Chmod(p, allocdir.SharedDirMode))
 	var old string
-	if _, err := s.Update(id, func(st *store.State) error {
+	if _, err := s.Update(id, func(st *record.State) error {
 		v := st.Volumes[key]
 		old = v.Upper
-		st.Volumes[key] = &store.Volume{Upper: fresh, Lowers: append([]string{v.Upper}, v.Lowers...)}
+		st.Volumes[key] = &record.Volume{Upper: fresh, Lowers: append([]string{v.Upper}, v.Lowers...)}
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/store/storetest"
 )
 
@@ -21,8 +22,8 @@ var (
 
 func errOnly[T any](v T, err error) error { return storetest.ErrOnly(v, err) }
 
-func mustState(t *testing.T, s *store.Store, id string) *store.State {
-	return storetest.Value[*store.State](t)(s.Get(id))
+func mustState(t *testing.T, s *store.Store, id string) *record.State {
+	return storetest.Value[*record.State](t)(s.Get(id))
 }
 
 // openTestStore opens the store in dir with opts, and closes it when the

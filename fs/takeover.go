@@ -13,7 +13,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	"github.com/allocfs/allocfs/restart"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -156,7 +156,7 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 
 // volumePath is where volume key of st shows in view (layout.go), or
 // false if that view does not show it.
-func volumePath(st *store.State, key string, view uint64) ([]string, bool) {
+func volumePath(st *record.State, key string, view uint64) ([]string, bool) {
 	shared, ok := strings.CutPrefix(key, allocdir.SharedAllocName+"/")
 	switch {
 	case view == 0 && ok:
@@ -198,7 +198,7 @@ func (m *Mount) skeletonPath(id uint64) ([]string, bool) {
 // layers of allocation st, and returns its layer and its path there.
 // On ext4 the inode is opened by its handle, whose generation ext4 does
 // not check when it is 0; elsewhere the layers are searched.
-func (m *Mount) backingPath(st *store.State, ino uint64) (string, []string, error) {
+func (m *Mount) backingPath(st *record.State, ino uint64) (string, []string, error) {
 	layers := filepath.Join(m.store.DataDir(), "layers")
 	if len(st.Tags) > 0 {
 		// Subvolumes: the salt names the layer, the rest is the inode

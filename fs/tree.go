@@ -10,7 +10,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layout"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -54,13 +54,13 @@ func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
 }
 
 // dirAttr is the record's form of a.
-func (a skeletonAttr) dirAttr() store.DirAttr {
-	return store.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
+func (a skeletonAttr) dirAttr() record.DirAttr {
+	return record.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
 }
 
 // skeletonOf is the attribute the record st sets on its skeleton
 // directory dir, or def when it sets none.
-func skeletonOf(st *store.State, dir string, def skeletonAttr) skeletonAttr {
+func skeletonOf(st *record.State, dir string, def skeletonAttr) skeletonAttr {
 	a := st.Dirs[dir]
 	if a == nil {
 		return def
@@ -132,7 +132,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 
 // layoutInode returns the node of the layout directory p (layout.go),
 // a child of parent in the allocation st.
-func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.State, p layout.Place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.State, p layout.Place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	switch p.Kind {
 	case layout.Shared:
 		return m.sharedInode(ctx, parent, st, p.View, out)
@@ -153,7 +153,7 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *store.S
 // volumeInode returns the root node of the volume at key ("alloc/data",
 // "<task>/local", ...) of an allocation, as seen in view. task is set for
 // a task directory's own volume, whose layout children it presents.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *store.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, ok := st.Volumes[key]
 	if !ok {
 		return nil, syscall.ENOENT
@@ -255,7 +255,7 @@ func (t *taskNode) Reserved(name string) bool { return slices.Contains(layout.Ta
 
 // place returns the allocation's committed record and the task
 // directory's place in its layout.
-func (t *taskNode) place() (*store.State, layout.Place, syscall.Errno) {
+func (t *taskNode) place() (*record.State, layout.Place, syscall.Errno) {
 	st, err := t.m.store.View(t.id)
 	if err != nil {
 		return nil, layout.Place{}, volume.ToErrno(t.m.logger, err)
@@ -383,7 +383,7 @@ func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
 }
 
 // sharedInode returns the alloc/ node of an allocation in a view.
-func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *store.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *record.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
 	m.sharedAttr(st).fill(&out.Attr, ino)
 	m.stableTimeouts(out)
@@ -402,13 +402,13 @@ func (m *Mount) rootAttr() skeletonAttr {
 
 // allocAttr is the attribute of <mount>/<allocID>: what was set on it
 // through the mount, else 0755, owned by the agent.
-func (m *Mount) allocAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
+func (m *Mount) allocAttr(st *record.State) skeletonAttr {
+	return skeletonOf(st, record.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
 }
 
 // sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
 // what was set on it through the mount, else 0777, owned by nobody when
 // running as root.
-func (m *Mount) sharedAttr(st *store.State) skeletonAttr {
-	return skeletonOf(st, store.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
+func (m *Mount) sharedAttr(st *record.State) skeletonAttr {
+	return skeletonOf(st, record.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
 }

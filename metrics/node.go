@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -148,10 +149,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	c.collectBacking(ch, gauge)
 
 	states := c.node.Store.List()
-	byStatus := map[store.Status]int{store.StatusRunning: 0, store.StatusTerminal: 0}
+	byStatus := map[record.Status]int{record.StatusRunning: 0, record.StatusTerminal: 0}
 	for _, st := range states {
 		byStatus[st.Status]++
-		for _, status := range []store.Status{store.StatusRunning, store.StatusTerminal} {
+		for _, status := range []record.Status{record.StatusRunning, record.StatusTerminal} {
 			gauge(c.allocStatus, bool01(st.Status == status), st.ID, string(status))
 		}
 	}
@@ -218,7 +219,7 @@ func bool01(b bool) float64 {
 // collectQuota reads what enforces disk limits and, for every allocation
 // with a limit, its limit and usage from the quota accounting: a few
 // sysfs reads each, whatever it holds.
-func (c *nodeCollector) collectQuota(ch chan<- prometheus.Metric, states []*store.State, gauge func(*prometheus.Desc, float64, ...string)) {
+func (c *nodeCollector) collectQuota(ch chan<- prometheus.Metric, states []*record.State, gauge func(*prometheus.Desc, float64, ...string)) {
 	r := c.node.Store.Quota()
 	gauge(c.quotaEnforced, bool01(r.Enforced()), r.Mechanism, r.Filesystem)
 	for _, st := range states {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -264,11 +265,11 @@ func TestUsageWalkEndsWithItsContext(t *testing.T) {
 	}
 }
 
-func mustGet(t *testing.T, s *store.Store, id string) *store.State {
+func mustGet(t *testing.T, s *store.Store, id string) *record.State {
 	st, err := s.Get(id)
 	if err != nil {
 		t.Error(err)
-		return &store.State{}
+		return &record.State{}
 	}
 	return st
 }

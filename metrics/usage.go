@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -321,6 +322,6 @@ func (w *layerWalk) dir(dir int, shown string) (int, error) {
 
 // counted reports whether the store's quota accounting counts st, whose
 // usage then needs no walk.
-func counted(s *store.Store, st *store.State) bool {
+func counted(s *store.Store, st *record.State) bool {
 	return st.Disk != nil && s.Quota().Enforced()
 }

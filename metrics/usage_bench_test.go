@@ -11,6 +11,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -37,7 +38,7 @@ func BenchmarkAllocUsage(b *testing.B) {
 	b.Cleanup(func() { s.Close() })
 	for _, n := range counts {
 		id := fmt.Sprintf("files-%d", n)
-		st, err := s.CreateSized(id, []allocdir.Task{{Name: "web"}}, store.Limit{Bytes: 4 << 30})
+		st, err := s.CreateSized(id, []allocdir.Task{{Name: "web"}}, record.Limit{Bytes: 4 << 30})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -8,7 +8,7 @@
 // store it owns. It owns the node's one collector too: garbage collection
 // asked for over the control API, over Nomad's client API, from the CLI
 // (which calls the control API) and by the timer (Service.Run) takes the
-// same path, store.Collector, which skips pinned allocations and ends
+// same path, gc.Collector, which skips pinned allocations and ends
 // every pass by flattening snapshot chains.
 //
 // What a migration does, by the previous allocation's place and policy:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 )
 
 // chain makes a0 ... a<n-1>, each a snapshot-mode migration of the one
@@ -107,11 +108,11 @@ func TestOneCollector(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		},
 	}
-	for name, gc := range routes {
+	for name, trigger := range routes {
 		t.Run(name, func(t *testing.T) {
 			s, svc, srv := newTestService(t, func(c *Config) {
 				// The timer's trigger: more allocations than one.
-				c.GC = store.GCConfig{Interval: 10 * time.Millisecond, MaxAllocs: 1}
+				c.GC = gc.Config{Interval: 10 * time.Millisecond, MaxAllocs: 1}
 			})
 			ids := chain(t, svc, s, 7)
 			if n := lowers(t, s, ids[6]); n <= store.MaxLowers {
@@ -121,12 +122,12 @@ func TestOneCollector(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gc(t, srv, svc, s, []string{"a3", "a6"})
+			trigger(t, srv, svc, s, []string{"a3", "a6"})
 			if got := live(s); !slices.Equal(got, []string{"a3", "a6"}) {
 				t.Fatalf("after GC with a3 pinned: the store holds %v, want [a3 a6]", got)
 			}
 			unpin()
-			gc(t, srv, svc, s, []string{"a6"})
+			trigger(t, srv, svc, s, []string{"a6"})
 			if got := live(s); !slices.Equal(got, []string{"a6"}) {
 				t.Fatalf("after GC with no pin: the store holds %v, want [a6]", got)
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/allocfs/allocfs/migrate"
 )
 
@@ -44,7 +45,7 @@ func newTestService(t *testing.T, configure ...func(*Config)) (*store.Store, *Se
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
-	cfg := Config{Logger: logger, Store: s, GC: store.DefaultGCConfig(), MountDir: testMount}
+	cfg := Config{Logger: logger, Store: s, GC: gc.DefaultConfig(), MountDir: testMount}
 	for _, fn := range configure {
 		fn(&cfg)
 	}

@@ -11,13 +11,14 @@ import (
 	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/migrate"
 )
 
 // create makes the allocation a request asks for and, when it names a
 // previous allocation, decides what happens to that one's data and logs
 // the decision in one line: remapped, sealed, or skipped and why.
-func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks []allocdir.Task, progress func(api.ProgressEvent)) (*store.State, error) {
+func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks []allocdir.Task, progress func(api.ProgressEvent)) (*record.State, error) {
 	policy, err := migrate.ParsePolicy(req.Migrate)
 	if err != nil {
 		return nil, api.Kind(api.ErrBadRequest, err)
@@ -74,7 +75,7 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 
 // logMigration writes the one line that records a local migration, with
 // what the handed-over layers hold.
-func (s *Service) logMigration(st *store.State, prev string, mode migrate.Mode, volumes int, elapsed time.Duration) {
+func (s *Service) logMigration(st *record.State, prev string, mode migrate.Mode, volumes int, elapsed time.Duration) {
 	var bytes, files int64
 	for key, v := range st.Volumes {
 		if key == "alloc/logs" || key == "alloc/tmp" {
@@ -101,7 +102,7 @@ func (s *Service) logMigration(st *store.State, prev string, mode migrate.Mode, 
 // node into staging, checked and complete, then creates the new
 // allocation on it; on any failure nothing is left in staging or in the
 // store.
-func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, tasks []allocdir.Task, progress func(api.ProgressEvent)) (*store.State, error) {
+func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, tasks []allocdir.Task, progress func(api.ProgressEvent)) (*record.State, error) {
 	if _, err := s.store.Get(req.ID); err == nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", req.ID, store.ErrExists)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
@@ -74,7 +75,7 @@ func TestNomadClientCollectsAnAllocation(t *testing.T) {
 func TestMountAllocationsAreNomads(t *testing.T) {
 	s, svc, _ := newTestService(t)
 	ctx := context.Background()
-	if _, err := s.CreateFromMount("nomads", store.DirAttr{Mode: 0o755}); err != nil {
+	if _, err := s.CreateFromMount("nomads", record.DirAttr{Mode: 0o755}); err != nil {
 		t.Fatal(err)
 	}
 	for verb, call := range map[string]func() error{

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
@@ -82,7 +83,7 @@ func (n *NomadSizes) Resume() {
 		return
 	}
 	for _, st := range n.store.List() {
-		if st.Origin == store.OriginMount && st.Status == store.StatusRunning && (st.Disk == nil || st.Disk.From != store.FromNomad) {
+		if st.Origin == record.OriginMount && st.Status == record.StatusRunning && (st.Disk == nil || st.Disk.From != record.FromNomad) {
 			n.Created(st.ID)
 		}
 	}
@@ -131,7 +132,7 @@ func (n *NomadSizes) size(id string) {
 		n.logger.Info("Nomad gives the allocation no disk size; it keeps the node's default limit", "alloc_id", id)
 		return
 	}
-	if _, err := n.store.SetLimit(id, store.Limit{Bytes: mb << 20}, store.FromNomad); err != nil {
+	if _, err := n.store.SetLimit(id, record.Limit{Bytes: mb << 20}, record.FromNomad); err != nil {
 		n.logger.Warn("failed to set the size Nomad gives an allocation", "alloc_id", id, "disk_mb", mb, "error", err)
 		return
 	}

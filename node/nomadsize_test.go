@@ -12,6 +12,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
@@ -69,7 +70,7 @@ func waitLimit(t *testing.T, s *store.Store, id string, want int64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Disk != nil && st.Disk.Bytes == want && st.Disk.From == store.FromNomad {
+		if st.Disk != nil && st.Disk.Bytes == want && st.Disk.From == record.FromNomad {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -87,7 +88,7 @@ func waitLimit(t *testing.T, s *store.Store, id string, want int64) {
 func TestNomadSizes(t *testing.T) {
 	img := fstest.Image(t, "btrfs", 300, "")
 	logger := testLogger(t)
-	s, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: store.Limit{Bytes: 8 << 20}})
+	s, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,19 +105,19 @@ func TestNomadSizes(t *testing.T) {
 	t.Cleanup(sizes.Close)
 
 	for _, id := range []string{"a1", "unknown"} {
-		if _, err := s.CreateFromMount(id, store.DirAttr{Mode: 0o755}); err != nil {
+		if _, err := s.CreateFromMount(id, record.DirAttr{Mode: 0o755}); err != nil {
 			t.Fatal(err)
 		}
 		sizes.Created(id)
 	}
 	waitLimit(t, s, "a1", 300<<20)
 	sizes.Close()
-	if st, _ := s.Get("unknown"); st.Disk == nil || st.Disk.Bytes != 8<<20 || st.Disk.From != store.FromDefault {
+	if st, _ := s.Get("unknown"); st.Disk == nil || st.Disk.Bytes != 8<<20 || st.Disk.From != record.FromDefault {
 		t.Fatalf("an allocation Nomad does not know: %+v, want the default", st.Disk)
 	}
 
 	// A restart: a3 was made while no daemon asked.
-	if _, err := s.CreateFromMount("a3", store.DirAttr{Mode: 0o755}); err != nil {
+	if _, err := s.CreateFromMount("a3", record.DirAttr{Mode: 0o755}); err != nil {
 		t.Fatal(err)
 	}
 	again, err := NewNomadSizes(logger, s, cfg)

@@ -10,6 +10,8 @@ import (
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 func sizedBody(id string, diskMB int64, prev, policy, mode string) string {
@@ -44,12 +46,12 @@ func TestDiskLimitRefusedWhereUnenforceable(t *testing.T) {
 func TestDiskLimitThroughTheAPI(t *testing.T) {
 	img := fstest.Image(t, "btrfs", 300, "")
 	logger := testLogger(t)
-	backend, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: store.Limit{Bytes: 8 << 20}})
+	backend, err := store.OpenWith(logger, filepath.Join(img, "data"), store.Options{Quotas: true, DefaultLimit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { backend.Close() })
-	svc := New(Config{Logger: logger, Store: backend, GC: store.DefaultGCConfig(), MountDir: testMount})
+	svc := New(Config{Logger: logger, Store: backend, GC: gc.DefaultConfig(), MountDir: testMount})
 	t.Cleanup(svc.Wait)
 	s := api.NewServer(logger, svc)
 

@@ -15,6 +15,8 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
 )
@@ -26,7 +28,7 @@ type Config struct {
 	Store *store.Store
 	// GC is the collector's triggers; GC.Interval 0 turns the timer off
 	// (explicit collections still run).
-	GC store.GCConfig
+	GC gc.Config
 	// MountDir is where the mount shows allocations: <MountDir>/<id>.
 	MountDir string
 	// Passthrough reports whether the mount serves file data by
@@ -48,7 +50,7 @@ type Config struct {
 type Service struct {
 	logger    hclog.Logger
 	store     *store.Store
-	collector *store.Collector
+	collector *gc.Collector
 	cfg       Config
 	// background is work a request started and did not wait for (the
 	// migration log line); Wait waits for it.
@@ -71,7 +73,7 @@ func New(cfg Config) *Service {
 	return &Service{
 		logger:    logger,
 		store:     cfg.Store,
-		collector: store.NewCollector(logger, cfg.Store, cfg.GC),
+		collector: gc.NewCollector(logger, cfg.Store, cfg.GC),
 		cfg:       cfg,
 	}
 }
@@ -193,7 +195,7 @@ func (s *Service) notNomads(id, verb string) error {
 	if err != nil {
 		return classify(err)
 	}
-	if st.Origin == store.OriginMount {
+	if st.Origin == record.OriginMount {
 		return classify(fmt.Errorf("cannot %s allocation %q: %w by Nomad's client, which removes it itself when it collects it", verb, id, store.ErrOwnedByMount))
 	}
 	return nil

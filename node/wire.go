@@ -9,11 +9,12 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/migrate"
 )
 
 // wireAlloc is the control API's view of a record.
-func wireAlloc(st *store.State) *api.Alloc {
+func wireAlloc(st *record.State) *api.Alloc {
 	a := &api.Alloc{
 		ID:         st.ID,
 		Tasks:      make([]api.Task, 0, len(st.Tasks)),
@@ -55,7 +56,7 @@ func classify(err error) error {
 	case errors.Is(err, allocdir.ErrArchive), errors.Is(err, migrate.ErrIntegrity),
 		errors.Is(err, migrate.ErrDeadline), errors.Is(err, migrate.ErrTooSlow), upstream(err):
 		return api.Kind(api.ErrUpstream, err)
-	case errors.Is(err, store.ErrNoTasks), errors.Is(err, store.ErrNoQuota), errors.Is(err, store.ErrBadLimit):
+	case errors.Is(err, store.ErrNoTasks), errors.Is(err, store.ErrNoQuota), errors.Is(err, record.ErrBadLimit):
 		return api.Kind(api.ErrBadRequest, err)
 	case errors.Is(err, store.ErrTooBig):
 		return api.Kind(api.ErrConflict, err)
@@ -114,8 +115,8 @@ func layerUsage(dir string) (api.LayerUsage, error) {
 const maxDiskMB = 1 << 40
 
 // limitOf is the disk limit a request asks for.
-func limitOf(req api.CreateAllocRequest) store.Limit {
-	return store.Limit{Bytes: req.DiskMB << 20, Inodes: req.DiskInodes}
+func limitOf(req api.CreateAllocRequest) record.Limit {
+	return record.Limit{Bytes: req.DiskMB << 20, Inodes: req.DiskInodes}
 }
 
 // quotaStatus says what the store's data dir enforces.

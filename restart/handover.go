@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/lock"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -46,18 +48,18 @@ const (
 // and returns the store, opened with opts, once this process holds the
 // lock.
 func TakeOverRunning(logger hclog.Logger, dataDir string, opts store.Options) (*store.Store, error) {
-	pid, mount, err := store.LockHolder(dataDir)
+	pid, mount, err := lock.Holder(dataDir)
 	if err != nil {
 		return nil, err
 	}
 	if pid == 0 {
-		return nil, fmt.Errorf("%w (its PID unknown): it cannot be asked to hand over", store.ErrLocked)
+		return nil, fmt.Errorf("%w (its PID unknown): it cannot be asked to hand over", lock.ErrLocked)
 	}
 	// Whether it can be taken over at all comes first: a refusal leaves
 	// the running daemon serving.
 	version, _, err := AskHolder(HolderSocket(dataDir), "version")
 	if err != nil {
-		return nil, fmt.Errorf("%w (pid %d): it keeps no holder of its mount, so it cannot hand over; stop it first", store.ErrLocked, pid)
+		return nil, fmt.Errorf("%w (pid %d): it keeps no holder of its mount, so it cannot hand over; stop it first", lock.ErrLocked, pid)
 	}
 	if ProtocolOf(version) == 0 {
 		return nil, fmt.Errorf("allocfs (pid %d) keeps serving: its holder speaks %q, this allocfs %q and earlier", pid, version, Version(Protocol))
@@ -88,15 +90,15 @@ func TakeOverRunning(logger hclog.Logger, dataDir string, opts store.Options) (*
 			}
 			return s, nil
 		}
-		if !errors.Is(err, store.ErrLocked) {
+		if !errors.Is(err, lock.ErrLocked) {
 			return nil, err
 		}
 		if reason, rerr := os.ReadFile(refusalPath(dataDir)); rerr == nil {
 			os.Remove(refusalPath(dataDir))
 			return nil, fmt.Errorf("allocfs (pid %d) keeps serving: it refused to hand over: %s", pid, reason)
 		}
-		if p, _, _ := store.LockHolder(dataDir); p != 0 && p != pid {
-			return nil, fmt.Errorf("%w: another serve (pid %d) took the mount over first", store.ErrLocked, p)
+		if p, _, _ := lock.Holder(dataDir); p != 0 && p != pid {
+			return nil, fmt.Errorf("%w: another serve (pid %d) took the mount over first", lock.ErrLocked, p)
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("allocfs (pid %d) did not hand its mount over within %v", pid, handOverTimeout)
@@ -139,7 +141,7 @@ func CheckHeld(dataDir, mountDir string, fd int, keeper string) error {
 // may hold files in the mount.
 func AnyRunning(s *store.Store) bool {
 	for _, st := range s.List() {
-		if st.Status == store.StatusRunning {
+		if st.Status == record.StatusRunning {
 			return true
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -45,7 +46,7 @@ func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServ
 // serveA1 serves allocation a1 (task web) of a fresh store, without a
 // mount, through a handler that logs to logger; wrap, if set, stands
 // between the handler and the allocation's read side.
-func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *store.Store, *store.State, allocdir.FS, *Handler) {
+func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *store.Store, *record.State, allocdir.FS, *Handler) {
 	t.Helper()
 	store, err := store.Open(hclog.NewNullLogger(), t.TempDir())
 	if err != nil {

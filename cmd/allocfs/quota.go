@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/spf13/pflag"
 )
 
@@ -26,7 +28,7 @@ func addQuotaFlags(fset *pflag.FlagSet, q *quotaArgs) {
 	fset.Int64Var(&q.defaultDiskMB, "default-disk-mb", 0, "disk limit, in `MiB`, of an allocation that asks for none (Nomad's ephemeral_disk.size); 0: none. Needs --enable-quotas on a data dir that can enforce it: serve refuses to start otherwise")
 	fset.StringVar(&q.nomadAddr, "nomad-addr", "", "`address` of the Nomad agent (http://127.0.0.1:4646): each allocation Nomad's client makes through the mount gets its task group's ephemeral_disk.size as its disk limit, read from Nomad's API (TLS from the NOMAD_CACERT, NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY variables)")
 	fset.StringVar(&q.nomadTokenFile, "nomad-token-file", "", "`file` holding the ACL token (its secret ID) with which to read allocations from --nomad-addr")
-	fset.StringVar(&q.groups, "quota-groups", fmt.Sprintf("%d-%d", store.DefaultGroups[0], store.DefaultGroups[1]), "`range` of IDs allocfs may take for allocations' quota groups, btrfs level-1 qgroups or project IDs (FIRST-LAST); keep it clear of those the host numbers itself")
+	fset.StringVar(&q.groups, "quota-groups", fmt.Sprintf("%d-%d", quota.DefaultGroups[0], quota.DefaultGroups[1]), "`range` of IDs allocfs may take for allocations' quota groups, btrfs level-1 qgroups or project IDs (FIRST-LAST); keep it clear of those the host numbers itself")
 }
 
 // storeOptions turns the flags into the store's options.
@@ -51,6 +53,6 @@ func (q quotaArgs) storeOptions() (store.Options, error) {
 	}
 	opts.Quotas = q.enable
 	opts.Groups = [2]uint64{a, b}
-	opts.DefaultLimit = store.Limit{Bytes: q.defaultDiskMB << 20}
+	opts.DefaultLimit = record.Limit{Bytes: q.defaultDiskMB << 20}
 	return opts, nil
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/allocfs/allocfs/daemon"
 	"github.com/allocfs/allocfs/fs"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/gc"
 	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/restart"
 	"github.com/hashicorp/go-hclog"
@@ -36,7 +36,7 @@ type serveArgs struct {
 	logJSON, debugFuse, fuseIOUring bool
 	liveRestart, allowNonEmpty      bool
 	node                            daemon.NodeConfig
-	gc                              store.GCConfig
+	gc                              gc.Config
 	metricsUsageInterval            time.Duration
 	chrootEnv                       []string
 	quota                           quotaArgs
@@ -54,7 +54,7 @@ SIGHUP reloads: --config's file is read again, and with it the log level,
 the token files and the TLS files take effect (a rotated certificate or
 token needs nothing more). Other flags take effect at the next start; a
 reload that changes them says so in the log.`)
-	a.gc = store.DefaultGCConfig()
+	a.gc = gc.DefaultConfig()
 	fset.StringVar(&a.configFile, "config", "", "`file` of flags, one per line (--log-level=debug; # starts a comment), read before the command line, whose flags win; SIGHUP reads it again")
 	fset.StringVar(&a.dataDir, "data-dir", defaultDataDir, "backing `directory`: every byte of every allocation lives here")
 	fset.StringVar(&a.mountDir, "mount", "", "mount `point` (default <data-dir>/mnt)")

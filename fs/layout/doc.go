@@ -13,6 +13,6 @@
 //
 // Any other name of a task directory is an entry of the task's own
 // volume. The layout is computed from the allocation's record
-// (store.State) alone: a volume the record no longer has, or a directory
+// (record.State) alone: a volume the record no longer has, or a directory
 // it says is gone, is no child.
 package layout

@@ -5,7 +5,7 @@ import (
 	"sort"
 
 	"github.com/allocfs/allocfs/allocdir"
-	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // Kind is what a directory of the layout is.
@@ -24,7 +24,7 @@ const (
 // Place is a directory of the layout.
 type Place struct {
 	Kind Kind
-	// Key is the volume of Volume and Task (store.State.Volumes).
+	// Key is the volume of Volume and Task (record.State.Volumes).
 	Key string
 	// View is the slot view of Shared and Volume (the tree's identity.go).
 	View uint64
@@ -43,11 +43,11 @@ var TaskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocd
 // directory removed through the mount (a volume st has no more, a
 // directory st.Gone names) is no such name, as after an rmdir on a local
 // filesystem; a task's reserved names are never entries of its volume.
-func Child(st *store.State, parent Place, name string) Place {
+func Child(st *record.State, parent Place, name string) Place {
 	switch parent.Kind {
 	case Alloc:
 		if name == allocdir.SharedAllocName {
-			if st.IsGone(store.DirShared) {
+			if st.IsGone(record.DirShared) {
 				return Place{}
 			}
 			return Place{Kind: Shared}
@@ -88,7 +88,7 @@ func Child(st *store.State, parent Place, name string) Place {
 
 // Names are the layout children of parent that st has, sorted; a
 // task directory shows its volume's entries besides them.
-func Names(st *store.State, parent Place) []string {
+func Names(st *record.State, parent Place) []string {
 	var names []string
 	switch parent.Kind {
 	case Alloc:

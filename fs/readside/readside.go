@@ -16,6 +16,7 @@ import (
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/layout"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,7 +27,7 @@ import (
 type FS struct {
 	store *store.Store
 	mount Mount
-	st    *store.State
+	st    *record.State
 	// volumes holds each volume's ReadFS, with its layers' fds open, for
 	// the whole operation: the resolver looks at a path one component at
 	// a time.
@@ -36,7 +37,7 @@ type FS struct {
 
 // New returns the read side of allocation st of s; m is the mount the
 // allocation is shown in, nil for none.
-func New(s *store.Store, m Mount, st *store.State) *FS {
+func New(s *store.Store, m Mount, st *record.State) *FS {
 	return &FS{store: s, mount: m, st: st}
 }
 
@@ -45,7 +46,7 @@ func New(s *store.Store, m Mount, st *store.State) *FS {
 type Mount interface {
 	// HostLayer is the host layer shown below the task directory's
 	// volume key of st, nil for none.
-	HostLayer(st *store.State, key string) *layer.HostLayer
+	HostLayer(st *record.State, key string) *layer.HostLayer
 	// MemoryRoot opens the root of the memory volume name of task in
 	// allocation id, or returns -1 when the mount has not made it.
 	MemoryRoot(id, task, name string) (int, error)

@@ -5,17 +5,18 @@ import (
 	"fmt"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // Create records a new allocation with one fresh layer per volume:
 // alloc/data, alloc/logs and alloc/tmp, and each task's local/ and tmp/.
 // It either succeeds completely or leaves nothing behind: no layer, no
 // state file, no entry.
-func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
+func (s *Store) Create(id string, tasks []allocdir.Task) (*record.State, error) {
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
-	return s.create(id, tasks, Limit{})
+	return s.create(id, tasks, record.Limit{})
 }
 
 // CreateSized is Create of an allocation with disk limit lim: its
@@ -23,7 +24,7 @@ func (s *Store) Create(id string, tasks []allocdir.Task) (*State, error) {
 // EDQUOT. A zero lim gives the store's default (Options.DefaultLimit).
 // A store whose data dir cannot enforce a limit refuses one
 // (ErrNoQuota).
-func (s *Store) CreateSized(id string, tasks []allocdir.Task, lim Limit) (*State, error) {
+func (s *Store) CreateSized(id string, tasks []allocdir.Task, lim record.Limit) (*record.State, error) {
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
@@ -33,15 +34,15 @@ func (s *Store) CreateSized(id string, tasks []allocdir.Task, lim Limit) (*State
 // Build makes sure allocation id exists, creating it with its alloc-level
 // volumes and no tasks if it does not: the allocdir contract builds an
 // allocation before its tasks. An existing allocation is returned as is.
-func (s *Store) Build(id string) (*State, error) {
-	st, err := s.create(id, nil, Limit{})
+func (s *Store) Build(id string) (*record.State, error) {
+	st, err := s.create(id, nil, record.Limit{})
 	if errors.Is(err, ErrExists) {
 		return s.Get(id)
 	}
 	return st, err
 }
 
-func (s *Store) create(id string, tasks []allocdir.Task, lim Limit) (*State, error) {
+func (s *Store) create(id string, tasks []allocdir.Task, lim record.Limit) (*record.State, error) {
 	st, err := s.newState(id, tasks)
 	if err != nil {
 		return nil, err
@@ -56,7 +57,7 @@ func (s *Store) create(id string, tasks []allocdir.Task, lim Limit) (*State, err
 	}
 	fresh, err := s.freshVolumes(st)
 	if err == nil {
-		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})
+		err = s.change(&intent{Op: "create", Records: map[string]*record.State{id: st}, Fresh: fresh})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh)))
@@ -69,8 +70,8 @@ func (s *Store) create(id string, tasks []allocdir.Task, lim Limit) (*State, err
 // its local/ and tmp/, or updates the secrets size and user of a task it
 // already has. Adding a task that is there already is not an error:
 // drivers register tasks again after a restart.
-func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
-	if err := validTaskName(task.Name); err != nil {
+func (s *Store) EnsureTask(id string, task allocdir.Task) (*record.State, error) {
+	if err := record.ValidTaskName(task.Name); err != nil {
 		return nil, fmt.Errorf("failed to add task to allocation %q: %w", id, err)
 	}
 	s.writeMu.Lock()
@@ -91,9 +92,9 @@ func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 	}
 	// A volume may be missing for a task that is already recorded, if a
 	// record was edited by hand: give it a fresh layer rather than fail.
-	var specs []volumeSpec
-	for _, v := range taskVolumes(task.Name) {
-		if st.Volumes[v.key] == nil {
+	var specs []record.VolumeSpec
+	for _, v := range record.TaskVolumes(task.Name) {
+		if st.Volumes[v.Key] == nil {
 			specs = append(specs, v)
 		}
 	}
@@ -110,7 +111,7 @@ func (s *Store) EnsureTask(id string, task allocdir.Task) (*State, error) {
 // commitWithLayers creates a fresh upper layer for each spec, records them
 // in st, and journals st as one change. On failure it removes the layers
 // it created and leaves the store as it was. The caller holds writeMu.
-func (s *Store) commitWithLayers(op string, st *State, specs []volumeSpec) (err error) {
+func (s *Store) commitWithLayers(op string, st *record.State, specs []record.VolumeSpec) (err error) {
 	var fresh []freshLayer
 	defer func() {
 		if err != nil {
@@ -120,24 +121,24 @@ func (s *Store) commitWithLayers(op string, st *State, specs []volumeSpec) (err 
 	for _, spec := range specs {
 		var f freshLayer
 		var err error
-		if spec.owner != nil {
-			f, err = s.newLayerOwned(spec.mode, "", spec.owner.UID, spec.owner.GID)
+		if spec.Owner != nil {
+			f, err = s.newLayerOwned(spec.Mode, "", spec.Owner.UID, spec.Owner.GID)
 		} else {
-			f, err = s.newLayer(spec.mode, "")
+			f, err = s.newLayer(spec.Mode, "")
 		}
 		if err != nil {
-			return fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
+			return fmt.Errorf("failed to create layer for %s: %w", spec.Key, err)
 		}
 		fresh = append(fresh, f)
-		st.Volumes[spec.key] = &Volume{Upper: f.ID}
+		st.Volumes[spec.Key] = &record.Volume{Upper: f.ID}
 	}
-	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}, Fresh: fresh})
+	return s.change(&intent{Op: op, Records: map[string]*record.State{st.ID: st}, Fresh: fresh})
 }
 
 // commit journals st as the new record of its allocation. The caller holds
 // writeMu and no longer touches st.
-func (s *Store) commit(op string, st *State) error {
-	return s.change(&intent{Op: op, Records: map[string]*State{st.ID: st}})
+func (s *Store) commit(op string, st *record.State) error {
+	return s.change(&intent{Op: op, Records: map[string]*record.State{st.ID: st}})
 }
 
 // Update applies fn to a copy of the record of id and, if fn returns nil
@@ -147,7 +148,7 @@ func (s *Store) commit(op string, st *State) error {
 //
 // fn runs while other changes wait, so it must be quick and must not call
 // Create, EnsureTask, Update or Destroy (Get and List are fine).
-func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
+func (s *Store) Update(id string, fn func(*record.State) error) (*record.State, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	edit, err := s.Get(id)
@@ -162,11 +163,11 @@ func (s *Store) Update(id string, fn func(*State) error) (*State, error) {
 	if st.ID != id {
 		return nil, fmt.Errorf("failed to update allocation %q: the ID cannot change (got %q)", id, st.ID)
 	}
-	st.normalize()
-	if err := st.validate(); err != nil {
+	st.Normalize()
+	if err := st.Validate(); err != nil {
 		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
-	for _, l := range sortedKeys(st.layerIDs()) {
+	for _, l := range sortedKeys(st.LayerIDs()) {
 		s.mu.RLock()
 		_, dying := s.dying[l]
 		s.mu.RUnlock()
@@ -205,12 +206,12 @@ func (s *Store) Destroy(id string) error {
 		s.writeMu.Unlock()
 		return fmt.Errorf("failed to destroy allocation %q (%d readers): %w", id, pins, ErrPinned)
 	}
-	if err := s.change(&intent{Op: "destroy", Records: map[string]*State{id: nil}}); err != nil {
+	if err := s.change(&intent{Op: "destroy", Records: map[string]*record.State{id: nil}}); err != nil {
 		s.writeMu.Unlock()
 		return fmt.Errorf("failed to destroy allocation %q: %w", id, err)
 	}
 	s.mu.Lock()
-	owned := s.claimLocked(sortedKeys(st.allLayerIDs()))
+	owned := s.claimLocked(sortedKeys(st.AllLayerIDs()))
 	s.mu.Unlock()
 	// Others may change the store while the trees are deleted: the layers
 	// are no longer referenced and dying keeps them from being reused.
@@ -222,4 +223,35 @@ func (s *Store) Destroy(id string) error {
 		return fmt.Errorf("allocation %q destroyed; its layers are left for the collector: %w", id, err)
 	}
 	return nil
+}
+
+// Pin keeps allocation id from being destroyed until the returned func
+// is called: a migration streaming its snapshot holds one.
+func (s *Store) Pin(id string) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.lookup(id); err != nil {
+		return nil, err
+	}
+	s.pins[id]++
+	released := false
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if released {
+			return
+		}
+		released = true
+		if s.pins[id]--; s.pins[id] <= 0 {
+			delete(s.pins, id)
+		}
+	}, nil
+}
+
+// Pinned reports whether something that must finish first (a migration
+// streaming a snapshot) keeps allocation id from being destroyed.
+func (s *Store) Pinned(id string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pins[id] > 0
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // TestStoreUpdate checks that an update is persisted, and that a failing
@@ -29,19 +30,19 @@ func TestStoreUpdate(t *testing.T) {
 	if err := os.Mkdir(s.LayerPath(lower), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Update("x", func(st *State) error {
-		st.Status = StatusTerminal
+	got, err := s.Update("x", func(st *record.State) error {
+		st.Status = record.StatusTerminal
 		st.Volumes["alloc/data"].Lowers = []string{lower}
 		return nil
 	})
 	if err != nil {
 		t.Fatalf("Update: %v", err)
 	}
-	if got.Status != StatusTerminal || !reflect.DeepEqual(got.Volumes["alloc/data"].Lowers, []string{lower}) {
+	if got.Status != record.StatusTerminal || !reflect.DeepEqual(got.Volumes["alloc/data"].Lowers, []string{lower}) {
 		t.Errorf("Update: got %+v, want terminal with lower %s", got, lower)
 	}
-	if orig.Status != StatusRunning {
-		t.Errorf("Create's result changed by Update: got status %q, want %q", orig.Status, StatusRunning)
+	if orig.Status != record.StatusRunning {
+		t.Errorf("Create's result changed by Update: got status %q, want %q", orig.Status, record.StatusRunning)
 	}
 	want := got
 	reopened := restartView(t, s)
@@ -50,7 +51,7 @@ func TestStoreUpdate(t *testing.T) {
 	}
 
 	// Emptying the lowers is recorded as no lowers, in memory as on disk.
-	emptied, err := s.Update("x", func(st *State) error {
+	emptied, err := s.Update("x", func(st *record.State) error {
 		st.Volumes["alloc/data"].Lowers = []string{}
 		return nil
 	})
@@ -60,7 +61,7 @@ func TestStoreUpdate(t *testing.T) {
 	if got, _ := restartView(t, s).Get("x"); !reflect.DeepEqual(got, emptied) {
 		t.Errorf("after reopen: got %+v, want %+v", got, emptied)
 	}
-	if _, err := s.Update("x", func(st *State) error {
+	if _, err := s.Update("x", func(st *record.State) error {
 		st.Volumes["alloc/data"].Lowers = []string{lower}
 		return nil
 	}); err != nil {
@@ -74,32 +75,32 @@ func TestStoreUpdate(t *testing.T) {
 	errFn := errors.New("fn refused")
 	failures := []struct {
 		name string
-		fn   func(*State) error
+		fn   func(*record.State) error
 		want error // nil: any error
 	}{
-		{"fn fails", func(st *State) error {
-			st.Status = StatusRunning
-			st.Volumes["alloc/data"] = &Volume{Upper: lower}
+		{"fn fails", func(st *record.State) error {
+			st.Status = record.StatusRunning
+			st.Volumes["alloc/data"] = &record.Volume{Upper: lower}
 			st.Tasks = nil
 			return errFn
 		}, errFn},
-		{"missing layer", func(st *State) error {
+		{"missing layer", func(st *record.State) error {
 			st.Volumes["alloc/data"].Lowers = []string{"00000000000000bb"}
 			return nil
 		}, iofs.ErrNotExist},
-		{"id changed", func(st *State) error {
+		{"id changed", func(st *record.State) error {
 			st.ID = "y"
 			return nil
 		}, nil},
-		{"bad task", func(st *State) error {
+		{"bad task", func(st *record.State) error {
 			st.Tasks = append(st.Tasks, allocdir.Task{Name: "alloc"})
 			return nil
 		}, allocdir.ErrInvalidName},
-		{"bad layer ID", func(st *State) error {
+		{"bad layer ID", func(st *record.State) error {
 			st.Volumes["alloc/data"].Upper = "../../etc"
 			return nil
 		}, allocdir.ErrInvalidName},
-		{"bad status", func(st *State) error {
+		{"bad status", func(st *record.State) error {
 			st.Status = "paused"
 			return nil
 		}, nil},
@@ -118,8 +119,8 @@ func TestStoreUpdate(t *testing.T) {
 		}
 		return nil
 	})
-	_, err = s.Update("x", func(st *State) error {
-		st.Status = StatusRunning
+	_, err = s.Update("x", func(st *record.State) error {
+		st.Status = record.StatusRunning
 		return nil
 	})
 	if !errors.Is(err, syscall.ENOSPC) {
@@ -141,7 +142,7 @@ func TestStoreUpdate(t *testing.T) {
 		t.Errorf("state dir: got %v, want %v", got, want)
 	}
 
-	if _, err := s.Update("nope", func(*State) error { return nil }); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+	if _, err := s.Update("nope", func(*record.State) error { return nil }); !errors.Is(err, allocdir.ErrUnknownAlloc) {
 		t.Errorf("unknown: got %v, want %v", err, allocdir.ErrUnknownAlloc)
 	}
 }
@@ -158,9 +159,9 @@ func TestStoreClones(t *testing.T) {
 	st.Volumes["alloc/data"].Upper = "changed"
 	got, _ := s.Get("x")
 	got.Volumes["alloc/logs"].Lowers = append(got.Volumes["alloc/logs"].Lowers, "changed")
-	s.List()[0].Status = StatusTerminal
-	var kept *State
-	if _, err := s.Update("x", func(st *State) error {
+	s.List()[0].Status = record.StatusTerminal
+	var kept *record.State
+	if _, err := s.Update("x", func(st *record.State) error {
 		kept = st
 		return nil
 	}); err != nil {
@@ -183,7 +184,7 @@ func TestStoreDestroy(t *testing.T) {
 	a := mustCreate(t, s, "a", "web")
 	b := mustCreate(t, s, "b", "web")
 	shared := a.Volumes["alloc/data"].Upper
-	if _, err := s.Update("b", func(st *State) error {
+	if _, err := s.Update("b", func(st *record.State) error {
 		st.Volumes["alloc/data"].Lowers = []string{shared}
 		return nil
 	}); err != nil {
@@ -222,7 +223,7 @@ func TestStoreDestroy(t *testing.T) {
 	for name, call := range map[string]func() error{
 		"Destroy": func() error { return s.Destroy("a") },
 		"Get":     func() error { _, err := s.Get("a"); return err },
-		"Update":  func() error { _, err := s.Update("a", func(*State) error { return nil }); return err },
+		"Update":  func() error { _, err := s.Update("a", func(*record.State) error { return nil }); return err },
 		"EnsureTask": func() error {
 			_, err := s.EnsureTask("a", allocdir.Task{Name: "web"})
 			return err
@@ -294,7 +295,7 @@ func TestStoreDestroyKeepsGoing(t *testing.T) {
 		t.Errorf("Get: got %v, want %v", err, allocdir.ErrGone)
 	}
 	// Nobody may stack on a layer that is half deleted.
-	if _, err := s.Update("y", func(st *State) error {
+	if _, err := s.Update("y", func(st *record.State) error {
 		st.Volumes["alloc/data"].Lowers = []string{stuck}
 		return nil
 	}); err == nil {
@@ -409,7 +410,7 @@ func TestStoreConcurrent(t *testing.T) {
 				if _, err := s.EnsureTask(id, allocdir.Task{Name: "db"}); err != nil {
 					t.Error(err)
 				}
-				if _, err := s.Update(id, func(st *State) error { st.Status = StatusTerminal; return nil }); err != nil {
+				if _, err := s.Update(id, func(st *record.State) error { st.Status = record.StatusTerminal; return nil }); err != nil {
 					t.Error(err)
 				}
 				s.List()

@@ -29,7 +29,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/allocfs/allocfs/fs/fstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +36,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/lock"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/hashicorp/go-hclog"
@@ -105,7 +108,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 					d.steps, d.limit = 0, n
 					runErr := op.run(s)
 					// The process dies here: nothing it holds runs again.
-					must(t, s.lock.release())
+					must(t, s.lock.Release())
 					if power {
 						must(t, os.RemoveAll(dir))
 						if out, err := exec.Command("cp", "-a", d.image, dir).CombinedOutput(); err != nil {
@@ -152,7 +155,7 @@ func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where 
 	s, err := Open(hclog.NewNullLogger(), dir)
 	// A child another test forks inherits the dead store's lock until it
 	// execs; the lock is gone a moment later.
-	for i := 0; i < 100 && errors.Is(err, ErrLocked); i++ {
+	for i := 0; i < 100 && errors.Is(err, lock.ErrLocked); i++ {
 		time.Sleep(10 * time.Millisecond)
 		s, err = Open(hclog.NewNullLogger(), dir)
 	}
@@ -163,7 +166,7 @@ func restartAndCheck(t *testing.T, dir string, tplLayers map[string]bool, where 
 	writable := map[string]string{}
 	for _, st := range s.List() {
 		for key, v := range st.Volumes {
-			for _, l := range v.layers() {
+			for _, l := range v.Layers() {
 				if err := s.checkLayer(l); err != nil {
 					t.Errorf("%s: %s's %s stacks layer %s: %v", where, st.ID, key, l, err)
 				}
@@ -221,7 +224,7 @@ func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) strin
 		for _, a := range st.Dirs {
 			a.Atime, a.Mtime, a.Ctime = time.Time{}, time.Time{}, time.Time{}
 		}
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			v := st.Volumes[key]
 			v.Upper = name(v.Upper)
 			for i, l := range v.Lowers {
@@ -265,7 +268,7 @@ func volumeHas(s *Store, id, key, name string) bool {
 	if err != nil || st.Volumes[key] == nil {
 		return false
 	}
-	for _, l := range st.Volumes[key].layers() {
+	for _, l := range st.Volumes[key].Layers() {
 		if _, err := os.Lstat(filepath.Join(s.LayerPath(l), name)); err == nil {
 			return true
 		}
@@ -428,7 +431,7 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-alloc",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.CreateFromMount("n", DirAttr{Mode: 0o755})
+				_, err := s.CreateFromMount("n", record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
@@ -436,14 +439,14 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.AddTask("a", "db", 0o777, 0, 0, DirAttr{Mode: 0o755})
+				_, err := s.AddTask("a", "db", 0o777, 0, 0, record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
 		{
 			name:  "mount-rmdir-volume",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &DirAttr{Mode: 0o777}) },
+			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &record.DirAttr{Mode: 0o777}) },
 		},
 		{
 			name: "mount-mkdir-volume",
@@ -459,13 +462,13 @@ func crashOps() []crashOp {
 		{
 			name:  "mount-rmdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropTask("a", "web", DirAttr{Mode: 0o755}) },
+			run:   func(s *Store) error { return s.DropTask("a", "web", record.DirAttr{Mode: 0o755}) },
 		},
 		{
 			name:  "mount-rmdir-shared",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.SetGone("a", DirShared, true, &DirAttr{Mode: 0o755})
+				_, err := s.SetGone("a", record.DirShared, true, &record.DirAttr{Mode: 0o755})
 				return err
 			},
 		},
@@ -473,7 +476,7 @@ func crashOps() []crashOp {
 			name:  "mount-chmod",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.SetDirAttr("a", DirShared, DirAttr{Mode: 0o777}, func(a *DirAttr) { a.Mode = 0o751 })
+				_, err := s.SetDirAttr("a", record.DirShared, record.DirAttr{Mode: 0o777}, func(a *record.DirAttr) { a.Mode = 0o751 })
 				return err
 			},
 		},
@@ -513,14 +516,19 @@ func crashOps() []crashOp {
 		{
 			// One terminal allocation beside a running one: a pass of
 			// several is several changes, each as atomic as this one.
+			// run asks of the store what a pass of the collector
+			// (package gc) asks: the terminal one destroyed, then the
+			// sweep, the flatten and the settle of the limits.
 			name: "gc",
 			setup: func(t *testing.T, s *Store) {
 				stoppedWithData(false)(t, s)
 				mustCreate(t, s, "c", "web")
 			},
 			run: func(s *Store) error {
-				_, err := NewCollector(hclog.NewNullLogger(), s, DefaultGCConfig()).CollectAll("test")
-				return err
+				err := s.Destroy("a")
+				_, serr := s.Sweep()
+				_, ferr := s.Flatten()
+				return errors.Join(err, serr, ferr, s.Resettle())
 			},
 		},
 		{

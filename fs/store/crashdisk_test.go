@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store/disk"
 )
 
 // errDead is the failure of every step from the one a crash falls on.
@@ -20,7 +21,7 @@ var errDead = errors.New("crashed here")
 // never dies), which fails with every later one. With power set it keeps,
 // in image, what a power cut at the current instant would leave.
 type crashDisk struct {
-	OSDisk
+	disk.OS
 	t       *testing.T
 	dataDir string
 	limit   int
@@ -114,28 +115,28 @@ func (d *crashDisk) Mkdir(p string, mode uint32) error {
 	if err := d.step("mkdir", p); err != nil {
 		return err
 	}
-	return d.OSDisk.Mkdir(p, mode)
+	return d.OS.Mkdir(p, mode)
 }
 
 func (d *crashDisk) Lchown(p string, uid, gid int) error {
 	if err := d.step("lchown", p); err != nil {
 		return err
 	}
-	return d.OSDisk.Lchown(p, uid, gid)
+	return d.OS.Lchown(p, uid, gid)
 }
 
 func (d *crashDisk) Chmod(p string, mode uint32) error {
 	if err := d.step("chmod", p); err != nil {
 		return err
 	}
-	return d.OSDisk.Chmod(p, mode)
+	return d.OS.Chmod(p, mode)
 }
 
 func (d *crashDisk) WriteFile(p string, data []byte, mode uint32) error {
 	if err := d.step("writeFile", p); err != nil {
 		return err
 	}
-	err := d.OSDisk.WriteFile(p, data, mode)
+	err := d.OS.WriteFile(p, data, mode)
 	d.wrote(p)
 	return err
 }
@@ -148,7 +149,7 @@ func (d *crashDisk) AppendFile(p string, data []byte) error {
 		cur, _ := os.ReadFile(p)
 		d.durable[ino] = cur
 	}
-	err := d.OSDisk.AppendFile(p, data)
+	err := d.OS.AppendFile(p, data)
 	d.wrote(p)
 	return err
 }
@@ -160,14 +161,14 @@ func (d *crashDisk) Truncate(p string, size int64) error {
 	if ino, ok := inode(p); ok && d.dirty[ino] && int64(len(d.durable[ino])) > size {
 		d.durable[ino] = d.durable[ino][:size]
 	}
-	return d.OSDisk.Truncate(p, size)
+	return d.OS.Truncate(p, size)
 }
 
 func (d *crashDisk) Fsync(p string) error {
 	if err := d.step("fsync", p); err != nil {
 		return err
 	}
-	if err := d.OSDisk.Fsync(p); err != nil {
+	if err := d.OS.Fsync(p); err != nil {
 		return err
 	}
 	if ino, ok := inode(p); ok {
@@ -182,7 +183,7 @@ func (d *crashDisk) Syncfs(p string) error {
 	if err := d.step("syncfs", p); err != nil {
 		return err
 	}
-	if err := d.OSDisk.Syncfs(p); err != nil {
+	if err := d.OS.Syncfs(p); err != nil {
 		return err
 	}
 	d.dirty = make(map[uint64]bool)
@@ -195,33 +196,33 @@ func (d *crashDisk) Rename(oldpath, newpath string, flags uint) error {
 	if err := d.step("rename", newpath); err != nil {
 		return err
 	}
-	return d.OSDisk.Rename(oldpath, newpath, flags)
+	return d.OS.Rename(oldpath, newpath, flags)
 }
 
 func (d *crashDisk) MkdirAt(l layer.Loc, mode uint32) error {
 	if err := d.step("mkdir", l.String()); err != nil {
 		return err
 	}
-	return d.OSDisk.MkdirAt(l, mode)
+	return d.OS.MkdirAt(l, mode)
 }
 
 func (d *crashDisk) LinkAt(from, to layer.Loc) error {
 	if err := d.step("link", to.String()); err != nil {
 		return err
 	}
-	return d.OSDisk.LinkAt(from, to)
+	return d.OS.LinkAt(from, to)
 }
 
 func (d *crashDisk) Remove(p string) error {
 	if err := d.step("remove", p); err != nil {
 		return err
 	}
-	return d.OSDisk.Remove(p)
+	return d.OS.Remove(p)
 }
 
 func (d *crashDisk) RemoveAll(p string) error {
 	if err := d.step("removeAll", p); err != nil {
 		return err
 	}
-	return d.OSDisk.RemoveAll(p)
+	return d.OS.RemoveAll(p)
 }

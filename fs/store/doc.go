@@ -4,6 +4,13 @@
 // what it records, and the layer format (package layer) says what a
 // layer's entries mean.
 //
+// Its own job is to change records and layers crash-atomically; the rest
+// is in packages of one job each: record (what a record holds, and when
+// it is valid), disk (the steps a crash can fall between), lock (one
+// store per data dir), frame (the journal's framing), quota (what makes
+// the kernel enforce disk limits) and, above the store and through its
+// exported methods only, gc (what to destroy, and when).
+//
 // # Layout on disk
 //
 // All bytes live as plain files under the data directory:
@@ -40,8 +47,9 @@
 // instant the daemon dies at, the next Open replays the journal and
 // shows the state before or after, never a data layer writable under two
 // allocations. Every step that changes the data dir goes through one
-// small interface, Disk, which OpenWith takes: tests pass one that kills
-// the store at each step, or drops what a power cut would (crash_test.go).
+// small interface, disk.Disk, which OpenWith takes: tests pass one that
+// kills the store at each step, or drops what a power cut would
+// (crash_test.go).
 //
 // A layer that no record names is an orphan: what a crash left between
 // making a layer and journaling the change that names it, a removal that
@@ -54,14 +62,15 @@
 // # Disk limits
 //
 // With Options.Quotas on a btrfs data dir, every new layer is a subvolume
-// and every allocation with a limit (State.Disk) a qgroup over the upper
-// layers of its volumes (quota_btrfs.go); on xfs or ext4 with project
-// quotas, a project whose ID its upper layers carry (quota_project.go).
-// Either way the kernel holds the allocation to its limit for every
-// write, the daemon's or passthrough's. After each intent is applied the
-// store settles the kernel's groups with the records; at open it settles
-// them all. Subvolumes number their inodes alike, so on btrfs each record
-// tags its layers (State.Tags) for the mount to tell their files apart.
+// and every allocation with a limit (record.State.Disk) a qgroup over the
+// upper layers of its volumes; on xfs or ext4 with project quotas, a
+// project whose ID its upper layers carry. Package quota holds both
+// mechanisms; the store decides when they act. Either way the kernel
+// holds the allocation to its limit for every write, the daemon's or
+// passthrough's. After each intent is applied the store settles the
+// kernel's groups with the records; at open it settles them all.
+// Subvolumes number their inodes alike, so on btrfs each record tags its
+// layers (record.State.Tags) for the mount to tell their files apart.
 // docs/design/quotas.md has the whole design.
 //
 // # Migration and collection
@@ -76,18 +85,19 @@
 // (CreateImported). Destroy only removes layers no other allocation
 // references, so layers stacked under a live allocation survive their
 // owner; Pin keeps an allocation whose snapshot is streaming from being
-// destroyed; the Collector, the node's only one (the timer and explicit
-// requests alike), destroys terminal allocations, oldest first, under
-// Nomad's GC triggers, then sweeps and flattens. An Observer
-// (SetObserver; package metrics is one) is told of every migration and
-// of every decision of the collector, reasons reduced to a fixed set
-// (GCReason) fit for a metric's label.
+// destroyed. The collector (package gc), the node's only one, decides
+// which terminal allocations to destroy and when, and asks the store to,
+// then to sweep and flatten: all through the store's exported methods,
+// since deciding is a policy of the node's and the store only makes
+// changes. An Observer (SetObserver; package metrics is one) is told of
+// every migration and of every decision of the collector, reasons
+// reduced to a fixed set (GCReason) fit for a metric's label.
 //
 // # Flattening
 //
 // Every snapshot migration stacks one more layer, and a lookup that misses
 // the upper layer costs one lstat per lower, so Flatten (run by the
-// Collector after each pass) merges adjacent lower layers of any volume
+// collector after each pass) merges adjacent lower layers of any volume
 // with more than MaxLowers of them. Two layers merge only when every
 // volume that references either stacks them the same way, which a stopped
 // previous allocation's frozen view (its sealed layer as a read-only
@@ -98,7 +108,7 @@
 // below it.
 // It is synced, renamed into layers/, and every record that stacked the
 // pair is switched to it in one intent, each retaining the pair
-// (State.Retained): a view the mount built before the switch keeps
+// (record.State.Retained): a view the mount built before the switch keeps
 // reading the pair's paths for as long as the kernel holds it. Once those
 // allocations are gone the pair is an orphan, and the sweep removes it.
 package store

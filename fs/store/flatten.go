@@ -8,11 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store/record"
 
 	"github.com/allocfs/allocfs/allocdir"
 )
@@ -60,7 +60,7 @@ type flattenPlan struct {
 // cloning would give the merged files new inode numbers under open
 // files. Such volumes keep their depth until their allocations go.
 func (s *Store) Flatten() (int, error) {
-	if s.quota != nil && s.quota.subvolumes() {
+	if s.quota != nil && s.quota.Subvolumes() {
 		return 0, nil
 	}
 	var errs []error
@@ -98,7 +98,7 @@ func (s *Store) nextPlan() (*flattenPlan, error) {
 	seen := make(map[[2]string]bool)
 	for _, id := range sortedKeys(allocSet(s.allocs)) {
 		st := s.allocs[id]
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			v := st.Volumes[key]
 			if v == nil || len(v.Lowers) <= MaxLowers {
 				continue
@@ -206,9 +206,9 @@ func (s *Store) mergeableLocked(upper, lower string) *flattenPlan {
 // frozenStack is the part of a volume's stack that nothing writes: its
 // lowers, and its upper too when the volume is frozen (a stopped previous
 // allocation keeps its sealed layer as a read-only upper).
-func frozenStack(v *Volume) []string {
+func frozenStack(v *record.Volume) []string {
 	if v.ReadOnly {
-		return v.layers()
+		return v.Layers()
 	}
 	return v.Lowers
 }
@@ -222,21 +222,12 @@ func indexOf(list []string, s string) int {
 	return -1
 }
 
-func allocSet(m map[string]*State) map[string]struct{} {
+func allocSet(m map[string]*record.State) map[string]struct{} {
 	out := make(map[string]struct{}, len(m))
 	for id := range m {
 		out[id] = struct{}{}
 	}
 	return out
-}
-
-func sortedVolumeKeys(st *State) []string {
-	keys := make([]string, 0, len(st.Volumes))
-	for k := range st.Volumes {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // flatten carries out one merge. The merged layer is built in staging
@@ -323,7 +314,7 @@ func (s *Store) switchLayers(p *flattenPlan, stage string) (string, []string, er
 	if now == nil || (now.through && !p.through) {
 		return "", nil, fmt.Errorf("failed to flatten layers %s and %s: %w", p.upper, p.lower, errFlattenRaced)
 	}
-	records := make(map[string]*State, len(now.allocs))
+	records := make(map[string]*record.State, len(now.allocs))
 	for _, id := range now.allocs {
 		st, err := s.Get(id)
 		if err != nil {
@@ -362,7 +353,7 @@ func (s *Store) switchLayers(p *flattenPlan, stage string) (string, []string, er
 }
 
 // replacePair puts merged in the place of upper stacked on lower.
-func replacePair(v *Volume, upper, lower, merged string) {
+func replacePair(v *record.Volume, upper, lower, merged string) {
 	if v.ReadOnly && v.Upper == upper && len(v.Lowers) > 0 && v.Lowers[0] == lower {
 		v.Upper = merged
 		v.Lowers = v.Lowers[1:]
@@ -376,7 +367,7 @@ func replacePair(v *Volume, upper, lower, merged string) {
 
 // retiredFile is where an earlier version of allocfs recorded the layers a
 // flatten replaced. Its layers are now retained by the allocations that
-// stacked them (State.Retained); adoptRetiredFile moves them there.
+// stacked them (record.State.Retained); adoptRetiredFile moves them there.
 const retiredFile = "retired-layers.json"
 
 // retiredRecord is one entry of retiredFile.
@@ -403,7 +394,7 @@ func (s *Store) adoptRetiredFile() error {
 		s.logger.Warn("ignoring an unreadable list of retired layers; they are orphans now", "path", p, "error", err)
 		records = nil
 	}
-	changed := make(map[string]*State)
+	changed := make(map[string]*record.State)
 	for _, r := range records {
 		for _, id := range r.Allocs {
 			st := changed[id]

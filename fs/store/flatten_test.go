@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
@@ -361,32 +360,5 @@ func TestFlattenNeedsCollection(t *testing.T) {
 	}
 	if n, err := s.Flatten(); n != 0 || err != nil {
 		t.Errorf("Flatten with the whole chain alive: %d merges, %v; want none", n, err)
-	}
-}
-
-// TestCollectorFlattens checks the trigger: a collection pass that
-// destroys the stopped allocations holding a chain's old layers then
-// flattens the chain within the bound.
-func TestCollectorFlattens(t *testing.T) {
-	s := openTestStore(t, filepath.Join(t.TempDir(), "data"))
-	web := tasks("web")
-	mustCreate(t, s, chainID(0), "web")
-	for i := 1; i <= chainLen; i++ {
-		must(t, errOnly(s.Stop(chainID(i-1))))
-		time.Sleep(2 * time.Millisecond) // distinct stop times: oldest first
-		if _, _, err := s.CreateMigrated(chainID(i), web, chainID(i-1), true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := NewCollector(testLogger(t), s, GCConfig{MaxAllocs: 2})
-	c.statfs = func() (unix.Statfs_t, error) {
-		return unix.Statfs_t{Blocks: 100, Bfree: 90, Files: 100, Ffree: 90}, nil
-	}
-	if got := c.Collect(); len(got) != chainLen-1 {
-		t.Fatalf("collected %v, want the %d oldest", got, chainLen-1)
-	}
-	ids := []string{chainID(chainLen - 1), chainID(chainLen)}
-	if d := maxDepth(t, s, ids); d > MaxLowers {
-		t.Errorf("deepest stack after a collection: %d lowers, want at most %d", d, MaxLowers)
 	}
 }

@@ -2,15 +2,16 @@ package store
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/allocfs/allocfs/fs/store/frame"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // The journal is the store's write-ahead log (state/journal). Every change
@@ -28,24 +29,13 @@ import (
 // journal, so an intent is retired only once what it changed is durable.
 // It runs at open, at close, and once the journal outgrows journalLimit.
 //
-// Each intent is framed as
-//
-//	[4 bytes: length of the payload, little endian]
-//	[4 bytes: CRC-32C of the payload]
-//	[payload: the intent as JSON]
-//
-// so that a torn append (a crash inside write(2)) is recognised and
-// dropped: it was never synced, so no change rests on it.
+// Each intent is framed, as JSON, with its length and checksum (package
+// frame), so that a torn append (a crash inside write(2)) is recognised
+// and dropped: it was never synced, so no change rests on it.
 const (
 	journalName  = "journal"
 	journalLimit = 1 << 20
-	frameHeader  = 8
-	// maxIntent bounds one payload; a length beyond it is a torn or
-	// corrupt frame, not an intent to allocate memory for.
-	maxIntent = 64 << 20
 )
-
-var crc32c = crc32.MakeTable(crc32.Castagnoli)
 
 // errClosed is what a change of a closed store gets.
 var errClosed = errors.New("the store is closed")
@@ -59,7 +49,7 @@ type intent struct {
 	Op string `json:"op"`
 	// Records are the allocation records as the change leaves them; a
 	// null record means the allocation is gone.
-	Records map[string]*State `json:"records"`
+	Records map[string]*record.State `json:"records"`
 	// Fresh are the layers the change created empty (or holding only a
 	// MIGRATED-TO note). They were made before the intent was written,
 	// unsynced; a replay makes again any that a power cut lost.
@@ -91,13 +81,10 @@ func encodeIntent(in *intent) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to encode intent: %w", err)
 	}
-	if len(payload) > maxIntent {
-		return nil, fmt.Errorf("intent of %d bytes is over the %d-byte limit", len(payload), maxIntent)
+	if len(payload) > frame.Max {
+		return nil, fmt.Errorf("intent of %d bytes is over the %d-byte limit", len(payload), frame.Max)
 	}
-	frame := make([]byte, frameHeader, frameHeader+len(payload))
-	binary.LittleEndian.PutUint32(frame[0:4], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(frame[4:8], crc32.Checksum(payload, crc32c))
-	return append(frame, payload...), nil
+	return frame.Encode(payload), nil
 }
 
 // decodeJournal returns the whole intents at the start of data, in order,
@@ -105,14 +92,9 @@ func encodeIntent(in *intent) ([]byte, error) {
 func decodeJournal(data []byte) ([]*intent, int, error) {
 	var out []*intent
 	off := 0
-	for len(data)-off >= frameHeader {
-		n := int(binary.LittleEndian.Uint32(data[off : off+4]))
-		sum := binary.LittleEndian.Uint32(data[off+4 : off+8])
-		if n > maxIntent || len(data)-off-frameHeader < n {
-			break
-		}
-		payload := data[off+frameHeader : off+frameHeader+n]
-		if crc32.Checksum(payload, crc32c) != sum {
+	for {
+		payload, n, ok := frame.Next(data[off:])
+		if !ok {
 			break
 		}
 		var in intent
@@ -124,7 +106,7 @@ func decodeJournal(data []byte) ([]*intent, int, error) {
 			return nil, 0, fmt.Errorf("intent at offset %d: %w", off, err)
 		}
 		out = append(out, &in)
-		off += frameHeader + n
+		off += n
 	}
 	return out, off, nil
 }
@@ -151,28 +133,28 @@ func (s *Store) change(in *intent) error {
 		if st.ID != id {
 			return fmt.Errorf("record of %s carries ID %q", id, st.ID)
 		}
-		st.normalize()
-		if err := st.validate(); err != nil {
+		st.Normalize()
+		if err := st.Validate(); err != nil {
 			return err
 		}
 	}
-	if s.quota != nil && s.quota.subvolumes() {
+	if s.quota != nil && s.quota.Subvolumes() {
 		if err := s.tagLayers(in); err != nil {
 			return err
 		}
 	}
 	in.Seq = s.seq + 1
-	frame, err := encodeIntent(in)
+	framed, err := encodeIntent(in)
 	if err != nil {
 		return err
 	}
-	if err := s.journalAppend(frame); err != nil {
+	if err := s.journalAppend(framed); err != nil {
 		return err
 	}
 	s.seq = in.Seq
-	var before map[string]*State
+	var before map[string]*record.State
 	if s.quota != nil {
-		before = make(map[string]*State, len(in.Records))
+		before = make(map[string]*record.State, len(in.Records))
 		s.mu.RLock()
 		for id := range in.Records {
 			before[id] = s.allocs[id]
@@ -263,7 +245,7 @@ func (s *Store) applyIntent(in *intent) {
 
 // writeRecord replaces the state file of id with st, or removes it when st
 // is nil; sync makes the new content durable before the rename.
-func (s *Store) writeRecord(id string, st *State, sync bool) error {
+func (s *Store) writeRecord(id string, st *record.State, sync bool) error {
 	file := s.statePath(id)
 	if st == nil {
 		if err := s.disk.Remove(file); err != nil && !errors.Is(err, iofs.ErrNotExist) {
@@ -309,7 +291,7 @@ func (s *Store) checkpoint() error {
 	}
 	sort.Strings(ids)
 	s.mu.RLock()
-	records := make(map[string]*State, len(ids))
+	records := make(map[string]*record.State, len(ids))
 	for _, id := range ids {
 		records[id] = s.allocs[id]
 	}
@@ -381,10 +363,10 @@ func (s *Store) replayJournal() error {
 				if st.ID != id {
 					return fmt.Errorf("journal intent %d: record of %s carries ID %q", in.Seq, id, st.ID)
 				}
-				if err := st.validate(); err != nil {
+				if err := st.Validate(); err != nil {
 					return fmt.Errorf("journal intent %d: %w", in.Seq, err)
 				}
-				st.normalize()
+				st.Normalize()
 				s.allocs[id] = st
 			} else {
 				delete(s.allocs, id)

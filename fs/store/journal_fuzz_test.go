@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"testing"
+
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // FuzzDecodeJournal feeds the journal decoder arbitrary bytes, as a disk
@@ -12,8 +14,8 @@ import (
 func FuzzDecodeJournal(f *testing.F) {
 	var journal []byte
 	for _, in := range []*intent{
-		{Seq: 1, Op: "create", Records: map[string]*State{"a": {}}},
-		{Seq: 2, Op: "destroy", Records: map[string]*State{"a": nil}},
+		{Seq: 1, Op: "create", Records: map[string]*record.State{"a": {}}},
+		{Seq: 2, Op: "destroy", Records: map[string]*record.State{"a": nil}},
 		{Seq: 3, Op: "import", Fresh: []freshLayer{{ID: "l1", Mode: 0o755, UID: -1, GID: -1}}},
 	} {
 		frame, err := encodeIntent(in)

@@ -58,8 +58,8 @@ func (s *Store) newLayerOwned(mode os.FileMode, note string, uid, gid int) (fres
 // its mode (chown after chmod could clear mode bits), then the note.
 func (s *Store) makeLayer(p string, f freshLayer) error {
 	mkdir := func() error { return s.disk.Mkdir(p, 0o700) }
-	if s.quota != nil && s.quota.subvolumes() {
-		mkdir = func() error { return s.quota.makeLayer(p) }
+	if s.quota != nil && s.quota.Subvolumes() {
+		mkdir = func() error { return s.quota.MakeLayer(p) }
 	}
 	if err := mkdir(); err != nil {
 		return err
@@ -192,7 +192,7 @@ func (s *Store) referencedAll() map[string]struct{} {
 	defer s.mu.RUnlock()
 	out := make(map[string]struct{})
 	for _, st := range s.allocs {
-		for l := range st.allLayerIDs() {
+		for l := range st.AllLayerIDs() {
 			out[l] = struct{}{}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
 // Changes of an allocation's layout made through the mount.
@@ -23,13 +24,9 @@ import (
 // client did survives a restart of the daemon and shows in the CLI, the
 // API and the metrics like an allocation made through the API.
 //
-// An allocation made through the mount is Nomad's (OriginMount): the
+// An allocation made through the mount is Nomad's (record.OriginMount): the
 // collector never takes it, since Nomad does not tell anyone when it
 // stops, and removes it itself.
-
-// OriginMount is the State.Origin of an allocation made by a mkdir at the
-// mount root.
-const OriginMount = "mount"
 
 // Errors of layout changes.
 var (
@@ -40,74 +37,32 @@ var (
 	ErrOwnedByMount = errors.New("allocation was made through the mount")
 )
 
-// DirAttr is what a task or Nomad set on a directory of the skeleton (an
-// allocation's root, its alloc/) through the mount: chmod, chown, utimes,
-// and the times the directory's own changes stamp.
-type DirAttr struct {
-	Mode  uint32    `json:"mode"` // permission, set-id and sticky bits
-	UID   uint32    `json:"uid"`
-	GID   uint32    `json:"gid"`
-	Atime time.Time `json:"atime"`
-	Mtime time.Time `json:"mtime"`
-	Ctime time.Time `json:"ctime"`
-}
-
-// Skeleton directories with attributes of their own (State.Dirs).
-const (
-	// DirRoot is the allocation's own directory, <mount>/<allocID>.
-	DirRoot = ""
-	// DirShared is its alloc/, which every <task>/alloc view shows too.
-	DirShared = allocdir.SharedAllocName
-)
-
-// goneDirs are the names, in a task directory, of the layout directories
-// that State.Gone can hold besides alloc/ itself.
-var goneDirs = []string{allocdir.SharedAllocName, allocdir.TaskSecrets, allocdir.TaskPrivate}
-
-// IsGone reports whether the layout directory dir ("alloc",
-// "<task>/alloc", "<task>/secrets", "<task>/private") was removed through
-// the mount.
-func (s *State) IsGone(dir string) bool { return slices.Contains(s.Gone, dir) }
-
-// validGone checks an entry of State.Gone: alloc/, or a task's alloc/,
-// secrets/ or private/.
-func (s *State) validGone(dir string) error {
-	if dir == DirShared {
-		return nil
-	}
-	task, name, ok := strings.Cut(dir, "/")
-	if ok && s.TaskIndex(task) >= 0 && slices.Contains(goneDirs, name) {
-		return nil
-	}
-	return fmt.Errorf("%w: %q is not a removable layout directory", allocdir.ErrInvalidName, dir)
-}
-
 // CreateFromMount records a new allocation made by a mkdir at the mount
 // root: its alloc-level volumes and no tasks, Nomad's, with attr on its
 // root. It fails with ErrExists for an ID the store holds.
-func (s *Store) CreateFromMount(id string, attr DirAttr) (*State, error) {
+func (s *Store) CreateFromMount(id string, attr record.DirAttr) (*record.State, error) {
 	st, err := s.newState(id, nil)
 	if err != nil {
 		return nil, err
 	}
-	st.Origin = OriginMount
-	st.Dirs = map[string]*DirAttr{DirRoot: &attr}
+	st.Origin = record.OriginMount
+	st.Dirs = map[string]*record.DirAttr{record.DirRoot: &attr}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if err := s.absent(id); err != nil {
 		return nil, err
 	}
-	if err := s.sizeNew(st, Limit{}); err != nil {
+	if err := s.sizeNew(st, record.Limit{}); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
 	fresh, err := s.freshVolumes(st)
 	if err == nil {
-		err = s.change(&intent{Op: "create", Records: map[string]*State{id: st}, Fresh: fresh})
+		err = s.change(&intent{Op: "create", Records: map[string]*record.State{id: st}, Fresh: fresh})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh)))
 	}
-	s.logger.Info("created allocation", "alloc_id", id, "tasks", 0, "origin", OriginMount)
+	s.logger.Info("created allocation", "alloc_id", id, "tasks", 0, "origin", record.OriginMount)
 	return s.Get(id)
 }
 
@@ -116,8 +71,8 @@ func (s *Store) CreateFromMount(id string, attr DirAttr) (*State, error) {
 // uid and gid (a mkdir in the allocation's root). parent is the
 // allocation root's attribute before the change, whose times the new
 // entry stamps. It fails with ErrExists for a task the allocation has.
-func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent DirAttr) (*State, error) {
-	if err := validTaskName(name); err != nil {
+func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent record.DirAttr) (*record.State, error) {
+	if err := record.ValidTaskName(name); err != nil {
 		return nil, fmt.Errorf("failed to add task to allocation %q: %w", id, err)
 	}
 	s.writeMu.Lock()
@@ -130,12 +85,12 @@ func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent DirAttr) 
 		return nil, fmt.Errorf("failed to add task %q to allocation %q: %w", name, id, ErrExists)
 	}
 	st.Tasks = append(st.Tasks, allocdir.Task{Name: name})
-	specs := taskVolumes(name)
-	specs[0].mode = fileMode(mode)
+	specs := record.TaskVolumes(name)
+	specs[0].Mode = fileMode(mode)
 	if os.Geteuid() == 0 {
-		specs[0].owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
+		specs[0].Owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
 	}
-	stampDir(st, DirRoot, parent)
+	stampDir(st, record.DirRoot, parent)
 	if err := s.commitWithLayers("update", st, specs); err != nil {
 		return nil, fmt.Errorf("failed to add task %q to allocation %q: %w", name, id, err)
 	}
@@ -148,16 +103,16 @@ func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent DirAttr) 
 // root that a removal took. parent, when set, is the attribute of the
 // skeleton directory that holds it (alloc/), whose times the new entry
 // stamps. It fails with ErrExists for a volume the allocation has.
-func (s *Store) AddVolume(id, key string, parent *DirAttr) (*State, error) {
+func (s *Store) AddVolume(id, key string, parent *record.DirAttr) (*record.State, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	st, err := s.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	var spec *volumeSpec
-	for _, v := range st.volumeSpecs() {
-		if v.key == key {
+	var spec *record.VolumeSpec
+	for _, v := range st.VolumeSpecs() {
+		if v.Key == key {
 			spec = &v
 		}
 	}
@@ -168,9 +123,9 @@ func (s *Store) AddVolume(id, key string, parent *DirAttr) (*State, error) {
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, ErrExists)
 	}
 	if parent != nil {
-		stampDir(st, DirShared, *parent)
+		stampDir(st, record.DirShared, *parent)
 	}
-	if err := s.commitWithLayers("update", st, []volumeSpec{*spec}); err != nil {
+	if err := s.commitWithLayers("update", st, []record.VolumeSpec{*spec}); err != nil {
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, err)
 	}
 	return s.Get(id)
@@ -180,14 +135,14 @@ func (s *Store) AddVolume(id, key string, parent *DirAttr) (*State, error) {
 // root, which the caller found empty), and every layer of it that no other
 // allocation stacks. parent, when set, is alloc/'s attribute, as for
 // AddVolume.
-func (s *Store) DropVolume(id, key string, parent *DirAttr) error {
-	return s.dropLayers(id, "drop volume", func(st *State) error {
+func (s *Store) DropVolume(id, key string, parent *record.DirAttr) error {
+	return s.dropLayers(id, "drop volume", func(st *record.State) error {
 		if st.Volumes[key] == nil {
 			return fmt.Errorf("allocation %q has no volume %q: %w", id, key, iofs.ErrNotExist)
 		}
 		delete(st.Volumes, key)
 		if parent != nil {
-			stampDir(st, DirShared, *parent)
+			stampDir(st, record.DirShared, *parent)
 		}
 		return nil
 	})
@@ -197,19 +152,19 @@ func (s *Store) DropVolume(id, key string, parent *DirAttr) error {
 // rmdir of the task's directory, which the caller found empty), and
 // every layer of them no other allocation stacks. parent is the
 // allocation root's attribute, as for AddTask.
-func (s *Store) DropTask(id, name string, parent DirAttr) error {
-	return s.dropLayers(id, "drop task", func(st *State) error {
+func (s *Store) DropTask(id, name string, parent record.DirAttr) error {
+	return s.dropLayers(id, "drop task", func(st *record.State) error {
 		i := st.TaskIndex(name)
 		if i < 0 {
 			return fmt.Errorf("allocation %q has no task %q: %w", id, name, iofs.ErrNotExist)
 		}
 		st.Tasks = slices.Delete(st.Tasks, i, i+1)
-		for _, v := range taskVolumes(name) {
-			delete(st.Volumes, v.key)
+		for _, v := range record.TaskVolumes(name) {
+			delete(st.Volumes, v.Key)
 		}
 		st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return strings.HasPrefix(d, name+"/") })
 		st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == name })
-		stampDir(st, DirRoot, parent)
+		stampDir(st, record.DirRoot, parent)
 		return nil
 	})
 }
@@ -217,7 +172,7 @@ func (s *Store) DropTask(id, name string, parent DirAttr) error {
 // dropLayers applies edit to a copy of allocation id's record, journals
 // it, and removes the layers the old record named that nothing names any
 // more.
-func (s *Store) dropLayers(id, what string, edit func(*State) error) error {
+func (s *Store) dropLayers(id, what string, edit func(*record.State) error) error {
 	s.writeMu.Lock()
 	st, err := s.Get(id)
 	if err != nil {
@@ -234,7 +189,7 @@ func (s *Store) dropLayers(id, what string, edit func(*State) error) error {
 		return fmt.Errorf("failed to %s of allocation %q: %w", what, id, err)
 	}
 	s.mu.Lock()
-	owned := s.claimLocked(sortedKeys(before.layerIDs()))
+	owned := s.claimLocked(sortedKeys(before.LayerIDs()))
 	s.mu.Unlock()
 	s.writeMu.Unlock()
 	if _, err := s.removeClaimed(owned, "alloc_id", id, "reason", what); err != nil {
@@ -247,9 +202,9 @@ func (s *Store) dropLayers(id, what string, edit func(*State) error) error {
 // removed through the mount (gone) or made again (not gone). parent, when
 // set, is the allocation root's attribute, whose times a change of alloc/
 // stamps; the directories of a task lie in its own volume's root.
-func (s *Store) SetGone(id, dir string, gone bool, parent *DirAttr) (*State, error) {
-	return s.Update(id, func(st *State) error {
-		if err := st.validGone(dir); err != nil {
+func (s *Store) SetGone(id, dir string, gone bool, parent *record.DirAttr) (*record.State, error) {
+	return s.Update(id, func(st *record.State) error {
+		if err := st.ValidGone(dir); err != nil {
 			return err
 		}
 		if gone == st.IsGone(dir) {
@@ -264,8 +219,8 @@ func (s *Store) SetGone(id, dir string, gone bool, parent *DirAttr) (*State, err
 		} else {
 			st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return d == dir })
 		}
-		if parent != nil && dir == DirShared {
-			stampDir(st, DirRoot, *parent)
+		if parent != nil && dir == record.DirShared {
+			stampDir(st, record.DirRoot, *parent)
 		}
 		return nil
 	})
@@ -274,8 +229,8 @@ func (s *Store) SetGone(id, dir string, gone bool, parent *DirAttr) (*State, err
 // SetChroot records that Nomad builds a chroot in the directory of the
 // task of allocation id: from then on it shows the node's chroot
 // environment below its own layer.
-func (s *Store) SetChroot(id, task string) (*State, error) {
-	return s.Update(id, func(st *State) error {
+func (s *Store) SetChroot(id, task string) (*record.State, error) {
+	return s.Update(id, func(st *record.State) error {
 		if st.TaskIndex(task) < 0 {
 			return fmt.Errorf("no task %q: %w", task, iofs.ErrNotExist)
 		}
@@ -287,16 +242,12 @@ func (s *Store) SetChroot(id, task string) (*State, error) {
 	})
 }
 
-// IsChroot reports whether the directory of task shows the node's chroot
-// environment.
-func (s *State) IsChroot(task string) bool { return slices.Contains(s.Chroots, task) }
-
 // SetDirAttr applies change to the attribute of the skeleton directory
-// dir (DirRoot, DirShared) of allocation id, starting from current (what
+// dir (record.DirRoot, record.DirShared) of allocation id, starting from current (what
 // the mount shows now) when the record has none yet.
-func (s *Store) SetDirAttr(id, dir string, current DirAttr, change func(*DirAttr)) (*State, error) {
-	return s.Update(id, func(st *State) error {
-		if dir != DirRoot && dir != DirShared {
+func (s *Store) SetDirAttr(id, dir string, current record.DirAttr, change func(*record.DirAttr)) (*record.State, error) {
+	return s.Update(id, func(st *record.State) error {
+		if dir != record.DirRoot && dir != record.DirShared {
 			return fmt.Errorf("%w: %q is not a skeleton directory", allocdir.ErrInvalidName, dir)
 		}
 		a := current
@@ -305,7 +256,7 @@ func (s *Store) SetDirAttr(id, dir string, current DirAttr, change func(*DirAttr
 		}
 		change(&a)
 		if st.Dirs == nil {
-			st.Dirs = make(map[string]*DirAttr)
+			st.Dirs = make(map[string]*record.DirAttr)
 		}
 		st.Dirs[dir] = &a
 		return nil
@@ -315,7 +266,7 @@ func (s *Store) SetDirAttr(id, dir string, current DirAttr, change func(*DirAttr
 // stampDir gives the skeleton directory dir of st the times a change of
 // its entries stamps, starting from current when st has no attribute of
 // it yet.
-func stampDir(st *State, dir string, current DirAttr) {
+func stampDir(st *record.State, dir string, current record.DirAttr) {
 	a := current
 	if st.Dirs[dir] != nil {
 		a = *st.Dirs[dir]
@@ -323,7 +274,7 @@ func stampDir(st *State, dir string, current DirAttr) {
 	now := time.Now().UTC()
 	a.Mtime, a.Ctime = now, now
 	if st.Dirs == nil {
-		st.Dirs = make(map[string]*DirAttr)
+		st.Dirs = make(map[string]*record.DirAttr)
 	}
 	st.Dirs[dir] = &a
 }
@@ -360,7 +311,7 @@ func (s *Store) AdoptVolume(prevID, newID, key string) (err error) {
 		return fmt.Errorf("previous allocation %q already handed its data to %q: %w", prevID, prev.MigratedTo, ErrExists)
 	case prev.Volumes[key] == nil:
 		return fmt.Errorf("allocation %q has no volume %q: %w", prevID, key, iofs.ErrNotExist)
-	case !next.hasVolumeSpec(key):
+	case !next.HasVolumeSpec(key):
 		return fmt.Errorf("allocation %q has no place for %q: %w", newID, key, iofs.ErrNotExist)
 	}
 	before := next.Clone()
@@ -368,12 +319,12 @@ func (s *Store) AdoptVolume(prevID, newID, key string) (err error) {
 	delete(prev.Volumes, key)
 	prev.MigratedTo = newID
 	next.Previous = prevID
-	if err := s.change(&intent{Op: "remap", Records: map[string]*State{prevID: prev, newID: next}}); err != nil {
+	if err := s.change(&intent{Op: "remap", Records: map[string]*record.State{prevID: prev, newID: next}}); err != nil {
 		return fmt.Errorf("failed to hand %q of %s to %s: %w", key, prevID, newID, err)
 	}
 	if old := before.Volumes[key]; old != nil {
 		s.mu.Lock()
-		owned := s.claimLocked(old.layers())
+		owned := s.claimLocked(old.Layers())
 		s.mu.Unlock()
 		s.removeClaimed(owned, "alloc_id", newID, "reason", "placeholder replaced by a migration")
 	}
@@ -407,5 +358,5 @@ func migratedKey(key string) bool {
 	if task == allocdir.SharedAllocName {
 		return name == allocdir.SharedDataName
 	}
-	return name == allocdir.TaskLocal && validTaskName(task) == nil
+	return name == allocdir.TaskLocal && record.ValidTaskName(task) == nil
 }

@@ -88,3 +88,8 @@ func (s *Store) SetObserver(o Observer) {
 	}
 	s.obs = o
 }
+
+// Observer returns the store's observer, for the collector to tell of its
+// decisions: it is the node's one, so that every collection reaches the
+// metrics the store's migrations reach.
+func (s *Store) Observer() Observer { return s.obs }

@@ -8,188 +8,45 @@ import (
 	"sort"
 	"syscall"
 
-	"github.com/allocfs/allocfs/internal/btrfs"
-	"github.com/allocfs/allocfs/internal/mountinfo"
-	"golang.org/x/sys/unix"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 )
 
-// Errors of the store's disk limits.
-var (
-	// ErrNoQuota: a limit was asked of a store whose data dir cannot
-	// enforce one. Creating the allocation without it would promise
-	// what the kernel does not keep, so the store refuses.
-	ErrNoQuota = errors.New("the data dir cannot enforce disk limits")
-	// ErrBadLimit: a limit that is negative, or of a kind the
-	// mechanism does not count (inodes on btrfs).
-	ErrBadLimit = errors.New("invalid disk limit")
-)
-
-// Limit is an allocation's disk limit; zero fields are unlimited.
-type Limit struct {
-	Bytes  int64 `json:"bytes,omitempty"`
-	Inodes int64 `json:"inodes,omitempty"`
-}
-
-// IsZero reports whether l limits nothing.
-func (l Limit) IsZero() bool { return l.Bytes == 0 && l.Inodes == 0 }
-
-// DiskQuota is an allocation's limit as its record keeps it, in
-// state/<id>.json:
-//
-//	"disk": {"bytes": 104857600, "group": 2000001}
-//
-// Group names the quota group that counts the allocation: on btrfs the
-// qgroup 1/<group>, whose members are the level-0 qgroups of the upper
-// layers of the allocation's volumes.
-type DiskQuota struct {
-	Limit
-	Group uint64 `json:"group"`
-	// From says who set the limit: "request" (the API or the allocdir
-	// contract), "default" (Options.DefaultLimit), "nomad" (the
-	// allocation's ephemeral_disk.size, read from Nomad's API).
-	From string `json:"from,omitempty"`
-}
-
-// Where a limit came from (DiskQuota.From).
-const (
-	FromRequest = "request"
-	FromDefault = "default"
-	FromNomad   = "nomad"
-)
-
-// DefaultGroups is the range of quota group IDs the store takes for its
-// allocations unless told otherwise (Options.Groups): far above what
-// btrfs-progs or an operator numbers by hand.
-var DefaultGroups = [2]uint64{2000000, 2999999}
-
-// QuotaReport says what the data dir can enforce, for the daemon to say
-// once at start, and for health and metrics.
-type QuotaReport struct {
-	// Filesystem is the data dir's filesystem type: "btrfs", "ext4".
-	Filesystem string
-	// Mechanism is what enforces limits ("btrfs qgroups"), empty where
-	// nothing does.
-	Mechanism string
-	// Why says, where nothing enforces limits, what would.
-	Why string
-}
-
-// Enforced reports whether the store can enforce limits.
-func (r QuotaReport) Enforced() bool { return r.Mechanism != "" }
-
-// quota is one mechanism that enforces allocations' disk limits: btrfs
-// qgroups (quota_btrfs.go) or project quotas (quota_project.go).
-type quota interface {
-	// mechanism names it for people: "btrfs qgroups".
-	mechanism() string
-	// subvolumes reports whether layers are btrfs subvolumes, which
-	// number their inodes alike (tags), cannot be merged by link(2)
-	// (no flatten), and are counted only when made as such (a received
-	// tree becomes the lower of a fresh one).
-	subvolumes() bool
-	// countsInodes reports whether it can limit inodes.
-	countsInodes() bool
-	// makeLayer makes a layer's root at p where subvolumes is set.
-	makeLayer(p string) error
-	// settle makes the kernel agree with records (see btrfsQuota's);
-	// before holds the affected allocations' records before the change
-	// (nil: a settle at open). It reports whether the counters need a
-	// recount, which rescan does.
-	settle(records, before map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error)
-	rescan() error
-	// usage reads what group g holds.
-	usage(g uint64) (bytes, inodes uint64, err error)
-	// groupFree reports whether nothing of the host's uses group g.
-	groupFree(g uint64) bool
-	// setStep sets the crash tests' step hook (btrfsQuota.step).
-	setStep(step func(op, path string) error)
-}
-
-// detectQuota finds what the filesystem of dir can enforce and, with
-// enable, turns it on there.
-func detectQuota(dir string, enable bool) (quota, QuotaReport, error) {
-	var r QuotaReport
-	isBtrfs, err := btrfs.Is(dir)
-	if err != nil {
-		return nil, r, err
-	}
-	r.Filesystem = "btrfs"
-	if !isBtrfs {
-		r.Filesystem = fsTypeName(dir)
-		q, why, err := detectProject(dir, r.Filesystem, enable)
-		if err != nil || q == nil {
-			r.Why = why
-			return nil, r, err
-		}
-		r.Mechanism = q.mechanism()
-		return q, r, nil
-	}
-	if !enable {
-		r.Why = "the data dir is on btrfs, and disk limits are off: start serve with --enable-quotas (it runs the equivalent of `btrfs quota enable`)"
-		return nil, r, nil
-	}
-	if err := btrfs.EnableQuotas(dir); err != nil {
-		return nil, r, err
-	}
-	fsid, err := btrfs.FSID(dir)
-	if err != nil {
-		return nil, r, err
-	}
-	r.Mechanism = mechanismBtrfs
-	return &btrfsQuota{dir: dir, fsid: fsid}, r, nil
-}
-
-// fsTypeName names the filesystem of dir as the mount table does: the
-// entry of its device (a btrfs subvolume's anonymous device has none:
-// detectQuota tells btrfs by statfs).
-func fsTypeName(dir string) string {
-	var st unix.Stat_t
-	mounts, err := mountinfo.Read("")
-	if err != nil || unix.Stat(dir, &st) != nil {
-		return "unknown"
-	}
-	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
-	for _, m := range mounts {
-		if m.Device == dev {
-			return m.FSType
-		}
-	}
-	return "unknown"
-}
+// ErrNoQuota: a limit was asked of a store whose data dir cannot
+// enforce one. Creating the allocation without it would promise what
+// the kernel does not keep, so the store refuses.
+var ErrNoQuota = errors.New("the data dir cannot enforce disk limits")
 
 // openQuota finds what the data dir can enforce and, with enable, turns
 // it on: Options.Quotas.
 func (s *Store) openQuota(enable bool) error {
-	q, r, err := detectQuota(s.layersDir(), enable)
+	q, r, err := quota.Detect(s.layersDir(), enable, s.quotaStep)
 	if err != nil {
 		return fmt.Errorf("failed to set up disk limits: %w", err)
 	}
 	s.quota, s.quotaReport = q, r
-	if q != nil {
-		q.setStep(s.quotaStep)
-	}
 	return nil
 }
 
 // Quota says what the store's data dir enforces.
-func (s *Store) Quota() QuotaReport { return s.quotaReport }
+func (s *Store) Quota() quota.Report { return s.quotaReport }
 
 // settleQuota makes the kernel's groups agree with the records after a
 // change, or at open, and rescans the counters when a relation change
 // left them inconsistent. A failure is logged and tried again after the
 // next change: the records hold, and the limits of the allocations
 // concerned lag until then. The caller holds writeMu.
-func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) {
+func (s *Store) settleQuota(affected map[string]bool, before map[string]*record.State) {
 	if s.quota == nil || !s.unsettled {
 		return
 	}
 	s.mu.RLock()
-	records := make(map[string]*State, len(s.allocs))
+	records := make(map[string]*record.State, len(s.allocs))
 	for id, st := range s.allocs {
 		records[id] = st
 	}
 	s.mu.RUnlock()
-	inconsistent, err := s.quota.settle(records, before, affected, s.groups)
+	inconsistent, err := s.quota.Settle(records, before, affected, s.groups)
 	if err != nil {
 		s.logger.Warn("disk limits do not match the records yet; the next change tries again", "error", err)
 		s.settleErr.Store(&err)
@@ -199,7 +56,7 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) 
 	s.settleErr.Store(nil)
 	if inconsistent {
 		s.logger.Info("recounting btrfs qgroups: a layer that moved between allocations shares extents")
-		if err := s.quota.rescan(); err != nil {
+		if err := s.quota.Rescan(); err != nil {
 			s.logger.Warn("qgroup rescan failed", "error", err)
 		}
 	}
@@ -207,7 +64,7 @@ func (s *Store) settleQuota(affected map[string]bool, before map[string]*State) 
 
 // tagLayers gives every layer a record of in stacks or retains a tag
 // unique in that record, keeping the tags it has. A tag is never given
-// twice in a record (State.TagTop): a layer new to it takes the tag it had
+// twice in a record (record.State.TagTop): a layer new to it takes the tag it had
 // in the record it came from where that tag was never used here (its
 // files keep their numbers, and the origins its copy-ups recorded keep
 // naming the right layers), else the next one. Past 255 the least recent
@@ -217,7 +74,7 @@ func (s *Store) tagLayers(in *intent) error {
 		if st == nil {
 			continue
 		}
-		layers := st.allLayerIDs()
+		layers := st.AllLayerIDs()
 		tags := make(map[string]uint8, len(layers))
 		used := make(map[uint8]bool)
 		top := st.TagTop
@@ -286,10 +143,10 @@ func (s *Store) tagElsewhere(l, id string, in *intent) uint8 {
 
 // sizeNew gives the record of a new allocation its limit: lim, or the
 // store's default where lim is zero. The caller holds writeMu.
-func (s *Store) sizeNew(st *State, lim Limit) error {
-	from := FromRequest
+func (s *Store) sizeNew(st *record.State, lim record.Limit) error {
+	from := record.FromRequest
 	if lim.IsZero() {
-		lim, from = s.defaultLimit, FromDefault
+		lim, from = s.defaultLimit, record.FromDefault
 	}
 	if lim.IsZero() {
 		return nil
@@ -301,19 +158,19 @@ func (s *Store) sizeNew(st *State, lim Limit) error {
 	if err != nil {
 		return err
 	}
-	st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
+	st.Disk = &record.DiskQuota{Limit: lim, Group: g, From: from}
 	return nil
 }
 
 // SetLimit changes allocation id's disk limit to lim (zero: none), set
-// by from (FromNomad...). Like every change it is journaled, and the
+// by from (record.FromNomad...). Like every change it is journaled, and the
 // kernel's groups follow at once. It tells no OnChange hook: nothing the
 // mount shows changes, and Nomad's client is often inside a mkdir of the
 // allocation when its size arrives, a request the mount's invalidation
 // would wait for while it waits for the store. A limit below what the allocation
 // holds is set all the same: its data stays, its writes fail until it
 // deletes some, and a warning says so.
-func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
+func (s *Store) SetLimit(id string, lim record.Limit, from string) (*record.State, error) {
 	if !lim.IsZero() {
 		if err := s.checkLimit(lim); err != nil {
 			return nil, fmt.Errorf("failed to limit allocation %q: %w", id, err)
@@ -330,12 +187,12 @@ func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
 		default:
 			var g uint64
 			if g, err = s.freeGroup(); err == nil {
-				st.Disk = &DiskQuota{Limit: lim, Group: g, From: from}
+				st.Disk = &record.DiskQuota{Limit: lim, Group: g, From: from}
 			}
 		}
 	}
 	if err == nil {
-		err = s.change(&intent{Op: "limit", Records: map[string]*State{id: st}, quiet: true})
+		err = s.change(&intent{Op: "limit", Records: map[string]*record.State{id: st}, quiet: true})
 	}
 	s.writeMu.Unlock()
 	if err != nil {
@@ -347,15 +204,15 @@ func (s *Store) SetLimit(id string, lim Limit, from string) (*State, error) {
 }
 
 // checkLimit refuses a limit the store cannot keep.
-func (s *Store) checkLimit(lim Limit) error {
+func (s *Store) checkLimit(lim record.Limit) error {
 	if lim.Bytes < 0 || lim.Inodes < 0 {
-		return fmt.Errorf("%w: %d bytes, %d inodes", ErrBadLimit, lim.Bytes, lim.Inodes)
+		return fmt.Errorf("%w: %d bytes, %d inodes", record.ErrBadLimit, lim.Bytes, lim.Inodes)
 	}
 	if s.quota == nil {
 		return fmt.Errorf("%w: %s", ErrNoQuota, s.quotaReport.Why)
 	}
-	if lim.Inodes != 0 && !s.quota.countsInodes() {
-		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", ErrBadLimit)
+	if lim.Inodes != 0 && !s.quota.CountsInodes() {
+		return fmt.Errorf("%w: btrfs counts no inodes (its metadata counts against the bytes): ask for bytes only", record.ErrBadLimit)
 	}
 	return nil
 }
@@ -372,7 +229,7 @@ func (s *Store) freeGroup() (uint64, error) {
 	}
 	s.mu.RUnlock()
 	for g := s.groups[0]; g <= s.groups[1]; g++ {
-		if !used[g] && s.quota.groupFree(g) {
+		if !used[g] && s.quota.GroupFree(g) {
 			return g, nil
 		}
 	}
@@ -381,7 +238,7 @@ func (s *Store) freeGroup() (uint64, error) {
 
 // Usage is what an allocation holds against its limit.
 type Usage struct {
-	Limit
+	record.Limit
 	// Bytes is what the allocation's upper layers hold, or will once
 	// the writes under way commit; Inodes how many files and
 	// directories, where the mechanism counts them (0 on btrfs).
@@ -401,7 +258,7 @@ func (s *Store) Usage(id string) (u Usage, ok bool, err error) {
 	if st.Disk == nil || s.quota == nil {
 		return u, false, nil
 	}
-	bytes, inodes, err := s.quota.usage(st.Disk.Group)
+	bytes, inodes, err := s.quota.Usage(st.Disk.Group)
 	if err != nil {
 		return u, false, fmt.Errorf("failed to read the disk usage of allocation %s: %w", id, err)
 	}
@@ -414,7 +271,7 @@ var ErrTooBig = errors.New("the data does not fit the allocation's disk limit")
 
 // fitsImport checks that the received trees in dirs fit st's limit, by
 // the blocks their files take, before any becomes a layer.
-func (s *Store) fitsImport(st *State, dirs map[string]string) error {
+func (s *Store) fitsImport(st *record.State, dirs map[string]string) error {
 	if st.Disk == nil || st.Disk.Bytes == 0 {
 		return nil
 	}
@@ -455,7 +312,7 @@ func (s *Store) warnOverLimit(id string) {
 }
 
 // DefaultLimit is the limit of a new allocation that asks for none.
-func (s *Store) DefaultLimit() Limit { return s.defaultLimit }
+func (s *Store) DefaultLimit() record.Limit { return s.defaultLimit }
 
 // QuotaError is the error of the last settle of the kernel's quota
 // groups with the records, nil once one succeeded: while it is set,

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/projquota"
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +26,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	r := s.Quota()
-	if r.Filesystem == "ext4" && hasCapSysResource() {
+	if r.Filesystem == "ext4" && quota.HasCapSysResource() {
 		// ext4 lets CAP_SYS_RESOURCE past project limits: the store
 		// must refuse to claim it enforces them.
 		if r.Enforced() || !strings.Contains(r.Why, "CAP_SYS_RESOURCE") {
@@ -32,7 +34,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 		}
 		t.Skip("ext4 lets CAP_SYS_RESOURCE past project quotas, and this test has it: run it without (setpriv --bounding-set=-sys_resource)")
 	}
-	if r.Mechanism != mechanismProject {
+	if r.Mechanism != quota.ProjectQuotas {
 		t.Fatalf("Quota() on a filesystem with project quotas = %+v", r)
 	}
 	return s
@@ -68,7 +70,7 @@ func TestProjectQuota(t *testing.T) {
 	if err := projquota.Limit(s.layersDir(), 5000, 1<<30, 0); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.CreateSized("a1", tasks("web"), Limit{Bytes: 16 << 20, Inodes: 64})
+	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 16 << 20, Inodes: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +107,7 @@ func TestProjectQuota(t *testing.T) {
 	tmp := s.LayerPath(st.Volumes["web/tmp"].Upper)
 	must(t, os.RemoveAll(tmp))
 	must(t, os.Mkdir(tmp, 0o777))
-	must(t, errOnly(s.SetLimit("a1", Limit{Bytes: 16 << 20, Inodes: 64}, FromRequest)))
+	must(t, errOnly(s.SetLimit("a1", record.Limit{Bytes: 16 << 20, Inodes: 64}, record.FromRequest)))
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "eight", 8<<20); err != nil {
 		t.Fatalf("8 MiB into a 16 MiB allocation: %v", err)
 	}
@@ -114,7 +116,7 @@ func TestProjectQuota(t *testing.T) {
 	// a2's project, and a2's writes fail until it deletes.
 	must(t, errOnly(s.Stop("a1")))
 	dataLayer := mustState(t, s, "a1").Volumes["alloc/data"].Upper
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, Limit{Bytes: 4 << 20}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{Bytes: 4 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	st2 := mustState(t, s, "a2")
@@ -130,14 +132,14 @@ func TestProjectQuota(t *testing.T) {
 	if _, err := fillLayer(t, s, "a2", "alloc/tmp", "x", 1<<20); !errors.Is(err, limitErr(s)) {
 		t.Fatalf("a write of an allocation over its limit: %v, want %v", err, limitErr(s))
 	}
-	must(t, errOnly(s.SetLimit("a2", Limit{Bytes: 64 << 20}, FromRequest)))
+	must(t, errOnly(s.SetLimit("a2", record.Limit{Bytes: 64 << 20}, record.FromRequest)))
 	if _, err := fillLayer(t, s, "a2", "alloc/data", "more", 8<<20); err != nil {
 		t.Fatalf("a2 writes after its limit was raised: %v", err)
 	}
 
 	// Snapshot: a3's fresh upper is a3's.
 	must(t, errOnly(s.Stop("a2")))
-	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, Limit{Bytes: 32 << 20}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, record.Limit{Bytes: 32 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	st3 := mustState(t, s, "a3")
@@ -147,13 +149,13 @@ func TestProjectQuota(t *testing.T) {
 
 	// A limit removed: the uppers go back to project 0, the project's
 	// limits are cleared, and it is free once its files are gone.
-	if _, err := s.SetLimit("a3", Limit{}, FromRequest); err != nil {
+	if _, err := s.SetLimit("a3", record.Limit{}, record.FromRequest); err != nil {
 		t.Fatal(err)
 	}
 	if p := projectOf(t, s, "a3", "alloc/data"); p != 0 {
 		t.Fatalf("a3's upper in project %d after its limit was removed", p)
 	}
-	if !s.quota.groupFree(st3.Disk.Group) {
+	if !s.quota.GroupFree(st3.Disk.Group) {
 		t.Fatalf("project %d is not free after its limit was removed", st3.Disk.Group)
 	}
 	if err := s.QuotaError(); err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +26,7 @@ func openQuotaStore(t *testing.T, opts Options) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if r := s.Quota(); !r.Enforced() || r.Mechanism != mechanismBtrfs || r.Filesystem != "btrfs" {
+	if r := s.Quota(); !r.Enforced() || r.Mechanism != quota.BtrfsQgroups || r.Filesystem != "btrfs" {
 		t.Fatalf("Quota() = %+v", r)
 	}
 	return s
@@ -51,11 +53,11 @@ func usageOf(t *testing.T, s *Store, id string) Usage {
 func TestQuotaLimitsAnAllocation(t *testing.T) {
 	s := openQuotaStore(t, Options{})
 	const limit = 24 << 20
-	st, err := s.CreateSized("a1", tasks("web"), Limit{Bytes: limit})
+	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Disk == nil || st.Disk.Bytes != limit || st.Disk.Group != DefaultGroups[0] {
+	if st.Disk == nil || st.Disk.Bytes != limit || st.Disk.Group != quota.DefaultGroups[0] {
 		t.Fatalf("record's disk = %+v", st.Disk)
 	}
 	for key, v := range st.Volumes {
@@ -92,24 +94,24 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 
 	// A second allocation takes the next group; destroying the first
 	// removes its group.
-	st2, err := s.CreateSized("a2", tasks("web"), Limit{Bytes: limit})
+	st2, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st2.Disk.Group != DefaultGroups[0]+1 {
+	if st2.Disk.Group != quota.DefaultGroups[0]+1 {
 		t.Fatalf("second group %d", st2.Disk.Group)
 	}
 	if err := s.Destroy("a1"); err != nil {
 		t.Fatal(err)
 	}
-	if !s.quota.groupFree(DefaultGroups[0]) {
+	if !s.quota.GroupFree(quota.DefaultGroups[0]) {
 		t.Fatal("the group of a destroyed allocation is left")
 	}
 }
 
 func TestQuotaRefusals(t *testing.T) {
 	plain := openTestStore(t, t.TempDir())
-	_, err := plain.CreateSized("a1", tasks("web"), Limit{Bytes: 1 << 20})
+	_, err := plain.CreateSized("a1", tasks("web"), record.Limit{Bytes: 1 << 20})
 	if !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("a limit on a store without quotas: %v, want ErrNoQuota", err)
 	}
@@ -119,21 +121,21 @@ func TestQuotaRefusals(t *testing.T) {
 	if r := plain.Quota(); r.Enforced() || r.Filesystem == "unknown" || !strings.Contains(r.Why, "--enable-quotas") || !strings.Contains(r.Why, r.Filesystem) {
 		t.Fatalf("Quota() of a plain store = %+v", r)
 	}
-	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
+	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: record.Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("open with a default limit it cannot enforce: %v, want ErrNoQuota", err)
 	}
 
 	s := openQuotaStore(t, Options{})
-	for _, lim := range []Limit{{Inodes: 100}, {Bytes: -1}} {
-		if _, err := s.CreateSized("a1", tasks("web"), lim); !errors.Is(err, ErrBadLimit) {
-			t.Fatalf("limit %+v: %v, want ErrBadLimit", lim, err)
+	for _, lim := range []record.Limit{{Inodes: 100}, {Bytes: -1}} {
+		if _, err := s.CreateSized("a1", tasks("web"), lim); !errors.Is(err, record.ErrBadLimit) {
+			t.Fatalf("limit %+v: %v, want record.ErrBadLimit", lim, err)
 		}
 	}
 	if files := stateFiles(t, s); len(files) != 0 || len(layerDirs(t, s)) != 0 {
 		t.Fatalf("a refused create left %v and layers %v", files, layerDirs(t, s))
 	}
 	for _, g := range [][2]uint64{{5, 4}, {0, 0x10}, {1, 1 << 48}} {
-		if _, err := OpenWith(testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, ErrBadLimit) {
+		if _, err := OpenWith(testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, record.ErrBadLimit) {
 			t.Fatalf("group range %v: %v", g, err)
 		}
 	}
@@ -146,14 +148,14 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 	if err := btrfs.CreateQgroup(s.layersDir(), btrfs.Qgroup(1, 7000)); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.CreateSized("a1", tasks("web"), Limit{Bytes: 8 << 20})
+	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Disk.Group != 7001 {
 		t.Fatalf("group %d, want 7001 (7000 is the host's)", st.Disk.Group)
 	}
-	if _, err := s.CreateSized("a2", tasks("web"), Limit{Bytes: 8 << 20}); err == nil {
+	if _, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: 8 << 20}); err == nil {
 		t.Fatal("a create past the end of the group range")
 	}
 	if _, err := s.Get("a2"); err == nil {
@@ -163,7 +165,7 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 
 func TestQuotaMigrations(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	if _, err := s.CreateSized("a1", tasks("web"), Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 64 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "db", 12<<20); err != nil {
@@ -176,7 +178,7 @@ func TestQuotaMigrations(t *testing.T) {
 	must(t, errOnly(s.Stop("a1")))
 
 	// Adopt: the data's usage moves to a2, the logs' stays with a1.
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, Limit{Bytes: 64 << 20}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{Bytes: 64 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	u1, u2 := usageOf(t, s, "a1"), usageOf(t, s, "a2")
@@ -186,7 +188,7 @@ func TestQuotaMigrations(t *testing.T) {
 
 	// Snapshot: a3 stacks a2's layers and pays only for what it writes.
 	must(t, errOnly(s.Stop("a2")))
-	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, Limit{Bytes: 64 << 20}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, record.Limit{Bytes: 64 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if u3 := usageOf(t, s, "a3"); u3.Bytes > 1<<20 {
@@ -206,7 +208,7 @@ func TestQuotaMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, errOnly(s.Stop("a3")))
-	if _, _, err := s.CreateMigratedSized("a4", tasks("web"), "a3", false, Limit{Bytes: 1 << 20}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a4", tasks("web"), "a3", false, record.Limit{Bytes: 1 << 20}); err != nil {
 		t.Fatalf("adopt onto a smaller limit: %v", err)
 	}
 	if u4 := usageOf(t, s, "a4"); u4.Bytes <= u4.Limit.Bytes {
@@ -223,7 +225,7 @@ func TestQuotaMigrations(t *testing.T) {
 // the store opens.
 func TestQuotaSettlesAtOpen(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	st, err := s.CreateSized("a1", tasks("web"), Limit{Bytes: 8 << 20})
+	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +241,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if err := btrfs.Limit(dir, g, 0); err != nil {
 		t.Fatal(err)
 	}
-	stray := btrfs.Qgroup(1, DefaultGroups[0]+5)
+	stray := btrfs.Qgroup(1, quota.DefaultGroups[0]+5)
 	if err := btrfs.CreateQgroup(dir, stray); err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +263,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if got := rel[btrfs.Qgroup(0, sv)]; !slices.Equal(got, []btrfs.QgroupID{g}) {
 		t.Fatalf("the data layer's groups after open: %v, want [%v]", got, g)
 	}
-	if !s.quota.groupFree(stray.ID()) {
+	if !s.quota.GroupFree(stray.ID()) {
 		t.Fatal("a group no record names survived the open")
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "big", 16<<20); !errors.Is(err, unix.EDQUOT) {
@@ -286,14 +288,14 @@ func TestQuotaImport(t *testing.T) {
 		return map[string]string{"alloc/data": data}
 	}
 	before := layerDirs(t, s)
-	_, err := s.CreateImportedSized("big", tasks("web"), "prev", stage(4<<20), Limit{Bytes: 2 << 20})
+	_, err := s.CreateImportedSized("big", tasks("web"), "prev", stage(4<<20), record.Limit{Bytes: 2 << 20})
 	if !errors.Is(err, ErrTooBig) {
 		t.Fatalf("an import past the limit: %v, want ErrTooBig", err)
 	}
 	if _, err := s.Get("big"); err == nil || !slices.Equal(layerDirs(t, s), before) {
 		t.Fatalf("a refused import left a record or layers: %v", layerDirs(t, s))
 	}
-	st, err := s.CreateImportedSized("fits", tasks("web"), "prev", stage(1<<20), Limit{Bytes: 8 << 20})
+	st, err := s.CreateImportedSized("fits", tasks("web"), "prev", stage(1<<20), record.Limit{Bytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,29 +317,29 @@ func TestQuotaSetLimit(t *testing.T) {
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "f", 4<<20); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.SetLimit("a1", Limit{Bytes: 2 << 20}, FromNomad)
+	st, err := s.SetLimit("a1", record.Limit{Bytes: 2 << 20}, record.FromNomad)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Disk == nil || st.Disk.From != FromNomad || st.Disk.Bytes != 2<<20 {
+	if st.Disk == nil || st.Disk.From != record.FromNomad || st.Disk.Bytes != 2<<20 {
 		t.Fatalf("record after SetLimit: %+v", st.Disk)
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/tmp", "g", 1<<20); !errors.Is(err, unix.EDQUOT) {
 		t.Fatalf("a write over a limit set below the usage: %v, want EDQUOT", err)
 	}
-	if _, err := s.SetLimit("a1", Limit{Bytes: 64 << 20}, FromRequest); err != nil {
+	if _, err := s.SetLimit("a1", record.Limit{Bytes: 64 << 20}, record.FromRequest); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/tmp", "g", 1<<20); err != nil {
 		t.Fatalf("a write after the limit was raised: %v", err)
 	}
-	if st, err := s.SetLimit("a1", Limit{}, FromRequest); err != nil || st.Disk != nil {
+	if st, err := s.SetLimit("a1", record.Limit{}, record.FromRequest); err != nil || st.Disk != nil {
 		t.Fatalf("removing the limit: %+v, %v", st, err)
 	}
-	if !s.quota.groupFree(DefaultGroups[0]) {
+	if !s.quota.GroupFree(quota.DefaultGroups[0]) {
 		t.Fatal("the group of a limit removed is left")
 	}
-	if _, err := s.SetLimit("nope", Limit{Bytes: 1 << 20}, FromNomad); err == nil {
+	if _, err := s.SetLimit("nope", record.Limit{Bytes: 1 << 20}, record.FromNomad); err == nil {
 		t.Fatal("a limit on an unknown allocation")
 	}
 }
@@ -349,17 +351,17 @@ func TestQuotaSetLimit(t *testing.T) {
 // holds locked, the mkdir for the store the change holds.
 func TestQuotaSetLimitIsQuiet(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	must(t, errOnly(s.CreateFromMount("a1", DirAttr{Mode: 0o755})))
+	must(t, errOnly(s.CreateFromMount("a1", record.DirAttr{Mode: 0o755})))
 	var heard []string
 	stop := s.OnChange(func(id string) { heard = append(heard, id) })
 	defer stop()
-	if _, err := s.SetLimit("a1", Limit{Bytes: 8 << 20}, FromNomad); err != nil {
+	if _, err := s.SetLimit("a1", record.Limit{Bytes: 8 << 20}, record.FromNomad); err != nil {
 		t.Fatal(err)
 	}
 	if len(heard) != 0 {
 		t.Fatalf("SetLimit told the hooks of %v", heard)
 	}
-	if st := mustState(t, s, "a1"); st.Disk == nil || st.Disk.From != FromNomad {
+	if st := mustState(t, s, "a1"); st.Disk == nil || st.Disk.From != record.FromNomad {
 		t.Fatalf("record after SetLimit: %+v", st.Disk)
 	}
 }
@@ -377,7 +379,7 @@ func TestQuotaTagsAreNeverReused(t *testing.T) {
 	for _, tag := range before.Tags {
 		seen[tag] = true
 	}
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, Limit{}); err != nil {
+	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{}); err != nil {
 		t.Fatal(err)
 	}
 	after := mustState(t, s, "a1")

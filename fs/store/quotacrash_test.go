@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"github.com/allocfs/allocfs/internal/projquota"
 	"github.com/hashicorp/go-hclog"
@@ -45,7 +47,7 @@ func TestQuotaCrashAtEveryStep(t *testing.T) {
 // project of the store's range that no record names keeps limits.
 func TestProjectQuotaCrashAtEveryStep(t *testing.T) {
 	dir := fstest.ProjectQuotaDir(t)
-	if fsTypeName(dir) == "ext4" && hasCapSysResource() {
+	if quota.FSType(dir) == "ext4" && quota.HasCapSysResource() {
 		t.Skip("ext4 lets CAP_SYS_RESOURCE past project quotas, and this test has it: run it without (setpriv --bounding-set=-sys_resource)")
 	}
 	runQuotaCrashes(t, dir, 6000000, checkProjectsAgree)
@@ -55,7 +57,7 @@ func TestProjectQuotaCrashAtEveryStep(t *testing.T) {
 // to count its steps and again crashed at each, in data dirs under dir
 // with group ranges from base up, and checks each with check.
 func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testing.T, dir string, g [2]uint64, where string)) {
-	sized := Limit{Bytes: 32 << 20}
+	sized := record.Limit{Bytes: 32 << 20}
 	stage := func(s *Store) map[string]string {
 		dir, err := os.MkdirTemp(s.StagingDir(), "import")
 		if err != nil {
@@ -84,7 +86,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 	}{
 		{"create", func(*testing.T, *Store) {}, func(s *Store) error { return errOnly(s.CreateSized("a", tasks("web"), sized)) }},
 		{"adopt", stopped, func(s *Store) error {
-			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", false, Limit{Bytes: 64 << 20})
+			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", false, record.Limit{Bytes: 64 << 20})
 			return err
 		}},
 		{"seal", stopped, func(s *Store) error {
@@ -93,14 +95,14 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 		}},
 		{"adopt-volume", func(t *testing.T, s *Store) {
 			stopped(t, s)
-			must(t, errOnly(s.CreateFromMount("b", DirAttr{Mode: 0o755})))
-			must(t, errOnly(s.SetLimit("b", sized, FromNomad)))
+			must(t, errOnly(s.CreateFromMount("b", record.DirAttr{Mode: 0o755})))
+			must(t, errOnly(s.SetLimit("b", sized, record.FromNomad)))
 		}, func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") }},
 		{"import", func(*testing.T, *Store) {}, func(s *Store) error {
 			return errOnly(s.CreateImportedSized("b", tasks("web"), "a", stage(s), sized))
 		}},
 		{"set-limit", func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") }, func(s *Store) error {
-			return errOnly(s.SetLimit("a", sized, FromNomad))
+			return errOnly(s.SetLimit("a", sized, record.FromNomad))
 		}},
 		{"destroy", stopped, func(s *Store) error { return s.Destroy("a") }},
 	}
@@ -149,7 +151,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 				op.setup(t, s)
 				d.steps, d.limit = 0, n
 				runErr := op.run(s)
-				must(t, s.lock.release())
+				must(t, s.lock.Release())
 				where := fmt.Sprintf("crash at step %d of %d (%s; run: %v)", n, total, trail[n-1], runErr)
 				s = open(dir, g, nil)
 				if _, err := s.Sweep(); err != nil {
@@ -190,7 +192,7 @@ func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 	}
 	named := map[uint64]bool{}
 	for _, st := range s.List() {
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			if err := s.checkLayer(st.Volumes[key].Upper); err != nil {
 				t.Errorf("%s: %s's %s: %v", where, st.ID, key, err)
 			}
@@ -200,7 +202,7 @@ func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 		}
 		named[st.Disk.Group] = true
 		var want []string
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			id, err := btrfs.SubvolumeID(s.LayerPath(st.Volumes[key].Upper))
 			if err != nil {
 				t.Fatal(err)
@@ -254,7 +256,7 @@ func checkProjectsAgree(t *testing.T, dir string, g [2]uint64, where string) {
 		if err != nil || u.LimitBytes != uint64(st.Disk.Bytes) || u.LimitInodes != uint64(st.Disk.Inodes) {
 			t.Errorf("%s: %s's project %d limits %d bytes %d inodes, want %+v (%v)", where, st.ID, st.Disk.Group, u.LimitBytes, u.LimitInodes, st.Disk.Limit, err)
 		}
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			p, err := projquota.ProjectOf(s.LayerPath(st.Volumes[key].Upper))
 			if err != nil || p != uint32(st.Disk.Group) {
 				t.Errorf("%s: %s's %s upper in project %d, want %d (%v)", where, st.ID, key, p, st.Disk.Group, err)

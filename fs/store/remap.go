@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +54,7 @@ func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (_ i
 	if err != nil || n == 0 {
 		return 0, errors.Join(err, s.removeFresh(fresh))
 	}
-	if err := s.change(&intent{Op: op, Records: map[string]*State{prevID: prev, newID: next}, Fresh: fresh}); err != nil {
+	if err := s.change(&intent{Op: op, Records: map[string]*record.State{prevID: prev, newID: next}, Fresh: fresh}); err != nil {
 		return 0, fmt.Errorf("failed to %s %s into %s: %w", verb, prevID, newID, errors.Join(err, s.removeFresh(fresh)))
 	}
 	s.removePlaceholders(newID, before)
@@ -66,13 +67,13 @@ func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (_ i
 // stacks a fresh writable layer over it). It creates the layers this
 // needs and returns them, and how many volumes moved; nothing is
 // journaled yet, and on error the caller removes what was created.
-func (s *Store) handover(prev, next *State, keys []string, snapshot bool) ([]freshLayer, int, error) {
-	var specs []volumeSpec
+func (s *Store) handover(prev, next *record.State, keys []string, snapshot bool) ([]freshLayer, int, error) {
+	var specs []record.VolumeSpec
 	for _, key := range keys {
 		if _, ok := prev.Volumes[key]; !ok {
 			continue
 		}
-		spec, ok := volumeSpecOf(key)
+		spec, ok := record.VolumeSpecOf(key)
 		if !ok {
 			return nil, 0, fmt.Errorf("failed to migrate %s into %s: %q is not a volume: %w", prev.ID, next.ID, key, allocdir.ErrInvalidName)
 		}
@@ -84,24 +85,24 @@ func (s *Store) handover(prev, next *State, keys []string, snapshot bool) ([]fre
 	note := fmt.Sprintf("this directory's data was adopted by allocation %s at %s\n", next.ID, time.Now().UTC().Format(time.RFC3339))
 	var fresh []freshLayer
 	for _, spec := range specs {
-		pv := prev.Volumes[spec.key]
+		pv := prev.Volumes[spec.Key]
 		if snapshot {
-			f, err := s.newLayer(spec.mode, "")
+			f, err := s.newLayer(spec.Mode, "")
 			if err != nil {
 				return fresh, 0, err
 			}
 			fresh = append(fresh, f)
-			next.Volumes[spec.key] = &Volume{Upper: f.ID, Lowers: pv.layers()}
+			next.Volumes[spec.Key] = &record.Volume{Upper: f.ID, Lowers: pv.Layers()}
 			pv.ReadOnly = true
 			continue
 		}
-		f, err := s.newLayer(spec.mode, note)
+		f, err := s.newLayer(spec.Mode, note)
 		if err != nil {
 			return fresh, 0, err
 		}
 		fresh = append(fresh, f)
-		next.Volumes[spec.key] = &Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
-		prev.Volumes[spec.key] = &Volume{Upper: f.ID, ReadOnly: true}
+		next.Volumes[spec.Key] = &record.Volume{Upper: pv.Upper, Lowers: append([]string(nil), pv.Lowers...)}
+		prev.Volumes[spec.Key] = &record.Volume{Upper: f.ID, ReadOnly: true}
 	}
 	prev.MigratedTo = next.ID
 	next.Previous = prev.ID
@@ -112,9 +113,9 @@ func (s *Store) handover(prev, next *State, keys []string, snapshot bool) ([]fre
 // stacked and the migration replaced: the new allocation's own empty
 // volumes. The caller holds writeMu; a layer that cannot be removed is
 // left to the collector.
-func (s *Store) removePlaceholders(id string, before *State) {
+func (s *Store) removePlaceholders(id string, before *record.State) {
 	s.mu.Lock()
-	owned := s.claimLocked(sortedKeys(before.layerIDs()))
+	owned := s.claimLocked(sortedKeys(before.LayerIDs()))
 	s.mu.Unlock()
 	s.removeClaimed(owned, "alloc_id", id, "reason", "placeholder replaced by a migration")
 }
@@ -122,7 +123,7 @@ func (s *Store) removePlaceholders(id string, before *State) {
 // migrationPair returns copies of the two records of a migration. Whether
 // the previous allocation must be terminal is the caller's policy: the
 // allocdir contract's Move does not ask.
-func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err error) {
+func (s *Store) migrationPair(prevID, newID string) (prev, next *record.State, err error) {
 	if prevID == newID {
 		return nil, nil, fmt.Errorf("failed to migrate %s onto itself: %w", prevID, allocdir.ErrInvalidName)
 	}
@@ -142,11 +143,11 @@ func (s *Store) migrationPair(prevID, newID string) (prev, next *State, err erro
 // (its volumes are placeholders, or frozen layers another allocation
 // stacks on: handing them over again would make them writable under
 // both), and terminal when the caller's policy asks.
-func migratable(prev *State, mustBeTerminal bool) error {
+func migratable(prev *record.State, mustBeTerminal bool) error {
 	if prev.MigratedTo != "" {
 		return fmt.Errorf("previous allocation %q already handed its data to %q: %w", prev.ID, prev.MigratedTo, ErrExists)
 	}
-	if mustBeTerminal && prev.Status != StatusTerminal {
+	if mustBeTerminal && prev.Status != record.StatusTerminal {
 		return &stateError{msg: fmt.Sprintf("previous allocation %q is %s: stop it first (allocfs alloc stop %s)", prev.ID, prev.Status, prev.ID), kind: ErrNotTerminal}
 	}
 	return nil
@@ -155,16 +156,16 @@ func migratable(prev *State, mustBeTerminal bool) error {
 // Stop makes an allocation terminal: kept, browsable, its logs readable,
 // and eligible for garbage collection. Stopping a stopped allocation
 // changes nothing.
-func (s *Store) Stop(id string) (*State, error) {
+func (s *Store) Stop(id string) (*record.State, error) {
 	st, err := s.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	if st.Status == StatusTerminal {
+	if st.Status == record.StatusTerminal {
 		return st, nil
 	}
-	return s.Update(id, func(st *State) error {
-		st.Status = StatusTerminal
+	return s.Update(id, func(st *record.State) error {
+		st.Status = record.StatusTerminal
 		st.Stopped = time.Now().UTC()
 		return nil
 	})
@@ -176,8 +177,8 @@ func (s *Store) Stop(id string) (*State, error) {
 // terminal. The new record and the previous one's change are one
 // journaled intent: either both happen or neither does. It returns the
 // new record and how many volumes were handed over.
-func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*State, int, error) {
-	return s.CreateMigratedSized(id, tasks, prevID, snapshot, Limit{})
+func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*record.State, int, error) {
+	return s.CreateMigratedSized(id, tasks, prevID, snapshot, record.Limit{})
 }
 
 // CreateMigratedSized is CreateMigrated of an allocation with disk limit
@@ -186,7 +187,7 @@ func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, 
 // and refusing the remap would lose it for the new allocation; the new
 // allocation starts over its limit, every write gets EDQUOT until it
 // deletes enough, and the store logs a warning saying so.
-func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID string, snapshot bool, lim Limit) (_ *State, _ int, err error) {
+func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID string, snapshot bool, lim record.Limit) (_ *record.State, _ int, err error) {
 	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
@@ -229,7 +230,7 @@ func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID str
 		op = "seal"
 	}
 	if err == nil {
-		err = s.change(&intent{Op: op, Records: map[string]*State{prevID: prev, id: next}, Fresh: fresh})
+		err = s.change(&intent{Op: op, Records: map[string]*record.State{prevID: prev, id: next}, Fresh: fresh})
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.removeFresh(fresh)))
@@ -247,15 +248,15 @@ func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID str
 // rename, and the record naming them is one journaled intent. Keys for
 // tasks the new allocation does not have are left in staging. On failure
 // nothing is created and the received layers are removed.
-func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*State, error) {
-	return s.CreateImportedSized(id, tasks, prevID, dirs, Limit{})
+func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*record.State, error) {
+	return s.CreateImportedSized(id, tasks, prevID, dirs, record.Limit{})
 }
 
 // CreateImportedSized is CreateImported of an allocation with disk limit
 // lim (the store's default when zero). What was received is measured
 // before it becomes layers, and an allocation it does not fit in is
 // refused (ErrTooBig) with nothing created.
-func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID string, dirs map[string]string, lim Limit) (_ *State, err error) {
+func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID string, dirs map[string]string, lim record.Limit) (_ *record.State, err error) {
 	defer s.observeMigration(MigrationRemote, time.Now(), &err)
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
@@ -292,7 +293,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 	// over are the fresh uppers stacked over received trees on a store
 	// with quotas.
 	var over []freshLayer
-	fail := func(err error) (*State, error) {
+	fail := func(err error) (*record.State, error) {
 		var errs []error
 		for _, l := range imported {
 			if rerr := s.disk.RemoveAll(s.LayerPath(l)); rerr != nil {
@@ -302,7 +303,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 		return nil, errors.Join(append([]error{err}, errs...)...)
 	}
 	for _, key := range sortedKeys(keySet(dirs)) {
-		if _, ok := volumeSpecOf(key); !ok || !st.hasVolumeSpec(key) {
+		if _, ok := record.VolumeSpecOf(key); !ok || !st.HasVolumeSpec(key) {
 			continue
 		}
 		l, err := s.importLocked(dirs[key])
@@ -310,20 +311,20 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 			return fail(err)
 		}
 		imported = append(imported, l)
-		st.Volumes[key] = &Volume{Upper: l}
-		if s.quota != nil && s.quota.subvolumes() {
+		st.Volumes[key] = &record.Volume{Upper: l}
+		if s.quota != nil && s.quota.Subvolumes() {
 			// A received tree is a plain directory, which no qgroup
 			// counts: it becomes the lower of a fresh subvolume that
 			// takes the writes (and the copy-ups, whose clones it
 			// references), so nothing written later escapes the limit.
-			spec, _ := volumeSpecOf(key)
-			f, err := s.newLayer(spec.mode, "")
+			spec, _ := record.VolumeSpecOf(key)
+			f, err := s.newLayer(spec.Mode, "")
 			if err != nil {
 				return fail(err)
 			}
 			imported = append(imported, f.ID)
 			over = append(over, f)
-			st.Volumes[key] = &Volume{Upper: f.ID, Lowers: []string{l}}
+			st.Volumes[key] = &record.Volume{Upper: f.ID, Lowers: []string{l}}
 		}
 	}
 	if len(imported) > 0 {
@@ -334,7 +335,7 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 	st.Previous = prevID
 	fresh, err := s.freshVolumes(st)
 	if err == nil {
-		err = s.change(&intent{Op: "import", Records: map[string]*State{id: st}, Fresh: append(fresh, over...)})
+		err = s.change(&intent{Op: "import", Records: map[string]*record.State{id: st}, Fresh: append(fresh, over...)})
 	}
 	if err != nil {
 		return fail(fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh))))
@@ -360,19 +361,19 @@ func (s *Store) observeMigration(kind MigrationKind, start time.Time, err *error
 
 // newState returns the record of a new running allocation with no volumes
 // yet, after checking its ID and tasks.
-func (s *Store) newState(id string, tasks []allocdir.Task) (*State, error) {
-	if err := validAllocID(id); err != nil {
+func (s *Store) newState(id string, tasks []allocdir.Task) (*record.State, error) {
+	if err := record.ValidAllocID(id); err != nil {
 		return nil, err
 	}
-	if err := validTasks(tasks); err != nil {
+	if err := record.ValidTasks(tasks); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
-	return &State{
+	return &record.State{
 		ID:      id,
 		Tasks:   append([]allocdir.Task(nil), tasks...),
-		Status:  StatusRunning,
+		Status:  record.StatusRunning,
 		Created: time.Now().UTC().Round(0),
-		Volumes: make(map[string]*Volume),
+		Volumes: make(map[string]*record.Volume),
 	}, nil
 }
 
@@ -390,18 +391,18 @@ func (s *Store) absent(id string) error {
 
 // freshVolumes gives every volume st's tasks call for and it lacks a
 // fresh layer, and returns them.
-func (s *Store) freshVolumes(st *State) ([]freshLayer, error) {
+func (s *Store) freshVolumes(st *record.State) ([]freshLayer, error) {
 	var fresh []freshLayer
-	for _, spec := range st.volumeSpecs() {
-		if st.Volumes[spec.key] != nil {
+	for _, spec := range st.VolumeSpecs() {
+		if st.Volumes[spec.Key] != nil {
 			continue
 		}
-		f, err := s.newLayer(spec.mode, "")
+		f, err := s.newLayer(spec.Mode, "")
 		if err != nil {
-			return fresh, fmt.Errorf("failed to create layer for %s: %w", spec.key, err)
+			return fresh, fmt.Errorf("failed to create layer for %s: %w", spec.Key, err)
 		}
 		fresh = append(fresh, f)
-		st.Volumes[spec.key] = &Volume{Upper: f.ID}
+		st.Volumes[spec.Key] = &record.Volume{Upper: f.ID}
 	}
 	return fresh, nil
 }

@@ -12,6 +12,10 @@ import (
 	"sync/atomic"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/lock"
+	"github.com/allocfs/allocfs/fs/store/quota"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
@@ -70,8 +74,8 @@ type Store struct {
 	// so that tasks running as nobody can write; nil leaves ownership alone.
 	owner *allocdir.Owner
 	// disk takes every step that changes the data dir; tests wrap it.
-	disk Disk
-	lock *dirLock
+	disk disk.Disk
+	lock *lock.Lock
 
 	// writeMu serializes changes, so that each one sees the state left by
 	// the previous one while it works on disk with mu released. It also
@@ -93,7 +97,7 @@ type Store struct {
 
 	// mu guards the maps below. It is held for memory operations only.
 	mu     sync.RWMutex
-	allocs map[string]*State
+	allocs map[string]*record.State
 	// destroyed holds the IDs destroyed since the store was opened, so a
 	// late request can be told "gone" rather than "never existed". It grows
 	// by one short string per destroyed allocation.
@@ -126,11 +130,11 @@ type Store struct {
 	// allocation gets, and unsettled is set while the kernel's groups
 	// may disagree with the records (a settle failed). Guarded by
 	// writeMu.
-	quota        quota
+	quota        quota.Mechanism
 	quotaStep    func(op, path string) error
-	quotaReport  QuotaReport
+	quotaReport  quota.Report
 	groups       [2]uint64
-	defaultLimit Limit
+	defaultLimit record.Limit
 	unsettled    bool
 	// settleErr holds the last settle's error, for health.
 	settleErr atomic.Pointer[error]
@@ -138,7 +142,7 @@ type Store struct {
 
 // Open opens the store in dataDir, creating its directories if they are
 // missing. It takes the data dir's lock (a second store on the same data
-// dir fails with ErrLocked), empties staging/ (a half-received snapshot
+// dir fails with lock.ErrLocked), empties staging/ (a half-received snapshot
 // is never resumed), loads every allocation and replays what the journal
 // holds beyond the state files. It refuses to start on a state file it
 // cannot read, or one that references a missing layer: starting without
@@ -150,20 +154,20 @@ func Open(logger hclog.Logger, dataDir string) (*Store, error) {
 
 // Options are what OpenWith may change about a store.
 type Options struct {
-	// Disk takes every step that changes the data dir; nil is OSDisk.
+	// Disk takes every step that changes the data dir; nil is disk.OS.
 	// Crash and fault tests pass one that stops or fails steps, and
 	// tests about something other than durability one without syncs.
-	Disk Disk
+	Disk disk.Disk
 	// Quotas turns on disk limits where the data dir's filesystem can
 	// enforce them (btrfs: quota accounting is enabled, and every new
 	// layer is a subvolume). Where it cannot, the store opens without
 	// them and Quota says why.
 	Quotas bool
 	// Groups is the range of quota group IDs the store may take;
-	// DefaultGroups when zero.
+	// quota.DefaultGroups when zero.
 	Groups [2]uint64
 	// DefaultLimit is given to every new allocation that asks for none.
-	DefaultLimit Limit
+	DefaultLimit record.Limit
 	// quotaStep, when set, takes every change the quota makes in the
 	// kernel as a step of Disk's (the crash tests').
 	quotaStep func(op, path string) error
@@ -173,7 +177,7 @@ type Options struct {
 func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err error) {
 	d := opts.Disk
 	if d == nil {
-		d = OSDisk{}
+		d = disk.OS{}
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
@@ -187,7 +191,7 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 		dataDir:   abs,
 		disk:      d,
 		dirty:     make(map[string]struct{}),
-		allocs:    make(map[string]*State),
+		allocs:    make(map[string]*record.State),
 		destroyed: make(map[string]struct{}),
 		pins:      make(map[string]int),
 		dying:     make(map[string]bool),
@@ -206,14 +210,14 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 			return nil, fmt.Errorf("failed to create data dir: %w", err)
 		}
 	}
-	lock, err := lockDataDir(abs)
+	l, err := lock.Take(abs)
 	if err != nil {
 		return nil, err
 	}
-	s.lock = lock
+	s.lock = l
 	defer func() {
 		if err != nil {
-			lock.release()
+			l.Release()
 		}
 	}()
 	for _, name := range Dirs {
@@ -243,10 +247,10 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 
 	s.groups, s.defaultLimit, s.quotaStep = opts.Groups, opts.DefaultLimit, opts.quotaStep
 	if s.groups == ([2]uint64{}) {
-		s.groups = DefaultGroups
+		s.groups = quota.DefaultGroups
 	}
 	if s.groups[0] == 0 || s.groups[0] > s.groups[1] || s.groups[1] >= 1<<48 {
-		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], ErrBadLimit)
+		return nil, fmt.Errorf("quota group range %d-%d: %w", s.groups[0], s.groups[1], record.ErrBadLimit)
 	}
 	if err := s.openQuota(opts.Quotas); err != nil {
 		return nil, err
@@ -318,12 +322,12 @@ func (s *Store) load() error {
 				return fmt.Errorf("failed to remove temporary state file %q: %w", p, err)
 			}
 			s.logger.Debug("removed temporary state file", "path", p)
-		case strings.HasSuffix(e.Name(), stateSuffix):
-			st, err := readState(p)
+		case strings.HasSuffix(e.Name(), record.Suffix):
+			st, err := record.Read(p)
 			if err != nil {
 				// The journal may hold this record whole: a power cut
 				// can leave a state file renamed in but empty.
-				if s.journalHas(strings.TrimSuffix(e.Name(), stateSuffix)) {
+				if s.journalHas(strings.TrimSuffix(e.Name(), record.Suffix)) {
 					s.logger.Warn("unreadable state file; the journal has its record", "path", p, "error", err)
 					continue
 				}
@@ -370,7 +374,7 @@ func (s *Store) checkLayers() error {
 	sort.Strings(ids)
 	for _, id := range ids {
 		st := s.allocs[id]
-		for _, l := range sortedKeys(st.layerIDs()) {
+		for _, l := range sortedKeys(st.LayerIDs()) {
 			if err := s.checkLayer(l); err != nil {
 				return fmt.Errorf("allocation %q references layer %s, which is unusable: %w; "+
 					"restore the layer, or move %q out of the data dir to start without that allocation",
@@ -403,6 +407,13 @@ func (s *Store) checkLayer(id string) error {
 // DataDir returns the absolute path of the data dir.
 func (s *Store) DataDir() string { return s.dataDir }
 
+// Announce records the mount point in the data dir's lock, so that a
+// second daemon started on the same data dir says where the first one
+// serves.
+func (s *Store) Announce(mount string) error {
+	return s.lock.Describe(mount)
+}
+
 // LayerPath returns the directory of a layer, <dataDir>/layers/<layerID>.
 // layerID must come from a State: it is not checked here.
 func (s *Store) LayerPath(layerID string) string {
@@ -411,7 +422,7 @@ func (s *Store) LayerPath(layerID string) string {
 
 // StagingDir returns <dataDir>/staging, where incoming snapshots are
 // unpacked before they become layers. It is emptied at every open, so
-// nothing there may be referenced by a State.
+// nothing there may be referenced by a record.
 func (s *Store) StagingDir() string {
 	return filepath.Join(s.dataDir, stagingDirName)
 }
@@ -438,11 +449,11 @@ func (s *Store) stateDir() string { return filepath.Join(s.dataDir, stateDirName
 func (s *Store) layersDir() string { return filepath.Join(s.dataDir, layersDirName) }
 
 func (s *Store) statePath(id string) string {
-	return filepath.Join(s.stateDir(), id+stateSuffix)
+	return filepath.Join(s.stateDir(), id+record.Suffix)
 }
 
 // lookup returns the record of id (not a copy). The caller holds mu.
-func (s *Store) lookup(id string) (*State, error) {
+func (s *Store) lookup(id string) (*record.State, error) {
 	if st, ok := s.allocs[id]; ok {
 		return st, nil
 	}
@@ -477,7 +488,7 @@ func (e *stateError) Error() string        { return e.msg }
 func (e *stateError) Is(target error) bool { return target == e.kind }
 
 // Get returns a copy of the record of id.
-func (s *Store) Get(id string) (*State, error) {
+func (s *Store) Get(id string) (*record.State, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	st, err := s.lookup(id)
@@ -491,7 +502,7 @@ func (s *Store) Get(id string) (*State, error) {
 // the mount's request handlers, which run on every lookup and getattr:
 // committed records are never modified (every change commits a new
 // record), so the result may be read freely and must never be written.
-func (s *Store) View(id string) (*State, error) {
+func (s *Store) View(id string) (*record.State, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.lookup(id)
@@ -517,9 +528,9 @@ func (s *Store) Len() int {
 }
 
 // List returns a copy of every record, sorted by ID.
-func (s *Store) List() []*State {
+func (s *Store) List() []*record.State {
 	s.mu.RLock()
-	out := make([]*State, 0, len(s.allocs))
+	out := make([]*record.State, 0, len(s.allocs))
 	for _, st := range s.allocs {
 		out = append(out, st.Clone())
 	}

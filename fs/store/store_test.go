@@ -21,6 +21,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/allocdirtest"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/store/storetest"
 	"github.com/hashicorp/go-hclog"
 )
@@ -36,8 +37,8 @@ var (
 
 func errOnly[T any](v T, err error) error { return storetest.ErrOnly(v, err) }
 
-func mustState(t *testing.T, s *Store, id string) *State {
-	return storetest.Value[*State](t)(s.Get(id))
+func mustState(t *testing.T, s *Store, id string) *record.State {
+	return storetest.Value[*record.State](t)(s.Get(id))
 }
 
 // openTestStore opens a store in dir, failing the test on error, and
@@ -96,7 +97,7 @@ func stateFiles(t *testing.T, s *Store) []string {
 	return out
 }
 
-func mustCreate(t *testing.T, s *Store, id string, names ...string) *State {
+func mustCreate(t *testing.T, s *Store, id string, names ...string) *record.State {
 	t.Helper()
 	st, err := s.Create(id, tasks(names...))
 	if err != nil {
@@ -131,8 +132,8 @@ func TestStoreCreate(t *testing.T) {
 
 	before := time.Now()
 	st := mustCreate(t, s, "a1", "web", "sidecar")
-	if st.ID != "a1" || st.Status != StatusRunning {
-		t.Errorf("got ID %q status %q, want %q %q", st.ID, st.Status, "a1", StatusRunning)
+	if st.ID != "a1" || st.Status != record.StatusRunning {
+		t.Errorf("got ID %q status %q, want %q %q", st.ID, st.Status, "a1", record.StatusRunning)
 	}
 	if st.Created.Before(before.Add(-time.Second)) || st.Created.After(time.Now().Add(time.Second)) {
 		t.Errorf("created: got %v, want about %v", st.Created, before)
@@ -200,9 +201,9 @@ func TestStoreCreate(t *testing.T) {
 	if got, want := stateFiles(t, s), []string{"a1.json"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("state dir: got %v, want %v", got, want)
 	}
-	onDisk, err := readState(filepath.Join(dir, "state", "a1.json"))
+	onDisk, err := record.Read(filepath.Join(dir, "state", "a1.json"))
 	if err != nil {
-		t.Fatalf("readState: %v", err)
+		t.Fatalf("record.Read: %v", err)
 	}
 	if !reflect.DeepEqual(onDisk, st) {
 		t.Errorf("state file: got %+v, want %+v", onDisk, st)
@@ -223,8 +224,8 @@ func TestStoreReopen(t *testing.T) {
 	s := openTestStore(t, dir)
 	mustCreate(t, s, "b", "web")
 	mustCreate(t, s, "a", "web", "db")
-	if _, err := s.Update("b", func(st *State) error {
-		st.Status = StatusTerminal
+	if _, err := s.Update("b", func(st *record.State) error {
+		st.Status = record.StatusTerminal
 		return nil
 	}); err != nil {
 		t.Fatalf("Update: %v", err)
@@ -527,7 +528,7 @@ func TestStoreOnChange(t *testing.T) {
 	}
 	mustCreate(t, s, "a", "web")
 	heard("a")
-	if _, err := s.Update("a", func(st *State) error { st.Status = StatusTerminal; return nil }); err != nil {
+	if _, err := s.Update("a", func(st *record.State) error { st.Status = record.StatusTerminal; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	heard("a")
@@ -581,27 +582,6 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 	if _, err := Open(testLogger(t), dir); err == nil {
 		t.Fatal("Open with state/ a symlink: got nil error, want one")
 	}
-}
-
-// TestCloseUnlocksWhileAChildHoldsTheLock: a child forked by anything in
-// the process shares the lock's descriptor until it execs (or for its
-// life, if it inherited it): closing the store still lets the next Open
-// in at once.
-func TestCloseUnlocksWhileAChildHoldsTheLock(t *testing.T) {
-	dir := t.TempDir()
-	s := openTestStore(t, dir)
-	child := exec.Command("sleep", "30")
-	child.ExtraFiles = []*os.File{s.lock.f}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		child.Process.Kill()
-		child.Wait()
-	})
-	must(t, s.Close())
-	s2 := openTestStore(t, dir)
-	must(t, s2.Close())
 }
 
 // TestOnChangeRunsUnlocked: a change's OnChange hooks run before its

@@ -51,13 +51,13 @@ func (s *Store) Close() error {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	if s.lock == nil || s.lock.f == nil {
+	if !s.lock.Held() {
 		return errors.Join(errs...)
 	}
 	if err := s.checkpoint(); err != nil {
 		errs = append(errs, fmt.Errorf("failed to checkpoint the journal; the next start replays it: %w", err))
 	}
-	errs = append(errs, s.lock.release())
+	errs = append(errs, s.lock.Release())
 	s.broken = errClosed
 	return errors.Join(errs...)
 }

@@ -81,7 +81,7 @@ type Node struct {
 	// presented over the layer and cannot be replaced.
 	task Layout
 	// key and view are set on a volume's root: the volume it is
-	// (store.State.Volumes) and the view it shows it in, which a change
+	// (record.State.Volumes) and the view it shows it in, which a change
 	// of the record compares it with (Mount.invalidateVolumes).
 	key  string
 	view uint64
@@ -98,7 +98,7 @@ type Root struct {
 	// Alloc is the allocation whose volume it is, whose disk limit df
 	// shows; empty for a memory volume.
 	Alloc string
-	// Key is the volume (store.State.Volumes: "alloc/data",
+	// Key is the volume (record.State.Volumes: "alloc/data",
 	// "<task>/local", ...) and View the view it is shown in, which a
 	// change of the record is compared with (Node.Key, Node.View).
 	Key  string

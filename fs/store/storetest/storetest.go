@@ -1,7 +1,8 @@
-// Package storetest holds the helpers that the store's tests and the
-// FUSE tree's tests share: the tree's tests build layers through a mount
-// and then look at the store, and the store's tests cannot import the
-// tree. It imports neither, so that both may import it.
+// Package storetest holds the helpers that the store's tests, the
+// collector's (package gc) and the FUSE tree's share: the tree's tests
+// build layers through a mount and then look at the store, and the
+// store's tests cannot import the tree. It imports none of them, so that
+// all may import it.
 package storetest
 
 import (

@@ -1,4 +1,4 @@
-package store
+package gc
 
 import (
 	"context"
@@ -9,36 +9,15 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
-// Pin keeps allocation id from being destroyed until the returned func
-// is called: a migration streaming its snapshot holds one.
-func (s *Store) Pin(id string) (func(), error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, err := s.lookup(id); err != nil {
-		return nil, err
-	}
-	s.pins[id]++
-	released := false
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if released {
-			return
-		}
-		released = true
-		if s.pins[id]--; s.pins[id] <= 0 {
-			delete(s.pins, id)
-		}
-	}, nil
-}
-
-// GCConfig are the automatic collector's triggers, Nomad's client GC
+// Config are the automatic collector's triggers, Nomad's client GC
 // settings and defaults.
-type GCConfig struct {
+type Config struct {
 	// Interval between passes (gc_interval, 1m).
 	Interval time.Duration
 	// DiskUsagePercent of the backing store above which terminal
@@ -51,9 +30,9 @@ type GCConfig struct {
 	MaxAllocs int
 }
 
-// DefaultGCConfig is Nomad's client GC defaults.
-func DefaultGCConfig() GCConfig {
-	return GCConfig{Interval: time.Minute, DiskUsagePercent: 80, InodeUsagePercent: 70, MaxAllocs: 50}
+// DefaultConfig is Nomad's client GC defaults.
+func DefaultConfig() Config {
+	return Config{Interval: time.Minute, DiskUsagePercent: 80, InodeUsagePercent: 70, MaxAllocs: 50}
 }
 
 // Collector destroys terminal allocations, oldest stopped first, while the
@@ -66,16 +45,16 @@ func DefaultGCConfig() GCConfig {
 // stops a pass: it is logged and the pass goes on.
 type Collector struct {
 	logger hclog.Logger
-	store  *Store
-	cfg    GCConfig
+	store  *store.Store
+	cfg    Config
 	statfs func() (unix.Statfs_t, error)
 	// mu keeps passes from overlapping: a timer pass and a request.
 	mu sync.Mutex
 }
 
-// NewCollector returns a collector of store with cfg.
-func NewCollector(logger hclog.Logger, store *Store, cfg GCConfig) *Collector {
-	return &Collector{logger: logger.Named("gc"), store: store, cfg: cfg, statfs: store.Statfs}
+// NewCollector returns a collector of s with cfg.
+func NewCollector(logger hclog.Logger, s *store.Store, cfg Config) *Collector {
+	return &Collector{logger: logger.Named("gc"), store: s, cfg: cfg, statfs: s.Statfs}
 }
 
 // Run collects every Interval until ctx is done.
@@ -101,7 +80,7 @@ func (c *Collector) Run(ctx context.Context) {
 func (c *Collector) Collect() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	pass := CollectorPass{}
+	pass := store.CollectorPass{}
 	start := time.Now()
 	collected := c.collect(&pass)
 	c.tidy(&pass, start)
@@ -114,15 +93,15 @@ func (c *Collector) Collect() []string {
 func (c *Collector) CollectAll(reason string) ([]string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	pass := CollectorPass{Requested: true}
+	pass := store.CollectorPass{Requested: true}
 	start := time.Now()
 	collected := []string{}
 	var errs []error
 	terminal, pinned := c.terminal()
 	pass.Pinned = len(pinned)
 	for _, st := range terminal {
-		if err := c.destroy(st, GCRequested, reason); err != nil {
-			if errors.Is(err, ErrPinned) {
+		if err := c.destroy(st, store.GCRequested, reason); err != nil {
+			if errors.Is(err, store.ErrPinned) {
 				pass.Pinned++
 			}
 			errs = append(errs, err)
@@ -135,7 +114,7 @@ func (c *Collector) CollectAll(reason string) ([]string, error) {
 }
 
 // CollectAlloc collects allocation id if it is terminal and unpinned; a
-// running one gets ErrNotTerminal and a pinned one ErrPinned.
+// running one gets store.ErrNotTerminal and a pinned one store.ErrPinned.
 func (c *Collector) CollectAlloc(id, reason string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -143,13 +122,13 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 	if err != nil {
 		return err
 	}
-	if st.Status != StatusTerminal {
-		return &stateError{msg: fmt.Sprintf("allocation %q is %s: stop it before collecting it", id, st.Status), kind: ErrNotTerminal}
+	if st.Status != record.StatusTerminal {
+		return &notTerminalError{id: id, status: st.Status}
 	}
-	pass := CollectorPass{Requested: true}
+	pass := store.CollectorPass{Requested: true}
 	start := time.Now()
-	err = c.destroy(st, GCRequested, reason)
-	if errors.Is(err, ErrPinned) {
+	err = c.destroy(st, store.GCRequested, reason)
+	if errors.Is(err, store.ErrPinned) {
 		pass.Pinned++
 	}
 	c.tidy(&pass, start)
@@ -160,13 +139,13 @@ func (c *Collector) CollectAlloc(id, reason string) error {
 // reason's class, for the observer. One pinned since it was chosen, or
 // destroyed by someone else meanwhile, is no collection (the caller
 // counts the pinned ones, once each).
-func (c *Collector) destroy(st *State, class GCReason, reason string) error {
+func (c *Collector) destroy(st *record.State, class store.GCReason, reason string) error {
 	err := c.store.Destroy(st.ID)
-	if !errors.Is(err, ErrPinned) && !errors.Is(err, allocdir.ErrUnknownAlloc) {
-		c.store.obs.Collected(class, err)
+	if !errors.Is(err, store.ErrPinned) && !errors.Is(err, allocdir.ErrUnknownAlloc) {
+		c.store.Observer().Collected(class, err)
 	}
 	if err != nil {
-		if errors.Is(err, allocdir.ErrUnknownAlloc) || errors.Is(err, ErrPinned) {
+		if errors.Is(err, allocdir.ErrUnknownAlloc) || errors.Is(err, store.ErrPinned) {
 			c.logger.Info("allocation not collected", "alloc_id", st.ID, "reason", reason, "error", err)
 			return err
 		}
@@ -181,7 +160,7 @@ func (c *Collector) destroy(st *State, class GCReason, reason string) error {
 
 // tidy sweeps orphan layers and flattens snapshot chains, logging what
 // fails, and tells the observer of the pass that started at start.
-func (c *Collector) tidy(pass *CollectorPass, start time.Time) {
+func (c *Collector) tidy(pass *store.CollectorPass, start time.Time) {
 	var err error
 	if pass.Swept, err = c.store.Sweep(); err != nil {
 		c.logger.Error("failed to remove orphan layers", "error", err)
@@ -193,12 +172,12 @@ func (c *Collector) tidy(pass *CollectorPass, start time.Time) {
 		c.logger.Error("disk limits still lag the records", "error", err)
 	}
 	pass.Duration = time.Since(start)
-	c.store.obs.CollectorPass(*pass)
+	c.store.Observer().CollectorPass(*pass)
 }
 
 // collect destroys terminal allocations while the node is over a trigger.
 // One that cannot be collected is skipped for the rest of the pass.
-func (c *Collector) collect(pass *CollectorPass) []string {
+func (c *Collector) collect(pass *store.CollectorPass) []string {
 	var collected []string
 	skip := make(map[string]bool)
 	pinnedSeen := make(map[string]bool)
@@ -208,14 +187,14 @@ func (c *Collector) collect(pass *CollectorPass) []string {
 		if first {
 			pass.Pressure = class
 		}
-		if class == GCNone {
+		if class == store.GCNone {
 			return collected
 		}
 		terminal, pinned := c.terminal()
 		for _, id := range pinned {
 			pinnedSeen[id] = true
 		}
-		var victim *State
+		var victim *record.State
 		for _, st := range terminal {
 			if !skip[st.ID] {
 				victim = st
@@ -227,7 +206,7 @@ func (c *Collector) collect(pass *CollectorPass) []string {
 			return collected
 		}
 		if err := c.destroy(victim, class, reason); err != nil {
-			if errors.Is(err, ErrPinned) {
+			if errors.Is(err, store.ErrPinned) {
 				pinnedSeen[victim.ID] = true
 			}
 			skip[victim.ID] = true
@@ -242,43 +221,40 @@ func (c *Collector) collect(pass *CollectorPass) []string {
 
 // pressure says which trigger the node is over (GCNone: none), and in
 // words, for the log.
-func (c *Collector) pressure() (GCReason, string) {
+func (c *Collector) pressure() (store.GCReason, string) {
 	if n := c.store.Len(); c.cfg.MaxAllocs > 0 && n > c.cfg.MaxAllocs {
-		return GCMaxAllocs, fmt.Sprintf("%d allocations > max %d", n, c.cfg.MaxAllocs)
+		return store.GCMaxAllocs, fmt.Sprintf("%d allocations > max %d", n, c.cfg.MaxAllocs)
 	}
 	st, err := c.statfs()
 	if err != nil {
 		c.logger.Error("cannot read backing store usage", "error", err)
-		return GCNone, ""
+		return store.GCNone, ""
 	}
 	if st.Blocks > 0 {
 		used := 100 * float64(st.Blocks-st.Bfree) / float64(st.Blocks)
 		if c.cfg.DiskUsagePercent > 0 && used > c.cfg.DiskUsagePercent {
-			return GCDisk, fmt.Sprintf("disk usage %.1f%% > %.0f%%", used, c.cfg.DiskUsagePercent)
+			return store.GCDisk, fmt.Sprintf("disk usage %.1f%% > %.0f%%", used, c.cfg.DiskUsagePercent)
 		}
 	}
 	if st.Files > 0 {
 		used := 100 * float64(st.Files-st.Ffree) / float64(st.Files)
 		if c.cfg.InodeUsagePercent > 0 && used > c.cfg.InodeUsagePercent {
-			return GCInodes, fmt.Sprintf("inode usage %.1f%% > %.0f%%", used, c.cfg.InodeUsagePercent)
+			return store.GCInodes, fmt.Sprintf("inode usage %.1f%% > %.0f%%", used, c.cfg.InodeUsagePercent)
 		}
 	}
-	return GCNone, ""
+	return store.GCNone, ""
 }
 
 // terminal returns the terminal, unpinned allocations, stopped first
 // first, and the IDs of the terminal ones a migration pins.
-func (c *Collector) terminal() (terminal []*State, pinned []string) {
+func (c *Collector) terminal() (terminal []*record.State, pinned []string) {
 	for _, st := range c.store.List() {
 		// Nomad's client removes what it made through the mount; it
 		// tells no one when an allocation stops.
-		if st.Status != StatusTerminal || st.Origin == OriginMount {
+		if st.Status != record.StatusTerminal || st.Origin == record.OriginMount {
 			continue
 		}
-		c.store.mu.RLock()
-		isPinned := c.store.pins[st.ID] > 0
-		c.store.mu.RUnlock()
-		if isPinned {
+		if c.store.Pinned(st.ID) {
 			pinned = append(pinned, st.ID)
 			continue
 		}
@@ -287,3 +263,16 @@ func (c *Collector) terminal() (terminal []*State, pinned []string) {
 	sort.SliceStable(terminal, func(i, j int) bool { return terminal[i].Stopped.Before(terminal[j].Stopped) })
 	return terminal, pinned
 }
+
+// notTerminalError refuses to collect a running allocation: it is
+// store.ErrNotTerminal, with a message that says what to do.
+type notTerminalError struct {
+	id     string
+	status record.Status
+}
+
+func (e *notTerminalError) Error() string {
+	return fmt.Sprintf("allocation %q is %s: stop it before collecting it", e.id, e.status)
+}
+
+func (e *notTerminalError) Is(target error) bool { return target == store.ErrNotTerminal }

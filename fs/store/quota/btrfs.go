@@ -1,4 +1,4 @@
-package store
+package quota
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/btrfs"
 )
 
@@ -36,11 +37,9 @@ func (q *btrfsQuota) before(op string, what any) error {
 	return q.step(op, fmt.Sprint(what))
 }
 
-const mechanismBtrfs = "btrfs qgroups"
-
-// makeLayer makes the root of a layer: a subvolume, so that its usage is
+// MakeLayer makes the root of a layer: a subvolume, so that its usage is
 // counted apart.
-func (q *btrfsQuota) makeLayer(p string) error {
+func (q *btrfsQuota) MakeLayer(p string) error {
 	if err := q.before("subvolume create", p); err != nil {
 		return err
 	}
@@ -67,14 +66,14 @@ func (q *btrfsQuota) subvol(l string) (uint64, error) {
 	return id, nil
 }
 
-// settle makes the kernel's groups agree with records: every allocation
+// Settle makes the kernel's groups agree with records: every allocation
 // with a limit has its group, its limit and exactly the uppers of its
 // volumes as members; groups of gone allocations (in groups, the range
 // the store owns) are emptied and removed. Only the allocations in
 // affected are looked at (nil: all), and the groups no record names. It
 // reports whether the counters went inconsistent, which a rescan puts
 // right.
-func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error) {
+func (q *btrfsQuota) Settle(records, _ map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error) {
 	rel, err := btrfs.Relations(q.dir)
 	if err != nil {
 		return false, err
@@ -129,7 +128,7 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 		if err := btrfs.Limit(q.dir, g, uint64(st.Disk.Bytes)); err != nil {
 			errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
 		}
-		for _, key := range sortedVolumeKeys(st) {
+		for _, key := range st.VolumeKeys() {
 			sv, err := q.subvol(st.Volumes[key].Upper)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("allocation %s: %w", id, err))
@@ -196,7 +195,7 @@ func (q *btrfsQuota) settle(records, _ map[string]*State, affected map[string]bo
 }
 
 // groupNamed reports whether a record names group g.
-func groupNamed(records map[string]*State, g uint64) bool {
+func groupNamed(records map[string]*record.State, g uint64) bool {
 	for _, st := range records {
 		if st.Disk != nil && st.Disk.Group == g {
 			return true
@@ -205,21 +204,20 @@ func groupNamed(records map[string]*State, g uint64) bool {
 	return false
 }
 
-// usage reads what group g holds; btrfs counts no inodes.
-func (q *btrfsQuota) usage(g uint64) (uint64, uint64, error) {
+// Usage reads what group g holds; btrfs counts no inodes.
+func (q *btrfsQuota) Usage(g uint64) (uint64, uint64, error) {
 	u, err := btrfs.ReadUsage(q.fsid, btrfs.Qgroup(1, g))
 	return u.Bytes(), 0, err
 }
 
-func (q *btrfsQuota) mechanism() string                        { return mechanismBtrfs }
-func (q *btrfsQuota) subvolumes() bool                         { return true }
-func (q *btrfsQuota) countsInodes() bool                       { return false }
-func (q *btrfsQuota) rescan() error                            { return btrfs.Rescan(q.dir) }
-func (q *btrfsQuota) setStep(step func(op, path string) error) { q.step = step }
+func (q *btrfsQuota) Name() string       { return BtrfsQgroups }
+func (q *btrfsQuota) Subvolumes() bool   { return true }
+func (q *btrfsQuota) CountsInodes() bool { return false }
+func (q *btrfsQuota) Rescan() error      { return btrfs.Rescan(q.dir) }
 
-// groupFree reports whether the kernel knows no qgroup 1/g: one the
+// GroupFree reports whether the kernel knows no qgroup 1/g: one the
 // host made itself is never taken over.
-func (q *btrfsQuota) groupFree(g uint64) bool {
+func (q *btrfsQuota) GroupFree(g uint64) bool {
 	_, err := os.Lstat(fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/1_%d", q.fsid, g))
 	return errors.Is(err, os.ErrNotExist)
 }

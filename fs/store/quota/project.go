@@ -1,4 +1,4 @@
-package store
+package quota
 
 import (
 	"bufio"
@@ -10,10 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/internal/projquota"
 )
-
-const mechanismProject = "project quotas"
 
 // projQuota counts allocations with project quotas (xfs pquota or
 // prjquota, ext4 with the project feature mounted prjquota). xfs answers
@@ -35,7 +34,7 @@ type projQuota struct {
 
 // detectProject returns a projQuota where the filesystem of dir enforces
 // project quotas and enable is set, or says what would.
-func detectProject(dir, fsName string, enable bool) (quota, string, error) {
+func detectProject(dir, fsName string, enable bool, step func(op, path string) error) (Mechanism, string, error) {
 	on, err := projquota.Enforced(dir)
 	if err != nil {
 		on = false
@@ -48,10 +47,10 @@ func detectProject(dir, fsName string, enable bool) (quota, string, error) {
 		return nil, fmt.Sprintf("the data dir is on %s; allocfs enforces disk limits with btrfs qgroups or project quotas: %s", fsName, how), nil
 	case !enable:
 		return nil, fmt.Sprintf("the data dir is on %s with project quotas, and disk limits are off: start serve with --enable-quotas", fsName), nil
-	case fsName == "ext4" && hasCapSysResource():
+	case fsName == "ext4" && HasCapSysResource():
 		return nil, "ext4 lets a process with CAP_SYS_RESOURCE write past project quotas, and this daemon has it (its own writes and passthrough's would not be held): run serve without it (deploy/allocfs.service drops it; by hand: setpriv --bounding-set=-sys_resource --inh-caps=-sys_resource allocfs serve ...) with --enable-quotas", nil
 	}
-	return &projQuota{dir: dir, fs: fsName}, "", nil
+	return &projQuota{dir: dir, fs: fsName, step: step}, "", nil
 }
 
 // quotaState says why quotas are off, for the advice.
@@ -62,9 +61,10 @@ func quotaState(err error) string {
 	return "not mounted with them"
 }
 
-// hasCapSysResource reports whether this process's effective
-// capabilities hold CAP_SYS_RESOURCE.
-func hasCapSysResource() bool {
+// HasCapSysResource reports whether this process's effective
+// capabilities hold CAP_SYS_RESOURCE, with which ext4 lets it write past
+// project quotas.
+func HasCapSysResource() bool {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		return false
@@ -80,14 +80,13 @@ func hasCapSysResource() bool {
 	return false
 }
 
-func (q *projQuota) mechanism() string  { return mechanismProject }
-func (q *projQuota) subvolumes() bool   { return false }
-func (q *projQuota) countsInodes() bool { return true }
-func (q *projQuota) rescan() error      { return nil }
-func (q *projQuota) makeLayer(string) error {
+func (q *projQuota) Name() string       { return ProjectQuotas }
+func (q *projQuota) Subvolumes() bool   { return false }
+func (q *projQuota) CountsInodes() bool { return true }
+func (q *projQuota) Rescan() error      { return nil }
+func (q *projQuota) MakeLayer(string) error {
 	return errors.New("project quotas make layers as plain directories")
 }
-func (q *projQuota) setStep(step func(op, path string) error) { q.step = step }
 
 func (q *projQuota) before(op string, what any) error {
 	if q.step == nil {
@@ -96,13 +95,13 @@ func (q *projQuota) before(op string, what any) error {
 	return q.step(op, fmt.Sprint(what))
 }
 
-// settle gives each affected allocation with a limit its project's
+// Settle gives each affected allocation with a limit its project's
 // limits, and its volumes' upper layers its project where their root
 // has another (a fresh layer, an adopted one, one a crash left half
 // done: SetTree sets the root last). An allocation whose limit went away
 // has its project's limits cleared and its uppers back in project 0. At
 // open (before nil) every record is looked at.
-func (q *projQuota) settle(records, before map[string]*State, affected map[string]bool, groups [2]uint64) (bool, error) {
+func (q *projQuota) Settle(records, before map[string]*record.State, affected map[string]bool, groups [2]uint64) (bool, error) {
 	var errs []error
 	if before == nil && affected == nil {
 		// At open: a project of the range whose allocation a crash took
@@ -184,8 +183,8 @@ func (q *projQuota) settle(records, before map[string]*State, affected map[strin
 
 // needsRetag reports whether an upper layer of st's volumes has another
 // project than id at its root.
-func (q *projQuota) needsRetag(st *State, id uint32) bool {
-	for _, key := range sortedVolumeKeys(st) {
+func (q *projQuota) needsRetag(st *record.State, id uint32) bool {
+	for _, key := range st.VolumeKeys() {
 		cur, err := projquota.ProjectOf(filepath.Join(q.dir, st.Volumes[key].Upper))
 		if err != nil || cur != id {
 			return true
@@ -196,9 +195,9 @@ func (q *projQuota) needsRetag(st *State, id uint32) bool {
 
 // retag gives the upper layers of st's volumes project id where their
 // root has another.
-func (q *projQuota) retag(st *State, id uint32) []error {
+func (q *projQuota) retag(st *record.State, id uint32) []error {
 	var errs []error
-	for _, key := range sortedVolumeKeys(st) {
+	for _, key := range st.VolumeKeys() {
 		p := filepath.Join(q.dir, st.Volumes[key].Upper)
 		cur, err := projquota.ProjectOf(p)
 		if err != nil {
@@ -218,15 +217,15 @@ func (q *projQuota) retag(st *State, id uint32) []error {
 	return errs
 }
 
-func (q *projQuota) usage(g uint64) (uint64, uint64, error) {
+func (q *projQuota) Usage(g uint64) (uint64, uint64, error) {
 	u, err := projquota.Get(q.dir, uint32(g))
 	return u.Bytes, u.Inodes, err
 }
 
-// groupFree reports whether project g has neither usage nor limits: one
+// GroupFree reports whether project g has neither usage nor limits: one
 // the host uses, or an earlier allocation whose files are still being
 // removed, is not taken.
-func (q *projQuota) groupFree(g uint64) bool {
+func (q *projQuota) GroupFree(g uint64) bool {
 	if g > 1<<32-1 {
 		return false
 	}

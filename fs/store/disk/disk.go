@@ -1,4 +1,4 @@
-package store
+package disk
 
 import (
 	"errors"
@@ -12,11 +12,11 @@ import (
 // Disk is every step by which the store changes the data dir: each call is
 // one step a crash can fall before or after. The store never changes the
 // data dir any other way (what tasks write into layers goes through the
-// mount, not through the store), so a Disk that wraps OSDisk can stop the
+// mount, not through the store), so a Disk that wraps OS can stop the
 // store at its Nth step, fail one step as a full or broken disk would, or
 // throw away every write that was not synced, and see everything a real
-// crash or power cut could leave behind (crash_test.go). A daemon uses
-// OSDisk; OpenWith takes another.
+// crash or power cut could leave behind (the store's crash_test.go). A
+// daemon uses OS; the store's OpenWith takes another.
 //
 // Paths are absolute and built by the store from its own directory names
 // and IDs it generated or checked, never from a request.
@@ -54,22 +54,22 @@ type Disk interface {
 // A merge of layers takes its steps on the store's disk.
 var _ layer.MergeDisk = Disk(nil)
 
-// OSDisk is the disk of a running daemon: every step is the system call.
-type OSDisk struct{}
+// OS is the disk of a running daemon: every step is the system call.
+type OS struct{}
 
-func (OSDisk) Mkdir(p string, mode uint32) error {
+func (OS) Mkdir(p string, mode uint32) error {
 	return pathErr("mkdir", p, unix.Mkdir(p, mode))
 }
 
-func (OSDisk) Lchown(p string, uid, gid int) error {
+func (OS) Lchown(p string, uid, gid int) error {
 	return pathErr("lchown", p, unix.Lchown(p, uid, gid))
 }
 
-func (OSDisk) Chmod(p string, mode uint32) error {
+func (OS) Chmod(p string, mode uint32) error {
 	return pathErr("chmod", p, unix.Fchmodat(unix.AT_FDCWD, p, mode, 0))
 }
 
-func (OSDisk) WriteFile(p string, data []byte, mode uint32) error {
+func (OS) WriteFile(p string, data []byte, mode uint32) error {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(mode))
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func (OSDisk) WriteFile(p string, data []byte, mode uint32) error {
 	return errors.Join(err, f.Close())
 }
 
-func (OSDisk) AppendFile(p string, data []byte) error {
+func (OS) AppendFile(p string, data []byte) error {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -87,11 +87,11 @@ func (OSDisk) AppendFile(p string, data []byte) error {
 	return errors.Join(err, f.Close())
 }
 
-func (OSDisk) Truncate(p string, size int64) error {
+func (OS) Truncate(p string, size int64) error {
 	return pathErr("truncate", p, unix.Truncate(p, size))
 }
 
-func (OSDisk) Fsync(p string) error {
+func (OS) Fsync(p string) error {
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return pathErr("open", p, err)
@@ -100,7 +100,7 @@ func (OSDisk) Fsync(p string) error {
 	return pathErr("fsync", p, unix.Fsync(fd))
 }
 
-func (OSDisk) Syncfs(p string) error {
+func (OS) Syncfs(p string) error {
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return pathErr("open", p, err)
@@ -109,20 +109,20 @@ func (OSDisk) Syncfs(p string) error {
 	return pathErr("syncfs", p, unix.Syncfs(fd))
 }
 
-func (OSDisk) Rename(oldpath, newpath string, flags uint) error {
+func (OS) Rename(oldpath, newpath string, flags uint) error {
 	if err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, flags); err != nil {
 		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err}
 	}
 	return nil
 }
 
-func (OSDisk) MkdirAt(l layer.Loc, mode uint32) error { return l.Mkdir(mode) }
+func (OS) MkdirAt(l layer.Loc, mode uint32) error { return l.Mkdir(mode) }
 
-func (OSDisk) LinkAt(from, to layer.Loc) error { return layer.Link(from, to) }
+func (OS) LinkAt(from, to layer.Loc) error { return layer.Link(from, to) }
 
-func (OSDisk) Remove(p string) error { return os.Remove(p) }
+func (OS) Remove(p string) error { return os.Remove(p) }
 
-func (OSDisk) RemoveAll(p string) error { return allocdir.RemoveAll(p) }
+func (OS) RemoveAll(p string) error { return allocdir.RemoveAll(p) }
 
 func pathErr(op, p string, err error) error {
 	if err == nil {

@@ -1,11 +1,11 @@
-package store
+package record
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -25,8 +25,8 @@ type Volume struct {
 	ReadOnly bool `json:"readonly,omitempty"`
 }
 
-// layers returns every layer ID of the volume, top first.
-func (v *Volume) layers() []string {
+// Layers returns every layer ID of the volume, top first.
+func (v *Volume) Layers() []string {
 	out := make([]string, 0, 1+len(v.Lowers))
 	out = append(out, v.Upper)
 	return append(out, v.Lowers...)
@@ -69,7 +69,7 @@ type State struct {
 	Retained []string `json:"retained,omitempty"`
 	// Origin is OriginMount for an allocation made by a mkdir at the
 	// mount root (Nomad's client), empty for one made through the API or
-	// the allocdir contract (layout.go).
+	// the allocdir contract.
 	Origin string `json:"origin,omitempty"`
 	// Dirs are the attributes set through the mount on the skeleton
 	// directories: DirRoot (<mount>/<id>) and DirShared (alloc/). One
@@ -85,7 +85,7 @@ type State struct {
 	// own layer (the tree's host layer). Sorted.
 	Chroots []string `json:"chroots,omitempty"`
 	// Disk is the allocation's disk limit and the quota group that
-	// counts it (quota.go); nil for none.
+	// counts it (limit.go); nil for none.
 	Disk *DiskQuota `json:"disk,omitempty"`
 	// Tags number, on a store whose layers are btrfs subvolumes, each
 	// layer the allocation stacks or retains: every subvolume numbers
@@ -165,143 +165,45 @@ func (s *State) TaskIndex(name string) int {
 	return -1
 }
 
-// layerIDs returns the set of layers the allocation references.
-func (s *State) layerIDs() map[string]struct{} {
+// LayerIDs returns the set of layers the allocation stacks.
+func (s *State) LayerIDs() map[string]struct{} {
 	out := make(map[string]struct{})
 	for _, v := range s.Volumes {
 		if v == nil {
 			continue
 		}
-		for _, l := range v.layers() {
+		for _, l := range v.Layers() {
 			out[l] = struct{}{}
 		}
 	}
 	return out
 }
 
-// allLayerIDs returns the layers the allocation stacks and those it
+// AllLayerIDs returns the layers the allocation stacks and those it
 // retains: every layer that must live while it does.
-func (s *State) allLayerIDs() map[string]struct{} {
-	out := s.layerIDs()
+func (s *State) AllLayerIDs() map[string]struct{} {
+	out := s.LayerIDs()
 	for _, l := range s.Retained {
 		out[l] = struct{}{}
 	}
 	return out
 }
 
-// volumeSpec is one volume the store creates for a new allocation or task:
-// its key in State.Volumes and the mode of its fresh upper layer.
-type volumeSpec struct {
-	key  string
-	mode os.FileMode
-	// owner, when set, owns the fresh layer's root instead of the
-	// store's owner: the caller of a mkdir through the mount.
-	owner *allocdir.Owner
+// VolumeKeys returns the keys of the allocation's volumes in order, so
+// that what is done to each happens in a reproducible order.
+func (s *State) VolumeKeys() []string {
+	keys := make([]string, 0, len(s.Volumes))
+	for k := range s.Volumes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
-// allocVolumes are the volumes every allocation has, whatever its tasks.
-func allocVolumes() []volumeSpec {
-	return []volumeSpec{
-		{key: path.Join(allocdir.SharedAllocName, allocdir.SharedDataName), mode: allocdir.SharedDirMode},
-		{key: path.Join(allocdir.SharedAllocName, allocdir.LogDirName), mode: allocdir.SharedDirMode},
-		{key: path.Join(allocdir.SharedAllocName, allocdir.TmpDirName), mode: allocdir.SharedDirMode},
-	}
-}
-
-// taskVolumes are the volumes of one task. secrets/ and private/ are not
-// among them: they live in memory only and never reach the data dir.
-func taskVolumes(task string) []volumeSpec {
-	return []volumeSpec{
-		// The task directory itself: drivers write there (executor.out,
-		// a chroot's /bin and /etc); the layout's own children are
-		// presented over it.
-		{key: task, mode: allocdir.TaskDirMode},
-		{key: path.Join(task, allocdir.TaskLocal), mode: allocdir.TaskDirMode},
-		{key: path.Join(task, allocdir.TmpDirName), mode: allocdir.TaskTmpMode},
-	}
-}
-
-// volumeSpecs are the volumes the allocation's layout calls for: the
-// alloc-level ones and those of each task.
-func (s *State) volumeSpecs() []volumeSpec {
-	specs := allocVolumes()
-	for _, t := range s.Tasks {
-		specs = append(specs, taskVolumes(t.Name)...)
-	}
-	return specs
-}
-
-// hasVolumeSpec reports whether key is one of the allocation's volumes.
-func (s *State) hasVolumeSpec(key string) bool {
-	for _, v := range s.volumeSpecs() {
-		if v.key == key {
-			return true
-		}
-	}
-	return false
-}
-
-// volumeSpecOf returns the spec of the volume at key, whichever
-// allocation or task it belongs to.
-func volumeSpecOf(key string) (volumeSpec, bool) {
-	task, _, _ := strings.Cut(key, "/")
-	for _, v := range append(allocVolumes(), taskVolumes(task)...) {
-		if v.key == key {
-			return v, true
-		}
-	}
-	return volumeSpec{}, false
-}
-
-// stateSuffix ends every state file name; what precedes it is the ID.
-const stateSuffix = ".json"
-
-// validAllocID checks an allocation ID: one path component, and short
-// enough that <id>.json still fits in a file name (NAME_MAX), so that a
-// long ID fails up front rather than half-way through Create.
-func validAllocID(id string) error {
-	if err := allocdir.ValidID(id); err != nil {
-		return fmt.Errorf("invalid allocation ID: %w", err)
-	}
-	if len(id)+len(stateSuffix) > 255 {
-		return fmt.Errorf("invalid allocation ID: %w: %q is longer than %d bytes",
-			allocdir.ErrInvalidName, id, 255-len(stateSuffix))
-	}
-	return nil
-}
-
-// validTaskName checks a task name: one path component, and not "alloc",
-// whose volumes would collide with the shared directory's.
-func validTaskName(name string) error {
-	if err := allocdir.ValidTaskName(name); err != nil {
-		return fmt.Errorf("invalid task name: %w", err)
-	}
-	if name == allocdir.SharedAllocName {
-		return fmt.Errorf("invalid task name: %w: %q is reserved for the shared directory",
-			allocdir.ErrInvalidName, name)
-	}
-	return nil
-}
-
-// validTasks checks every task name and that no two tasks share one.
-func validTasks(tasks []allocdir.Task) error {
-	seen := make(map[string]struct{}, len(tasks))
-	for _, t := range tasks {
-		if err := validTaskName(t.Name); err != nil {
-			return err
-		}
-		if _, dup := seen[t.Name]; dup {
-			return fmt.Errorf("invalid task name: %w: %q appears twice", allocdir.ErrInvalidName, t.Name)
-		}
-		seen[t.Name] = struct{}{}
-	}
-	return nil
-}
-
-// normalize gives a state the shape it has after a JSON round trip (an
+// Normalize gives a state the shape it has after a JSON round trip (an
 // empty Volumes map, no empty Lowers), so that what the store holds in
 // memory is exactly what it would read back.
-func (s *State) normalize() {
+func (s *State) Normalize() {
 	if s.Volumes == nil {
 		s.Volumes = make(map[string]*Volume)
 	}
@@ -327,17 +229,17 @@ func (s *State) normalize() {
 	}
 }
 
-// validate checks what the store relies on in a state, whether it was read
+// Validate checks what the store relies on in a state, whether it was read
 // from disk or produced by an Update: a state that passes can be written
 // and read back. Whether its layers exist is checked by the caller, which
 // knows where layers live.
-func (s *State) validate() error {
-	if err := validAllocID(s.ID); err != nil {
+func (s *State) Validate() error {
+	if err := ValidAllocID(s.ID); err != nil {
 		return err
 	}
 	// No tasks is a valid record: the allocdir contract builds the
 	// allocation before its tasks.
-	if err := validTasks(s.Tasks); err != nil {
+	if err := ValidTasks(s.Tasks); err != nil {
 		return err
 	}
 	switch s.Status {
@@ -349,7 +251,7 @@ func (s *State) validate() error {
 		if v == nil {
 			return fmt.Errorf("volume %q is null", key)
 		}
-		for _, l := range v.layers() {
+		for _, l := range v.Layers() {
 			if err := allocdir.ValidName(l); err != nil {
 				return fmt.Errorf("volume %q: invalid layer ID: %w", key, err)
 			}
@@ -379,7 +281,7 @@ func (s *State) validate() error {
 		}
 	}
 	for _, dir := range s.Gone {
-		if err := s.validGone(dir); err != nil {
+		if err := s.ValidGone(dir); err != nil {
 			return fmt.Errorf("removed directories: %w", err)
 		}
 	}
@@ -391,9 +293,9 @@ func (s *State) validate() error {
 	return nil
 }
 
-// readState reads and checks one state file. The ID recorded inside must
+// Read reads and checks one record file. The ID recorded inside must
 // match the file name: the name is how the store finds it again.
-func readState(file string) (*State, error) {
+func Read(file string) (*State, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -402,12 +304,12 @@ func readState(file string) (*State, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, err
 	}
-	if want := strings.TrimSuffix(filepath.Base(file), stateSuffix); st.ID != want {
+	if want := strings.TrimSuffix(filepath.Base(file), Suffix); st.ID != want {
 		return nil, fmt.Errorf("records allocation ID %q, want %q (its file name)", st.ID, want)
 	}
-	if err := st.validate(); err != nil {
+	if err := st.Validate(); err != nil {
 		return nil, err
 	}
-	st.normalize()
+	st.Normalize()
 	return &st, nil
 }

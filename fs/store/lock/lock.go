@@ -1,4 +1,4 @@
-package store
+package lock
 
 import (
 	"errors"
@@ -11,28 +11,28 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// lockName is the file in the data dir whose flock(2) says a store has it
+// Name is the file in the data dir whose flock(2) says a store has it
 // open. Two daemons on one data dir would each create allocations the
 // other does not know of and collect layers the other still uses, so
-// Open takes the lock and a second one fails at once. The kernel
-// drops the lock with the last descriptor, so a crashed daemon never
-// leaves the data dir locked.
-const lockName = "lock"
+// the store's Open takes the lock and a second one fails at once. The
+// kernel drops the lock with the last descriptor, so a crashed daemon
+// never leaves the data dir locked.
+const Name = "lock"
 
-// ErrLocked is returned by Open when another store, in this process
-// or another, has the data dir open.
+// ErrLocked is returned by Take, and so by the store's Open, when
+// another store, in this process or another, has the data dir open.
 var ErrLocked = errors.New("data dir is in use by another allocfs")
 
-// dirLock is a held lock on a data dir.
-type dirLock struct {
+// Lock is a held lock on a data dir.
+type Lock struct {
 	f *os.File
 }
 
-// lockDataDir takes the data dir's lock, or fails with ErrLocked and what
-// the holder wrote about itself. The holder writes its PID (and later,
-// through Announce, its mount point) into the file, for the message.
-func lockDataDir(dataDir string) (*dirLock, error) {
-	p := filepath.Join(dataDir, lockName)
+// Take takes the data dir's lock, or fails with ErrLocked and what the
+// holder wrote about itself. The holder writes its PID (and later,
+// through Describe, its mount point) into the file, for the message.
+func Take(dataDir string) (*Lock, error) {
+	p := filepath.Join(dataDir, Name)
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open the data dir's lock %q: %w", p, err)
@@ -45,15 +45,17 @@ func lockDataDir(dataDir string) (*dirLock, error) {
 		}
 		return nil, fmt.Errorf("failed to lock %q: %w", p, err)
 	}
-	l := &dirLock{f: f}
-	if err := l.describe(""); err != nil {
-		return nil, errors.Join(err, l.release())
+	l := &Lock{f: f}
+	if err := l.Describe(""); err != nil {
+		return nil, errors.Join(err, l.Release())
 	}
 	return l, nil
 }
 
-// describe writes who holds the lock: this PID and, once known, the mount.
-func (l *dirLock) describe(mount string) error {
+// Describe writes who holds the lock: this PID and, once known, the
+// mount, so that a second daemon started on the same data dir says where
+// the first one serves.
+func (l *Lock) Describe(mount string) error {
 	text := "pid " + strconv.Itoa(os.Getpid())
 	if mount != "" {
 		text += ", mount " + mount
@@ -67,9 +69,9 @@ func (l *dirLock) describe(mount string) error {
 	return nil
 }
 
-// release drops the lock. The file stays: removing it would let a third
+// Release drops the lock. The file stays: removing it would let a third
 // store lock a new file while a second one waits on the old.
-func (l *dirLock) release() error {
+func (l *Lock) Release() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
@@ -85,6 +87,9 @@ func (l *dirLock) release() error {
 	return err
 }
 
+// Held reports whether l is a lock still held: not released.
+func (l *Lock) Held() bool { return l != nil && l.f != nil }
+
 // readHolder returns what the holder wrote about itself.
 func readHolder(f *os.File) string {
 	buf := make([]byte, 512)
@@ -96,17 +101,10 @@ func readHolder(f *os.File) string {
 	return "held by " + text
 }
 
-// Announce records the mount point in the data dir's lock, so that a
-// second daemon started on the same data dir says where the first one
-// serves.
-func (s *Store) Announce(mount string) error {
-	return s.lock.describe(mount)
-}
-
-// LockHolder returns the PID and mount point that the store holding
+// Holder returns the PID and mount point that the store holding
 // dataDir's lock wrote about itself (0 and "" where it wrote nothing).
-func LockHolder(dataDir string) (pid int, mount string, err error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, lockName))
+func Holder(dataDir string) (pid int, mount string, err error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, Name))
 	if err != nil {
 		return 0, "", fmt.Errorf("failed to read the data dir's lock: %w", err)
 	}
