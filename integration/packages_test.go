@@ -12,7 +12,9 @@ import (
 
 // TestPackageMap holds docs/design/packages.md to what it claims: every
 // package it lists imports only packages listed after it (internal/...
-// last), so that no arrow runs back up. It reads the imports with go list.
+// last), so that no arrow runs back up, and none it does not list, so
+// that a new package cannot hide from the map. It reads the imports with
+// go list.
 func TestPackageMap(t *testing.T) {
 	f, err := os.Open(filepath.Join("..", "docs", "design", "packages.md"))
 	if err != nil {
@@ -62,7 +64,11 @@ func TestPackageMap(t *testing.T) {
 			if !found {
 				continue
 			}
-			if to, ok := rank(d); ok && to <= from {
+			to, ok := rank(d)
+			switch {
+			case !ok:
+				t.Errorf("%s imports %s, which docs/design/packages.md does not list", p, d)
+			case to <= from:
 				t.Errorf("%s imports %s, which docs/design/packages.md lists before it", p, d)
 			}
 		}
