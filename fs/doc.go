@@ -10,8 +10,9 @@
 //	fs/store   the records and the layers they stack: state files and
 //	           journal, staging, remap, seal and import, flatten, the
 //	           watch of backing files. No FUSE. What a record holds,
-//	           what enforces disk limits and the collector are its
-//	           subpackages (record, quota, gc).
+//	           what enforces disk limits, the collector, the data dir's
+//	           steps and lock and the journal's framing are its
+//	           subpackages (record, quota, gc, disk, lock, frame).
 //	fs/layer   the on-disk layer format and every change to a stack of
 //	           layers: whiteouts, opaque directories, the format's
 //	           xattrs, merged lookup and listing, copy-up (origin, hard
@@ -23,10 +24,11 @@
 //	           volumes are shown in, what the store's changes do to the
 //	           kernel's caches, the takeover of a running mount.
 //
-// Three small packages serve more than one of them: fs/layout routes the
-// names of an allocation's skeleton for the tree and for fs/readside (the
-// allocdir contract's read side, from the store and the layers), and
-// fs/killpriv keeps set-id bits as a local filesystem does.
+// Beside them, fs/readside is the allocdir contract's read side, from the
+// store and the layers, never through the mount; fs/layout routes the
+// names of an allocation's skeleton for it and the tree alike; and
+// fs/killpriv keeps set-id bits as a local filesystem does, for the
+// volume nodes and the tree's handler chain.
 //
 // Below the tree, fs/transport is the FUSE connection itself: allocfs's
 // own request loop over /dev/fuse, which hands each request to go-fuse's

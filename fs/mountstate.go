@@ -16,8 +16,8 @@ import (
 )
 
 // What a mount is: the Mount, its options and the node type of its root,
-// which point at each other. Every other file of the package builds on
-// this one; it uses only the types the mount holds (identity.go,
+// which point at each other. Every file above this one in doc.go's list
+// builds on it; it uses only the types the mount holds (identity.go,
 // chrootenv.go, memvolume.go, opcount.go).
 
 // capHandleKillprivV2 is FUSE_HANDLE_KILLPRIV_V2 (bit 28 on Linux), which

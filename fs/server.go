@@ -16,7 +16,7 @@ import (
 // writes, READDIRPLUS, parallel lookups in one directory, renameat2
 // flags, passthrough, the kernel invalidating cached data when a file's
 // mtime or size changes), READDIRPLUS_AUTO (mount.go, volume/plusbatch.go) and
-// HANDLE_KILLPRIV_V2 (volume/killpriv.go).
+// HANDLE_KILLPRIV_V2 (fs/killpriv).
 const mountCapabilities = fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_FILE_OPS |
 	fuse.CAP_READDIRPLUS | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_MAX_PAGES |
 	fuse.CAP_RENAME_SWAP | fuse.CAP_PASSTHROUGH | fuse.CAP_AUTO_INVAL_DATA | capHandleKillprivV2

@@ -154,7 +154,7 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 	return append(first, rest...), 0
 }
 
-// volumePath is where volume key of st shows in view (layout.go), or
+// volumePath is where volume key of st shows in view (fs/layout), or
 // false if that view does not show it.
 func volumePath(st *record.State, key string, view uint64) ([]string, bool) {
 	shared, ok := strings.CutPrefix(key, allocdir.SharedAllocName+"/")

@@ -130,7 +130,7 @@ func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	return a.m.layoutInode(ctx, &a.Inode, st, layout.Child(st, layout.Place{Kind: layout.Alloc}, name), out)
 }
 
-// layoutInode returns the node of the layout directory p (layout.go),
+// layoutInode returns the node of the layout directory p (fs/layout),
 // a child of parent in the allocation st.
 func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.State, p layout.Place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	switch p.Kind {

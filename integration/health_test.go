@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -16,15 +17,34 @@ import (
 	"github.com/allocfs/allocfs/internal/mountinfo"
 )
 
-// health asks the node's unix socket for /v1/agent/health.
-func (n *node) health(t *testing.T) (int, api.Health) {
-	t.Helper()
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+// socketClient is an HTTP client of the node's unix socket.
+func (n *node) socketClient() *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
 		},
 	}}
-	resp, err := c.Get("http://allocfs" + api.HealthPath)
+}
+
+// scrape GETs the node's metrics on its unix socket and parses them.
+func (n *node) scrape(t *testing.T) scrapeOf {
+	t.Helper()
+	resp, err := n.socketClient().Get("http://allocfs/v1/metrics")
+	if err != nil {
+		t.Fatalf("GET /v1/metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/metrics: %d %s %v", resp.StatusCode, b, err)
+	}
+	return parse(t, string(b))
+}
+
+// health asks the node's unix socket for /v1/agent/health.
+func (n *node) health(t *testing.T) (int, api.Health) {
+	t.Helper()
+	resp, err := n.socketClient().Get("http://allocfs" + api.HealthPath)
 	if err != nil {
 		t.Fatalf("GET %s: %v", api.HealthPath, err)
 	}

@@ -161,7 +161,19 @@ func TestSecretsOutliveTheDaemon(t *testing.T) {
 	if err := os.WriteFile(fill, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	daemonOpens := n.scrape(t).value("allocfs_fuse_file_opens_total", map[string]string{"mode": "daemon"})
+	// The daemon has just been started and has served the checks above
+	// and the scrape: its RSS is measured once it stopped moving, so that
+	// what it grows by is the fill's.
 	before := rss()
+	for settle := time.Now().Add(5 * time.Second); time.Now().Before(settle); {
+		time.Sleep(200 * time.Millisecond)
+		now := rss()
+		if d := now - before; d > -64<<10 && d < 64<<10 {
+			break
+		}
+		before = now
+	}
 	f, err := os.OpenFile(fill, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -183,6 +195,16 @@ func TestSecretsOutliveTheDaemon(t *testing.T) {
 	t.Logf("the daemon's RSS: %d KiB before a task wrote %d bytes into its 16 MiB secrets/ (to ENOSPC), %+d KiB after", before>>10, written, grown>>10)
 	if grown > 1<<20 {
 		t.Errorf("the daemon's RSS grew by %d KiB while a task filled its secrets/; want at most 1 MiB", grown>>10)
+	}
+	// And no byte of it reached the daemon: the fill's handle was the
+	// kernel's to serve (no handle more served by the daemon), and
+	// passthrough was never lost.
+	after := n.scrape(t)
+	if opens := after.value("allocfs_fuse_file_opens_total", map[string]string{"mode": "daemon"}); opens != daemonOpens {
+		t.Errorf("handles the daemon serves: %v before the fill, %v after; want the fill served by passthrough", daemonOpens, opens)
+	}
+	if lost := after.value("allocfs_fuse_passthrough_lost", nil); lost != 0 {
+		t.Errorf("allocfs_fuse_passthrough_lost after the fill: %v, want 0", lost)
 	}
 	if err := os.Remove(fill); err != nil {
 		t.Fatal(err)

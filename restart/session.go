@@ -16,7 +16,7 @@ import (
 //	                               daemon agreed, and the generation
 //	<data-dir>/fuse/slots.json     the slot table (fs/identity.go)
 //	<data-dir>/fuse/unlinked/      files unlinked while open
-//	                               (fs/unlinkedrec.go)
+//	                               (unlinked.go)
 //	<data-dir>/fuse/memory.json    the memory volumes (fs/memvol.go)
 //	<data-dir>/fuse/holder.sock    the holder's socket (holder.go)
 //	<data-dir>/fuse/backing        passthrough backing IDs (backingids.go)

@@ -32,5 +32,4 @@
 // by the daemon all the same (the volume nodes' killprivFile), which follows each WRITE's
 // flag, so that no write by an unprivileged caller can pass a file whose
 // bits the kernel's cached mode does not show yet.
-
 package killpriv

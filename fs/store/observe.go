@@ -45,20 +45,20 @@ type GCReason string
 const (
 	// GCNone: the node is under every threshold.
 	GCNone GCReason = ""
-	// GCMaxAllocs: more allocations than GCConfig.MaxAllocs.
+	// GCMaxAllocs: more allocations than gc.Config.MaxAllocs.
 	GCMaxAllocs GCReason = "max_allocs"
 	// GCDisk: the backing store's disk fuller than DiskUsagePercent.
 	GCDisk GCReason = "disk"
 	// GCInodes: its inodes more used than InodeUsagePercent.
 	GCInodes GCReason = "inodes"
-	// GCRequested: someone asked (CollectAll, CollectAlloc).
+	// GCRequested: someone asked (gc.Collector.CollectAll, CollectAlloc).
 	GCRequested GCReason = "requested"
 )
 
 // CollectorPass describes one pass of the collector.
 type CollectorPass struct {
-	// Requested is set for CollectAll and CollectAlloc, clear for the
-	// timer's passes (Collect).
+	// Requested is set for gc.Collector.CollectAll and CollectAlloc,
+	// clear for the timer's passes (Collect).
 	Requested bool
 	// Pressure is the threshold the node was over when a timer's pass
 	// started.

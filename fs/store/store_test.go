@@ -24,6 +24,7 @@ import (
 	"github.com/allocfs/allocfs/fs/store/record"
 	"github.com/allocfs/allocfs/fs/store/storetest"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 )
 
 // testLogger is the repository's one test logger.
@@ -582,6 +583,56 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 	if _, err := Open(testLogger(t), dir); err == nil {
 		t.Fatal("Open with state/ a symlink: got nil error, want one")
 	}
+}
+
+// TestCloseUnlocksWhileAChildHoldsTheLock: a child forked by anything in
+// the process shares the lock's descriptor until it execs (or for its
+// life, if it inherited it): closing the store still lets the next Open
+// in at once. The child gets a duplicate of the store's own descriptor of
+// <data-dir>/lock, found in /proc/self/fd, so that it shares the lock.
+func TestCloseUnlocksWhileAChildHoldsTheLock(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	held := openLockDescriptor(t, filepath.Join(dir, "lock"))
+	child := exec.Command("sleep", "30")
+	child.ExtraFiles = []*os.File{held}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	must(t, s.Close())
+	s2 := openTestStore(t, dir)
+	must(t, s2.Close())
+}
+
+// openLockDescriptor returns a duplicate of the process's descriptor of
+// path.
+func openLockDescriptor(t *testing.T, path string) *os.File {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err != nil || target != path {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return os.NewFile(uintptr(dup), path)
+	}
+	t.Fatalf("the process has no descriptor of %s", path)
+	return nil
 }
 
 // TestOnChangeRunsUnlocked: a change's OnChange hooks run before its

@@ -171,7 +171,7 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	}
 	if in.Valid&killpriv.SetattrChanges == 0 {
 		// Nothing but the change time: chown(f, -1, -1), or the
-		// kernel's file_remove_privs (killpriv.go). A local filesystem
+		// kernel's file_remove_privs (fs/killpriv). A local filesystem
 		// still stamps ctime and clears set-id bits; a chown that
 		// changes nothing does the same to the backing file, as root,
 		// and clearBits then clears what root's chown keeps and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,7 +126,7 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 		if r.Memory {
 			return nil, ToErrno(p.logger, err)
 		}
-		p.logger.Error("layer of volume is missing", "alloc_id", r.Alloc, "volume", r.Key, "layer", r.Stack.Roots[0], "error", err)
+		p.logger.Error("layer of volume is missing", "alloc_id", r.Alloc, "volume", r.Key, "layer", filepath.Base(r.Stack.Roots[0]), "error", err)
 		return nil, syscall.EIO
 	}
 	node := &Node{p: p, st: r.Stack, slot: r.Slot, alloc: r.Alloc, task: r.Layout, layers: []int{0}, key: r.Key, view: r.View}
@@ -147,7 +148,8 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
-// Key is the volume whose root n is; "" below a root.
+// Key is the volume whose root n is; "" below a root and on a memory
+// volume's root.
 func (n *Node) Key() string { return n.key }
 
 // View is the view the volume root n is shown in.

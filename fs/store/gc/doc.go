@@ -12,9 +12,12 @@
 // the same Collector, so that a request and the timer (Run) never work
 // at once.
 //
-// Some allocations are never taken: a running one, one whose snapshot a
-// migration is streaming (the store's Pin), and one Nomad's client made
-// through the mount (record.OriginMount), which Nomad removes itself. A
+// Some allocations are never taken: a running one, and one whose snapshot
+// a migration is streaming (the store's Pin). The timer's passes and
+// CollectAll leave alone one Nomad's client made through the mount
+// (record.OriginMount), which Nomad removes itself; CollectAlloc, asked
+// for one allocation by name, leaves that check to its caller (the node
+// service refuses such a request). A
 // layer that another allocation still stacks survives its owner: the
 // store removes only layers nothing names. Every pass ends by tidying
 // the data dir: it sweeps orphan layers, flattens snapshot chains (a
