@@ -3,8 +3,6 @@
 package api
 
 import (
-	"bytes"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/api/netlimit"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/hashicorp/go-hclog"
@@ -20,30 +19,12 @@ import (
 // refusalsEvery is the interval of the tests' refusal logs.
 const refusalsEvery = 10 * time.Second
 
-// jsonLines decodes the JSON log lines in buf and empties it.
-func jsonLines(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for _, s := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if s == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(s), &m); err != nil {
-			t.Fatalf("log line %q: %v", s, err)
-		}
-		out = append(out, m)
-	}
-	buf.Reset()
-	return out
-}
-
 // TestNodeHandlerRefusalsRateLimited: requests with a bad or missing
 // token are answered 403 without reaching the API or the snapshot
 // handler, and are logged once per kind per interval, with the count of
 // those left out on the next line.
 func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
-	var logs bytes.Buffer
+	var logs allocdirtest.SyncBuffer
 	now := time.Unix(1_700_000_000, 0)
 	refusals := netlimit.NewLogLimiter(hclog.New(&hclog.LoggerOptions{Output: &logs, JSONFormat: true}), refusalsEvery, func() time.Time { return now })
 	secret := migrate.NodeSecretToken("node-secret")
@@ -80,14 +61,14 @@ func TestNodeHandlerRefusalsRateLimited(t *testing.T) {
 	if len(reached) != 0 {
 		t.Fatalf("refused requests reached the handlers: %v", reached)
 	}
-	lines := jsonLines(t, &logs)
+	lines := logs.JSONLines(t)
 	if len(lines) != 2 {
 		t.Fatalf("%d refusals of each kind wrote %d lines, want 2: %v", n, len(lines), lines)
 	}
 	now = now.Add(refusalsEvery)
 	do("/v1/client/fs/ls/a1", "")
 	do("/v1/client/allocation/a1/snapshot", "")
-	lines = jsonLines(t, &logs)
+	lines = logs.JSONLines(t)
 	if len(lines) != 2 {
 		t.Fatalf("after the interval: %d lines, want 2: %v", len(lines), lines)
 	}

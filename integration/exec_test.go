@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 	"github.com/allocfs/allocfs/internal/mountinfo"
@@ -267,7 +268,7 @@ func (n *node) signalExec(t *testing.T, logs, task string, sig syscall.Signal, s
 	args = append(append([]string{"exec", "a1", task}, args...), "--", "sh", "-c", script)
 	cmd := exec.Command(harness.Binary(t), args...)
 	cmd.Env = append(n.env(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
-	var stderr harness.SyncBuffer
+	var stderr allocdirtest.SyncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

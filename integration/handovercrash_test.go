@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 )
@@ -54,7 +55,7 @@ func TestHandOverCrashes(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 
 			old := n.Daemon
-			var out harness.SyncBuffer
+			var out allocdirtest.SyncBuffer
 			cmd := exec.Command(harness.Binary(t), "serve", "--data-dir", n.dataDir, "--mount", n.mnt, "--socket", n.socket, "--log-level", "info")
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {

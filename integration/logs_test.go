@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 )
@@ -31,7 +32,7 @@ func TestLogsFollowAcrossRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var out harness.SyncBuffer
+	var out allocdirtest.SyncBuffer
 	var errOut bytes.Buffer
 	follow := exec.Command(harness.Binary(t), "logs", "-f", "a1", "web")
 	follow.Env = append(n.env(), "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 )
@@ -156,7 +157,7 @@ func TestReadme(t *testing.T) {
 	cmd := exec.Command("bash", "-c", script.String())
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
-	var out, errOut harness.SyncBuffer
+	var out, errOut allocdirtest.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("the README's blocks failed: %v\nstderr (the last ::: line names the block):\n%s\nstdout:\n%s", err, errOut.String(), out.String())

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 )
@@ -102,7 +103,7 @@ func TestRemoteCLI(t *testing.T) {
 	defer cancel()
 	follow := exec.CommandContext(ctx, p.enter(1)[0], append(append(p.enter(1)[1:], harness.Binary(t)), "alloc", "logs", "-f", "7c1d")...)
 	follow.Env = append([]string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "GORACE=atexit_sleep_ms=0"}, envs...)
-	var errOut harness.SyncBuffer
+	var errOut allocdirtest.SyncBuffer
 	follow.Stderr = &errOut
 	out, err := follow.StdoutPipe()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 	"golang.org/x/sys/unix"
@@ -113,7 +114,7 @@ func TestHelperMmapReader(t *testing.T) {
 type task struct {
 	name     string
 	cmd      *exec.Cmd
-	out, err harness.SyncBuffer
+	out, err allocdirtest.SyncBuffer
 	done     chan struct{}
 }
 
@@ -433,7 +434,7 @@ func TestUpgradeRace(t *testing.T) {
 	results := make(chan outcome, 2)
 	for range 2 {
 		cmd := exec.Command(harness.Binary(t), "serve", "--data-dir", n.dataDir, "--mount", n.mnt, "--socket", n.socket)
-		var out harness.SyncBuffer
+		var out allocdirtest.SyncBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/integration/harness"
 	"golang.org/x/sys/unix"
@@ -65,7 +66,7 @@ func TestShellTools(t *testing.T) {
 	t.Run("tail -f", func(t *testing.T) {
 		log := filepath.Join(a1, "alloc", "logs", "web.stderr.0")
 		n.mustSh(t, a1, "echo before > alloc/logs/web.stderr.0")
-		var out harness.SyncBuffer
+		var out allocdirtest.SyncBuffer
 		tail := exec.Command("tail", "-n", "+1", "-f", log)
 		tail.Stdout, tail.Stderr = &out, &out
 		if err := tail.Start(); err != nil {

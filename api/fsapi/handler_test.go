@@ -3,7 +3,6 @@
 package fsapi
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -11,33 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/hashicorp/go-hclog"
 )
-
-// logBuffer collects what the handler logs; the handler logs from its
-// requests' goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // loggedServer serves allocation a1 (task web) of a store without a
 // mount, with the handler's log, at every level, going to logs. data and
@@ -45,12 +25,12 @@ func (b *logBuffer) String() string {
 type loggedServer struct {
 	url          string
 	data, logDir string
-	logs         *logBuffer
+	logs         *allocdirtest.SyncBuffer
 }
 
 func newLoggedServer(t *testing.T) *loggedServer {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &allocdirtest.SyncBuffer{}
 	url, store, st, _, _ := serveA1(t, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace}), nil)
 	return &loggedServer{
 		url:    url,

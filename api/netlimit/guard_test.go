@@ -11,14 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/hashicorp/go-hclog"
 )
 
 // testGuard is a Guard on budget b and timeouts to, whose refusals go
 // to the returned buffer on a clock the test moves.
-func testGuard(t *testing.T, b Budget, to Timeouts) (*Guard, *lockedBuffer, *frozenClock) {
+func testGuard(t *testing.T, b Budget, to Timeouts) (*Guard, *allocdirtest.SyncBuffer, *frozenClock) {
 	t.Helper()
-	out := &lockedBuffer{}
+	out := &allocdirtest.SyncBuffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Output: out, JSONFormat: true})
 	g, err := NewGuard(logger, b)
 	if err != nil {
@@ -192,7 +193,7 @@ func TestLimitStreams(t *testing.T) {
 	if code := <-done; code != http.StatusOK {
 		t.Errorf("first stream: %d, want 200", code)
 	}
-	lines := logs.lines(t)
+	lines := logs.JSONLines(t)
 	if len(lines) != 1 || lines[0]["path"] != "/v1/client/fs/stream/a1" {
 		t.Errorf("log: %v, want one line for the refused stream", lines)
 	}
@@ -241,7 +242,7 @@ func TestServerTLSErrorsRateLimited(t *testing.T) {
 		waitEOF(t, c, "connection with a bad handshake")
 		c.Close()
 	}
-	lines := logs.lines(t)
+	lines := logs.JSONLines(t)
 	if len(lines) != 1 {
 		t.Fatalf("%d failed handshakes wrote %d lines, want 1: %v", n, len(lines), lines)
 	}

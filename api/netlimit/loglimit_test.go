@@ -4,19 +4,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/hashicorp/go-hclog"
 )
 
 // TestLogLimiter: one line per kind per interval; the next line after
 // some were dropped says how many; kinds do not share a budget.
 func TestLogLimiter(t *testing.T) {
-	var buf lockedBuffer
+	var buf allocdirtest.SyncBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &buf, JSONFormat: true, Level: hclog.Trace})
 	clock := &frozenClock{t: time.Unix(1_700_000_000, 0)}
 	l := NewLogLimiter(logger, 10*time.Second, clock.now)
 
 	l.Warn("bad_token", "refused", "remote", "a")
-	lines := buf.lines(t)
+	lines := buf.JSONLines(t)
 	if len(lines) != 1 || lines[0]["@message"] != "refused" || lines[0]["remote"] != "a" || lines[0]["@level"] != "warn" {
 		t.Fatalf("first line: %v, want one warning \"refused\" with remote=a", lines)
 	}
@@ -30,14 +31,14 @@ func TestLogLimiter(t *testing.T) {
 	}
 	// Another kind is written even while bad_token is held back.
 	l.Warn("tls_handshake", "handshake failed")
-	lines = buf.lines(t)
+	lines = buf.JSONLines(t)
 	if len(lines) != 1 || lines[0]["@message"] != "handshake failed" {
 		t.Fatalf("within the interval: %v, want only the other kind's line", lines)
 	}
 
 	clock.advance(5 * time.Second) // 10s after the first line
 	l.Warn("bad_token", "refused", "remote", "b")
-	lines = buf.lines(t)
+	lines = buf.JSONLines(t)
 	if len(lines) != 1 {
 		t.Fatalf("after the interval: %d lines, want 1: %v", len(lines), lines)
 	}
@@ -48,7 +49,7 @@ func TestLogLimiter(t *testing.T) {
 	// The count restarts with each line written.
 	clock.advance(10 * time.Second)
 	l.Warn("bad_token", "refused", "remote", "c")
-	lines = buf.lines(t)
+	lines = buf.JSONLines(t)
 	if len(lines) != 1 {
 		t.Fatalf("next interval: %d lines, want 1: %v", len(lines), lines)
 	}
@@ -60,7 +61,7 @@ func TestLogLimiter(t *testing.T) {
 // TestLogLimiterConcurrent: many goroutines logging one kind at once
 // produce one line, and every other call is counted (run with -race).
 func TestLogLimiterConcurrent(t *testing.T) {
-	var buf lockedBuffer
+	var buf allocdirtest.SyncBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &buf, JSONFormat: true})
 	clock := &frozenClock{t: time.Unix(1_700_000_000, 0)}
 	l := NewLogLimiter(logger, time.Minute, clock.now)
@@ -75,12 +76,12 @@ func TestLogLimiterConcurrent(t *testing.T) {
 	for range n {
 		<-done
 	}
-	if lines := buf.lines(t); len(lines) != 1 {
+	if lines := buf.JSONLines(t); len(lines) != 1 {
 		t.Fatalf("%d concurrent calls wrote %d lines, want 1", n, len(lines))
 	}
 	clock.advance(time.Minute)
 	l.Warn("over_cap", "full")
-	lines := buf.lines(t)
+	lines := buf.JSONLines(t)
 	if len(lines) != 1 || lines[0]["suppressed"] != float64(n-1) {
 		t.Errorf("line after the interval: %v, want suppressed=%d", lines, n-1)
 	}

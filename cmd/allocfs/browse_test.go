@@ -1,16 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/api/fsapi"
 )
@@ -33,7 +32,7 @@ func TestTailOfABusyStream(t *testing.T) {
 		}
 		pw.Close()
 	}()
-	var out syncBuffer
+	var out allocdirtest.SyncBuffer
 	done := make(chan error, 1)
 	go func() { done <- copyLogs(ctx, &out, api.NewFrameReader(pr), 3) }()
 	// Well before the context ends, which releases the backlog too.
@@ -51,22 +50,4 @@ func TestTailOfABusyStream(t *testing.T) {
 	cancel()
 	pr.Close()
 	<-done
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

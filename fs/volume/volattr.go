@@ -126,7 +126,7 @@ var _ = (gofs.NodeSetattrer)((*Node)(nil))
 
 // Setattr copies a lower entry up first: metadata changes are writes.
 func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return syscall.EROFS
 	}
 	if uid, ok := in.GetUID(); ok && n.task != nil && n.EmbeddedInode() == n.vroot {
@@ -254,7 +254,7 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 // changeUpper makes change to the node's entry in the upper layer,
 // copying it up first: every change is a write.
 func (n *Node) changeUpper(change func(l layer.Loc) error) syscall.Errno {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return syscall.EROFS
 	}
 	if errno := n.copyUp(); errno != 0 {

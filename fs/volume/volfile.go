@@ -14,7 +14,7 @@ import (
 var _ = (gofs.NodeOpener)((*Node)(nil))
 
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.readOnly() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+	if n.ReadOnly() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
 	if n.lowerOnly() {
@@ -27,7 +27,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 				return nil, 0, ToErrno(n.p.logger, err)
 			}
 			lf := gofs.NewLoopbackFile(fd)
-			if n.readOnly() {
+			if n.ReadOnly() {
 				// Nothing in a frozen volume is ever copied up.
 				return n.passthroughFile(lf), 0, 0
 			}
@@ -225,7 +225,7 @@ var _ = (gofs.NodeTmpfiler)((*Node)(nil))
 
 // Tmpfile needs the directory in the upper layer, like any creation.
 func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return nil, nil, 0, syscall.EROFS
 	}
 	if errno := n.copyUp(); errno != 0 {

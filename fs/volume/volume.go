@@ -91,9 +91,6 @@ type Node struct {
 	recorded bool
 }
 
-// readOnly reports whether the node's volume is frozen.
-func (n *Node) readOnly() bool { return n.ro != nil && n.ro.Load() }
-
 // Root is a volume's root as the tree shows it.
 type Root struct {
 	// Alloc is the allocation whose volume it is, whose disk limit df
@@ -169,7 +166,7 @@ func (n *Node) IsMemory() bool { return n.ro == nil }
 func (n *Node) Layout() Layout { return n.task }
 
 // ReadOnly reports whether n's volume is frozen.
-func (n *Node) ReadOnly() bool { return n.readOnly() }
+func (n *Node) ReadOnly() bool { return n.ro != nil && n.ro.Load() }
 
 // Freeze makes n's volume read-only, for n and every node below its root
 // at once: a seal freezes the nodes the kernel still holds, or looks up
@@ -221,7 +218,7 @@ func (n *Node) refuse(name string, creating bool) syscall.Errno {
 var _ = (gofs.NodeUnlinker)((*Node)(nil))
 
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return syscall.EROFS
 	}
 	if errno := n.refuse(name, false); errno != 0 {
@@ -238,7 +235,7 @@ func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRmdirer)((*Node)(nil))
 
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return syscall.EROFS
 	}
 	// Once the directory is gone (or not), whatever was opened by its
@@ -268,19 +265,29 @@ func (n *Node) movesDir(name string, newParent gofs.InodeEmbedder, newName strin
 	return dst != nil && dst.IsDir()
 }
 
-var _ = (gofs.NodeCreater)((*Node)(nil))
-
-func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.readOnly() {
-		return nil, nil, 0, syscall.EROFS
+// beginCreate checks that a new entry name may be made in the directory
+// n (a writable volume, a name that is no layout child's and not too
+// long) and, in an overlay, readies the upper layer for it.
+func (n *Node) beginCreate(name string) syscall.Errno {
+	if n.ReadOnly() {
+		return syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
-		return nil, nil, 0, errno
+		return errno
 	}
 	if n.ovl != nil {
 		if _, errno := n.prepareCreate(name); errno != 0 {
-			return nil, nil, 0, errno
+			return errno
 		}
+	}
+	return 0
+}
+
+var _ = (gofs.NodeCreater)((*Node)(nil))
+
+func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.beginCreate(name); errno != 0 {
+		return nil, nil, 0, errno
 	}
 	ch, fh, errno := n.backingCreate(ctx, name, flags, mode, out)
 	if errno != 0 {
@@ -296,7 +303,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 var _ = (gofs.NodeMkdirer)((*Node)(nil))
 
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return nil, syscall.EROFS
 	}
 	if n.reserved(name) {
@@ -327,16 +334,8 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 var _ = (gofs.NodeMknoder)((*Node)(nil))
 
 func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.readOnly() {
-		return nil, syscall.EROFS
-	}
-	if errno := n.refuse(name, true); errno != 0 {
+	if errno := n.beginCreate(name); errno != 0 {
 		return nil, errno
-	}
-	if n.ovl != nil {
-		if _, errno := n.prepareCreate(name); errno != 0 {
-			return nil, errno
-		}
 	}
 	return n.backingMknod(ctx, name, mode, rdev, out)
 }
@@ -344,16 +343,8 @@ func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 var _ = (gofs.NodeSymlinker)((*Node)(nil))
 
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.readOnly() {
-		return nil, syscall.EROFS
-	}
-	if errno := n.refuse(name, true); errno != 0 {
+	if errno := n.beginCreate(name); errno != 0 {
 		return nil, errno
-	}
-	if n.ovl != nil {
-		if _, errno := n.prepareCreate(name); errno != 0 {
-			return nil, errno
-		}
 	}
 	return n.backingSymlink(ctx, target, name, out)
 }
@@ -361,7 +352,7 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 var _ = (gofs.NodeLinker)((*Node)(nil))
 
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return nil, syscall.EROFS
 	}
 	if errno := n.refuse(name, true); errno != 0 {
@@ -385,7 +376,7 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 var _ = (gofs.NodeRenamer)((*Node)(nil))
 
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	if n.readOnly() {
+	if n.ReadOnly() {
 		return syscall.EROFS
 	}
 	if n.movesDir(name, newParent, newName) {

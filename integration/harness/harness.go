@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocfs/allocfs/allocdir/allocdirtest"
 	"github.com/allocfs/allocfs/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
@@ -91,25 +92,6 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// SyncBuffer is a bytes.Buffer that a child process writes to while the
-// test reads it.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Result is what a finished command left.
 type Result struct {
 	Stdout, Stderr string
@@ -152,7 +134,7 @@ func Run(t testing.TB, cmd *exec.Cmd, what string) Result {
 type Daemon struct {
 	DataDir, Mount, Socket string
 	// Out is the daemon's stdout and stderr, across restarts.
-	Out *SyncBuffer
+	Out *allocdirtest.SyncBuffer
 	// Prefix runs the daemon under another command (nsenter into a
 	// network namespace, say); Args are extra flags of serve.
 	Prefix, Args []string
@@ -179,7 +161,7 @@ func Start(t testing.TB, dataDir, mnt, socket string) *Daemon {
 // StartDaemon is Start for a daemon with a Prefix or extra Args.
 func StartDaemon(t testing.TB, d *Daemon) *Daemon {
 	t.Helper()
-	d.Out = &SyncBuffer{}
+	d.Out = &allocdirtest.SyncBuffer{}
 	mnt := d.Mount
 	t.Cleanup(func() {
 		d.Kill()
