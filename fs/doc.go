@@ -38,9 +38,9 @@
 // The tree makes a volume's root node (volume.Plane.NewRoot) where the
 // layout puts a volume, and answers the two questions the volume nodes
 // ask of it (volume.Host: the inode numbers of a chroot's host layer,
-// the disk limit statfs shows); a task directory's layout children are
-// its taskNode, which the task directory's volume root consults first
-// (volume.Layout).
+// the disk limit statfs shows); a layout directory's children are its
+// Layout (allocLayout, sharedLayout, taskNode), which the directory's
+// volume root consults first (volume.Layout).
 //
 // The tree reads the store's committed records (store.Store.View) on
 // every lookup and hears of changes through store.Store.OnChange; it
@@ -49,22 +49,31 @@
 // # The tree
 //
 //	<mount>/                      rootNode: one directory per allocation
-//	└── <allocID>/                allocNode: 0755, the agent's
-//	    ├── alloc/                sharedNode: 0777 nobody
+//	└── <allocID>/                volume.Node of volume ".", allocLayout
+//	    ├── alloc/                volume.Node of volume "alloc", sharedLayout
 //	    │   └── data|logs|tmp/    volume.Node: the volume's upper layer
-//	    └── <task>/               taskNode: 0777 nobody
+//	    └── <task>/               volume.Node of volume "<task>", taskNode
 //	        ├── local/ tmp/       volume.Node
 //	        ├── secrets/ private/ volume.Node over a detached tmpfs (memvol.go)
-//	        └── alloc/            sharedNode again, as a second view
+//	        └── alloc/            volume "alloc" again, as a second view
+//
+// Every directory of an allocation is a volume's root, as a plain
+// directory accepts any entry: the layout's children (the Layout each
+// layout directory's volume root consults first) are presented over the
+// volume's own entries, whose names they take. An allocation's own
+// directory and its alloc/ keep the synthetic inode numbers their parents
+// list them by.
 //
 // One router, layout.Child (fs/layout), says what each name of the
 // skeleton leads to; the tree asks it one lookup at a time, the read side
 // of the allocdir contract (fs/readside) a whole path at once, so the
 // two never disagree.
 //
-// The skeleton (everything that is not inside a volume or a memory tree)
-// is synthesised from the allocation's state and cannot be written. The
-// <task>/alloc view shows the same volumes as alloc/ without a bind mount.
+// The layout (which directories are allocations, tasks and volumes) is
+// read from the allocation's record; a mkdir of a layout name makes the
+// volume or task it names, and everything else lands in the volume of the
+// directory it is made in. The <task>/alloc view shows the same volumes
+// as alloc/ without a bind mount.
 // Inode numbers inside volumes are the backing inode numbers with a slot
 // mixed into their high bits (identity.go): each place a volume is shown
 // (an allocation's own paths, each <task>/alloc view) has its own slot, so
@@ -96,9 +105,10 @@
 //	server.go       the handler chain in front of go-fuse's bridge
 //	takeover.go     where a node ID an earlier daemon handed out leads
 //	allocdir.go     AllocDir, the allocdir contract over the store
-//	namespace.go    mkdir, rmdir, rename and setattr of the skeleton
-//	tree.go         the skeleton's nodes and lookups, a task directory's
-//	                layout children (taskNode)
+//	namespace.go    mkdir, rmdir and rename of the layout's directories
+//	tree.go         the mount root and the layout children of an
+//	                allocation's directories (allocLayout, sharedLayout,
+//	                taskNode)
 //	chroot.go       the host layer of a chroot task directory
 //	memvol.go       the memory volumes' life in the mount
 //	deferred.go     notifications deferred past a request handler

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/record"
@@ -56,10 +55,6 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 	m.vol = volume.NewPlane(m.logger, volumeHost{m}, m.dirs, store.DataDir())
 	m.deferred.ids = make(map[string]int)
 	m.agent = fuseOwner{uint32(os.Geteuid()), uint32(os.Getegid())}
-	m.shared = m.agent
-	if o := allocdir.Nobody(); o != nil {
-		m.shared = fuseOwner{uint32(o.UID), uint32(o.GID)}
-	}
 	// The kernel has applied the caller's umask already; applying ours
 	// again would turn a requested 0620 into 0600. Setting it is the
 	// program's business (before any goroutine), not a constructor's.
@@ -284,8 +279,6 @@ func (m *Mount) invalidateVolumes(id string, st *record.State) {
 	walk = func(dir *gofs.Inode) {
 		for name, ch := range dir.Children() {
 			switch n := ch.Operations().(type) {
-			case *sharedNode:
-				walk(ch)
 			case *volume.Node:
 				if n.IsMemory() {
 					// A memory volume is no record's: it goes with

@@ -103,12 +103,11 @@ type Mount struct {
 	server   fuseServer
 	root     *rootNode
 	started  time.Time
-	// agent owns allocation roots; shared owns alloc/ and task dirs
-	// (nobody when root, the agent otherwise). Both are fixed at mount.
-	agent, shared fuseOwner
-	mem           memVolumes
-	noSwapOnce    sync.Once
-	slots         slots
+	// agent owns the memory volumes' roots: the daemon's own uid.
+	agent      fuseOwner
+	mem        memVolumes
+	noSwapOnce sync.Once
+	slots      slots
 	// links finds the names of hard-linked lower files for copy-up;
 	// ctimes hides copy-ups from change times.
 	links  layer.Links

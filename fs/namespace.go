@@ -2,7 +2,8 @@ package fs
 
 import (
 	"context"
-	"slices"
+	"errors"
+	iofs "io/fs"
 	"strings"
 	"syscall"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/fs/volume"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -71,10 +73,8 @@ func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 		return nil, errno
 	}
 	uid, gid := callerOwner(ctx)
-	now := time.Now().UTC()
-	attr := record.DirAttr{Mode: mode & 0o7777, UID: uid, GID: gid, Atime: now, Mtime: now, Ctime: now}
 	if err := r.m.handlerChange([]string{name}, func() error {
-		_, err := r.m.store.CreateFromMount(name, attr)
+		_, err := r.m.store.CreateFromMount(name, mode&0o7777, uid, gid)
 		return err
 	}); err != nil {
 		return nil, volume.ToErrno(r.m.logger, err)
@@ -89,13 +89,19 @@ func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 var _ = (gofs.NodeRmdirer)((*rootNode)(nil))
 
 // Rmdir at the mount root destroys an allocation whose directory is
-// empty: its tasks and alloc/ removed first, as os.RemoveAll does it.
+// empty: its tasks, alloc/ and its own entries removed first, as
+// os.RemoveAll does it.
 func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	st, err := r.m.store.View(name)
 	if err != nil {
 		return volume.ToErrno(r.m.logger, err)
 	}
 	if len(layout.Names(st, layout.Place{Kind: layout.Alloc})) > 0 {
+		return syscall.ENOTEMPTY
+	}
+	if empty, errno := r.m.volumeEmpty(st, record.RootVolume); errno != 0 {
+		return errno
+	} else if !empty {
 		return syscall.ENOTEMPTY
 	}
 	if err := r.m.handlerChange([]string{name}, func() error { return r.m.store.Destroy(name) }); err != nil {
@@ -117,11 +123,10 @@ func (m *Mount) touchRoot() {
 	m.rootTime.Store(time.Now().UnixNano())
 }
 
-var _ = (gofs.NodeMkdirer)((*allocNode)(nil))
-
 // Mkdir in an allocation's root makes a task, with its layout, or alloc/
-// again after an rmdir.
-func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// again after an rmdir; it fails with EEXIST where the allocation's own
+// volume holds an entry of that name, as on a local filesystem.
+func (a *allocLayout) Mkdir(ctx context.Context, root *volume.Node, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return nil, volume.ToErrno(a.m.logger, err)
@@ -129,176 +134,111 @@ func (a *allocNode) Mkdir(ctx context.Context, name string, mode uint32, out *fu
 	if len(name) > volume.MaxNameLen {
 		return nil, syscall.ENAMETOOLONG
 	}
-	parent := a.m.allocAttr(st).dirAttr()
-	switch {
-	case layout.Child(st, layout.Place{Kind: layout.Alloc}, name).Kind != layout.None:
+	if layout.Child(st, layout.Place{Kind: layout.Alloc}, name).Kind != layout.None {
 		return nil, syscall.EEXIST
-	case name == allocdir.SharedAllocName:
+	}
+	if errno := entryAbsent(a.m.logger, root, name); errno != 0 {
+		return nil, errno
+	}
+	if name == allocdir.SharedAllocName {
 		err = a.m.handlerChange([]string{a.id}, func() error {
-			_, err := a.m.store.SetGone(a.id, record.DirShared, false, &parent)
+			_, err := a.m.store.AddVolume(a.id, record.SharedVolume)
 			return err
 		})
-	case allocdir.ValidTaskName(name) != nil:
-		return nil, syscall.EINVAL
-	default:
+	} else {
 		uid, gid := callerOwner(ctx)
 		err = a.m.handlerChange([]string{a.id}, func() error {
-			_, err := a.m.store.AddTask(a.id, name, mode&0o7777, uid, gid, parent)
+			_, err := a.m.store.AddTask(a.id, name, mode&0o7777, uid, gid)
 			return err
 		})
 	}
 	if err != nil {
 		return nil, volume.ToErrno(a.m.logger, err)
 	}
-	return a.Lookup(ctx, name, out)
+	return a.Lookup(ctx, root.EmbeddedInode(), name, out)
 }
 
-var _ = (gofs.NodeRmdirer)((*allocNode)(nil))
+// entryAbsent fails with EEXIST when the volume whose root is root holds
+// an entry name in its upper layer (the volumes of layout directories
+// have no lower ones).
+func entryAbsent(logger hclog.Logger, root *volume.Node, name string) syscall.Errno {
+	var st syscall.Stat_t
+	err := root.Stack().Lstat(0, name, &st)
+	switch {
+	case err == nil:
+		return syscall.EEXIST
+	case errors.Is(err, iofs.ErrNotExist):
+		return 0
+	}
+	return volume.ToErrno(logger, err)
+}
 
-// Rmdir in an allocation's root removes alloc/ once its volumes are gone,
-// or a task whose directory is empty: its own entries, local/, tmp/,
-// secrets/, private/ and its alloc/ view removed first.
-func (a *allocNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+// Rmdir in an allocation's root removes alloc/ once its volumes and its
+// own entries are gone, or a task whose directory is empty: its own
+// entries, local/, tmp/, secrets/, private/ and its alloc/ view removed
+// first.
+func (a *allocLayout) Rmdir(name string) syscall.Errno {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return volume.ToErrno(a.m.logger, err)
 	}
 	p := layout.Child(st, layout.Place{Kind: layout.Alloc}, name)
-	parent := a.m.allocAttr(st).dirAttr()
 	switch p.Kind {
-	case layout.Shared:
+	case layout.Shared, layout.Task:
 		if len(layout.Names(st, p)) > 0 {
 			return syscall.ENOTEMPTY
 		}
-		err = a.m.handlerChange([]string{a.id}, func() error {
-			_, err := a.m.store.SetGone(a.id, record.DirShared, true, &parent)
-			return err
-		})
-	case layout.Task:
-		if len(layout.Names(st, p)) > 0 {
-			return syscall.ENOTEMPTY
-		}
-		if empty, errno := a.m.volumeEmpty(st, name); errno != 0 {
+		if empty, errno := a.m.volumeEmpty(st, p.Key); errno != 0 {
 			return errno
 		} else if !empty {
 			return syscall.ENOTEMPTY
 		}
-		err = a.m.handlerChange([]string{a.id}, func() error { return a.m.store.DropTask(a.id, name, parent) })
 	default:
 		return syscall.ENOENT
+	}
+	if p.Kind == layout.Shared {
+		err = a.m.handlerChange([]string{a.id}, func() error { return a.m.store.DropVolume(a.id, p.Key) })
+	} else {
+		err = a.m.handlerChange([]string{a.id}, func() error { return a.m.store.DropTask(a.id, name) })
 	}
 	return volume.ToErrno(a.m.logger, err)
 }
 
-var _ = (gofs.NodeRenamer)((*allocNode)(nil))
-
 // Rename of alloc/ or of a task's directory is refused, as of a mount
 // point: they are the layout.
-func (a *allocNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	if t, ok := newParent.(*allocNode); ok && t.id == a.id {
+func (a *allocLayout) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	if t, ok := dst.Layout().(*allocLayout); ok && t.id == a.id {
 		return syscall.EBUSY
 	}
 	return syscall.EXDEV
 }
 
-var _ = (gofs.NodeSetattrer)((*allocNode)(nil))
-
-// Setattr changes the allocation root's mode, owner or times, in its
-// record.
-func (a *allocNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return a.m.setSkeleton(a.id, record.DirRoot, a.m.allocAttr, in, out, a.StableAttr().Ino)
-}
-
-var _ = (gofs.NodeSetattrer)((*sharedNode)(nil))
-
-// Setattr changes alloc/'s mode, owner or times, in the record: every
-// <task>/alloc view shows them too.
-func (s *sharedNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	return s.m.setSkeleton(s.id, record.DirShared, s.m.sharedAttr, in, out, s.StableAttr().Ino)
-}
-
-// setSkeleton applies SETATTR in to the skeleton directory dir of
-// allocation id, whose attribute attrOf gives, and answers the result.
-// The kernel has checked the caller's permission (default_permissions).
-func (m *Mount) setSkeleton(id, dir string, attrOf func(*record.State) skeletonAttr, in *fuse.SetAttrIn, out *fuse.AttrOut, ino uint64) syscall.Errno {
-	if _, ok := in.GetSize(); ok {
-		return syscall.EISDIR
-	}
-	st, err := m.store.View(id)
-	if err != nil {
-		return volume.ToErrno(m.logger, err)
-	}
-	now := time.Now().UTC()
-	pick := func(set, setNow uint32, sec uint64, nsec uint32, old time.Time) time.Time {
-		switch {
-		case in.Valid&setNow != 0:
-			return now
-		case in.Valid&set != 0:
-			return time.Unix(int64(sec), int64(nsec)).UTC()
-		}
-		return old
-	}
-	err = m.handlerChange([]string{id}, func() error {
-		var err error
-		st, err = m.store.SetDirAttr(id, dir, attrOf(st).dirAttr(), func(a *record.DirAttr) {
-			if mode, ok := in.GetMode(); ok {
-				a.Mode = mode & 0o7777
-			}
-			if uid, ok := in.GetUID(); ok {
-				a.UID = uid
-			}
-			if gid, ok := in.GetGID(); ok {
-				a.GID = gid
-			}
-			a.Atime = pick(fuse.FATTR_ATIME, fuse.FATTR_ATIME_NOW, in.Atime, in.Atimensec, a.Atime)
-			a.Mtime = pick(fuse.FATTR_MTIME, fuse.FATTR_MTIME_NOW, in.Mtime, in.Mtimensec, a.Mtime)
-			a.Ctime = now
-		})
-		return err
-	})
-	if err != nil {
-		return volume.ToErrno(m.logger, err)
-	}
-	attrOf(st).fill(&out.Attr, ino)
-	return 0
-}
-
-var _ = (gofs.NodeMkdirer)((*sharedNode)(nil))
-
 // Mkdir in alloc/ (or a <task>/alloc view) makes data/, logs/ or tmp/
-// again after an rmdir, with a fresh layer; alloc/ holds nothing else.
-func (s *sharedNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// again after an rmdir, with a fresh layer.
+func (s *sharedLayout) Mkdir(ctx context.Context, root *volume.Node, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
 		return nil, volume.ToErrno(s.m.logger, err)
 	}
-	switch {
-	case len(name) > volume.MaxNameLen:
-		return nil, syscall.ENAMETOOLONG
-	case layout.Child(st, layout.Place{Kind: layout.Shared}, name).Kind != layout.None:
+	if layout.Child(st, layout.Place{Kind: layout.Shared, Key: record.SharedVolume}, name).Kind != layout.None {
 		return nil, syscall.EEXIST
-	case !slices.Contains(allocdir.SharedAllocDirs, name):
-		return nil, syscall.EPERM
 	}
-	parent := s.m.sharedAttr(st).dirAttr()
 	if err := s.m.handlerChange([]string{s.id}, func() error {
-		_, err := s.m.store.AddVolume(s.id, allocdir.SharedAllocName+"/"+name, &parent)
+		_, err := s.m.store.AddVolume(s.id, allocdir.SharedAllocName+"/"+name)
 		return err
 	}); err != nil {
 		return nil, volume.ToErrno(s.m.logger, err)
 	}
-	return s.Lookup(ctx, name, out)
+	return s.Lookup(ctx, root.EmbeddedInode(), name, out)
 }
 
-var _ = (gofs.NodeRmdirer)((*sharedNode)(nil))
-
 // Rmdir in alloc/ removes an empty data/, logs/ or tmp/ and its layers.
-func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+func (s *sharedLayout) Rmdir(name string) syscall.Errno {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
 		return volume.ToErrno(s.m.logger, err)
 	}
-	p := layout.Child(st, layout.Place{Kind: layout.Shared}, name)
+	p := layout.Child(st, layout.Place{Kind: layout.Shared, Key: record.SharedVolume}, name)
 	if p.Kind != layout.Volume {
 		return syscall.ENOENT
 	}
@@ -307,27 +247,24 @@ func (s *sharedNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	} else if !empty {
 		return syscall.ENOTEMPTY
 	}
-	parent := s.m.sharedAttr(st).dirAttr()
-	return volume.ToErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.Key, &parent) }))
+	return volume.ToErrno(s.m.logger, s.m.handlerChange([]string{s.id}, func() error { return s.m.store.DropVolume(s.id, p.Key) }))
 }
-
-var _ = (gofs.NodeRenamer)((*sharedNode)(nil))
 
 // Rename of <prev>/alloc/data onto <new>/alloc/data is Nomad's Move of a
 // sticky or migrating disk: the volume is handed over (adoptVolume).
-// Every other rename of a directory of alloc/ is refused: logs never
-// migrate.
-func (s *sharedNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	dst, ok := newParent.(*sharedNode)
+// Every other rename of a directory of alloc/'s layout is refused: logs
+// never migrate.
+func (s *sharedLayout) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	to, ok := dst.Layout().(*sharedLayout)
 	switch {
 	case !ok:
 		return syscall.EXDEV
-	case dst.id == s.id:
+	case to.id == s.id:
 		return syscall.EBUSY
 	case name != allocdir.SharedDataName || newName != allocdir.SharedDataName:
 		return syscall.EXDEV
 	}
-	return s.m.adoptVolume(s.id, dst.id, allocdir.SharedAllocName+"/"+allocdir.SharedDataName, flags)
+	return s.m.adoptVolume(s.id, to.id, allocdir.SharedAllocName+"/"+allocdir.SharedDataName, flags)
 }
 
 // adoptVolume hands the volume key of allocation prevID to newID, for a
@@ -388,7 +325,7 @@ func (m *Mount) volumeEmpty(st *record.State, key string) (bool, syscall.Errno) 
 // Mkdir makes the layout directory name of a task directory again
 // after an rmdir: local/ and tmp/ with a fresh layer, secrets/, private/
 // and the alloc/ view as they were made first.
-func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (t *taskNode) Mkdir(ctx context.Context, root *volume.Node, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	st, task, errno := t.place()
 	if errno != 0 {
 		return nil, errno
@@ -400,16 +337,16 @@ func (t *taskNode) Mkdir(ctx context.Context, parent *gofs.Inode, name string, o
 		var err error
 		switch name {
 		case allocdir.TaskLocal, allocdir.TmpDirName:
-			_, err = t.m.store.AddVolume(t.id, t.task+"/"+name, nil)
+			_, err = t.m.store.AddVolume(t.id, t.task+"/"+name)
 		default:
-			_, err = t.m.store.SetGone(t.id, t.task+"/"+name, false, nil)
+			_, err = t.m.store.SetGone(t.id, t.task+"/"+name, false)
 		}
 		return err
 	})
 	if err != nil {
 		return nil, volume.ToErrno(t.m.logger, err)
 	}
-	return t.Lookup(ctx, parent, name, out)
+	return t.Lookup(ctx, root.EmbeddedInode(), name, out)
 }
 
 // Rmdir removes the layout directory name of a task directory when it is
@@ -428,7 +365,7 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 		} else if !empty {
 			return syscall.ENOTEMPTY
 		}
-		return volume.ToErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.Key, nil) }))
+		return volume.ToErrno(t.m.logger, t.m.handlerChange([]string{t.id}, func() error { return t.m.store.DropVolume(t.id, p.Key) }))
 	case layout.Shared:
 		if len(layout.Names(st, p)) > 0 {
 			return syscall.ENOTEMPTY
@@ -445,7 +382,7 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 		return syscall.ENOENT
 	}
 	err := t.m.handlerChange([]string{t.id}, func() error {
-		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true, nil)
+		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true)
 		return err
 	})
 	if err == nil && p.Kind == layout.Memory {

@@ -159,6 +159,16 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 func volumePath(st *record.State, key string, view uint64) ([]string, bool) {
 	shared, ok := strings.CutPrefix(key, allocdir.SharedAllocName+"/")
 	switch {
+	case key == record.RootVolume && view == 0:
+		return []string{st.ID}, true
+	case key == record.RootVolume:
+		return nil, false
+	case key == record.SharedVolume && view == 0:
+		return []string{st.ID, allocdir.SharedAllocName}, true
+	case key == record.SharedVolume && view <= uint64(len(st.Tasks)):
+		return []string{st.ID, st.Tasks[view-1].Name, allocdir.SharedAllocName}, true
+	case key == record.SharedVolume:
+		return nil, false
 	case view == 0 && ok:
 		return []string{st.ID, allocdir.SharedAllocName, shared}, true
 	case view == 0:

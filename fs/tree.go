@@ -31,16 +31,12 @@ func syntheticIno(parts ...string) uint64 {
 	return h.Sum64() | syntheticBit
 }
 
-// skeletonAttr describes a fixed directory of the layout.
+// skeletonAttr describes the mount root, the one directory of the mount
+// that is no volume.
 type skeletonAttr struct {
 	mode                uint32
 	uid, gid            uint32
 	atime, mtime, ctime time.Time
-}
-
-// attrAt is a skeleton directory's attribute with all three times t.
-func attrAt(mode, uid, gid uint32, t time.Time) skeletonAttr {
-	return skeletonAttr{mode: mode, uid: uid, gid: gid, atime: t, mtime: t, ctime: t}
 }
 
 func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
@@ -51,21 +47,6 @@ func (a skeletonAttr) fill(out *fuse.Attr, ino uint64) {
 	out.Size = 4096
 	out.Blksize = 4096
 	out.SetTimes(&a.atime, &a.mtime, &a.ctime)
-}
-
-// dirAttr is the record's form of a.
-func (a skeletonAttr) dirAttr() record.DirAttr {
-	return record.DirAttr{Mode: a.mode, UID: a.uid, GID: a.gid, Atime: a.atime, Mtime: a.mtime, Ctime: a.ctime}
-}
-
-// skeletonOf is the attribute the record st sets on its skeleton
-// directory dir, or def when it sets none.
-func skeletonOf(st *record.State, dir string, def skeletonAttr) skeletonAttr {
-	a := st.Dirs[dir]
-	if a == nil {
-		return def
-	}
-	return skeletonAttr{mode: a.Mode, uid: a.UID, gid: a.GID, atime: a.Atime, mtime: a.Mtime, ctime: a.Ctime}
 }
 
 var _ = (gofs.NodeGetattrer)((*rootNode)(nil))
@@ -83,12 +64,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if err != nil {
 		return nil, volume.ToErrno(r.m.logger, err)
 	}
-	n := &allocNode{m: r.m, id: st.ID}
-	attr := r.m.allocAttr(st)
-	ino := syntheticIno("alloc", st.ID)
-	attr.fill(&out.Attr, ino)
-	r.m.stableTimeouts(out)
-	return r.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+	return r.m.volumeInode(ctx, &r.Inode, st, record.RootVolume, 0, &allocLayout{m: r.m, id: st.ID}, syntheticIno("alloc", st.ID), out)
 }
 
 var _ = (gofs.NodeReaddirer)((*rootNode)(nil))
@@ -102,48 +78,65 @@ func (r *rootNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	return gofs.NewListDirStream(volume.WithDots(r.EmbeddedInode(), entries)), 0
 }
 
-// allocNode is <mount>/<allocID>/: alloc/ plus one directory per task.
-type allocNode struct {
-	gofs.Inode
+// allocLayout presents the layout children of <mount>/<allocID>/ (alloc/
+// and a directory per task) over the allocation's own volume, whose root
+// volume.Node consults it first; any other entry is the volume's.
+type allocLayout struct {
 	m  *Mount
 	id string
 }
 
-var _ = (gofs.NodeGetattrer)((*allocNode)(nil))
+var _ volume.Layout = (*allocLayout)(nil)
 
-func (a *allocNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+// Reserved reports whether name is alloc/ or a task's directory.
+func (a *allocLayout) Reserved(name string) bool {
 	st, err := a.m.store.View(a.id)
-	if err != nil {
-		return volume.ToErrno(a.m.logger, err)
-	}
-	a.m.allocAttr(st).fill(&out.Attr, a.StableAttr().Ino)
-	return 0
+	return err == nil && (name == allocdir.SharedAllocName || st.TaskIndex(name) >= 0)
 }
 
-var _ = (gofs.NodeLookuper)((*allocNode)(nil))
+// MakesChild reports whether a mkdir of name makes a layout child:
+// alloc/, or a task, as Nomad makes one; a name no task can have is a
+// plain directory of the allocation's own volume.
+func (a *allocLayout) MakesChild(name string) bool {
+	return name == allocdir.SharedAllocName || record.ValidTaskName(name) == nil
+}
 
-func (a *allocNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// Names lists alloc/ and the tasks the allocation has now.
+func (a *allocLayout) Names() ([]string, syscall.Errno) {
 	st, err := a.m.store.View(a.id)
 	if err != nil {
 		return nil, volume.ToErrno(a.m.logger, err)
 	}
-	return a.m.layoutInode(ctx, &a.Inode, st, layout.Child(st, layout.Place{Kind: layout.Alloc}, name), out)
+	return layout.Names(st, layout.Place{Kind: layout.Alloc}), 0
 }
+
+// Lookup finds the layout child name of the allocation's directory.
+func (a *allocLayout) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := a.m.store.View(a.id)
+	if err != nil {
+		return nil, volume.ToErrno(a.m.logger, err)
+	}
+	return a.m.layoutInode(ctx, parent, st, layout.Child(st, layout.Place{Kind: layout.Alloc}, name), out)
+}
+
+// Chowned: only a task directory starts a chroot build.
+func (a *allocLayout) Chowned(*volume.Node, uint32) syscall.Errno { return 0 }
 
 // layoutInode returns the node of the layout directory p (fs/layout),
 // a child of parent in the allocation st.
 func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.State, p layout.Place, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	switch p.Kind {
 	case layout.Shared:
-		return m.sharedInode(ctx, parent, st, p.View, out)
+		ino := syntheticIno("shared", st.ID, strconv.FormatUint(p.View, 10))
+		return m.volumeInode(ctx, parent, st, p.Key, p.View, &sharedLayout{m: m, id: st.ID, view: p.View}, ino, out)
 	case layout.Task:
 		view := uint64(0)
 		if m.hasHostLayer(st, p.Key) {
 			view = taskRootView + uint64(p.Task)
 		}
-		return m.volumeInode(ctx, parent, st, p.Key, view, &taskNode{m: m, id: st.ID, task: p.Key}, out)
+		return m.volumeInode(ctx, parent, st, p.Key, view, &taskNode{m: m, id: st.ID, task: p.Key}, 0, out)
 	case layout.Volume:
-		return m.volumeInode(ctx, parent, st, p.Key, p.View, nil, out)
+		return m.volumeInode(ctx, parent, st, p.Key, p.View, nil, 0, out)
 	case layout.Memory:
 		return m.memoryInode(ctx, parent, st, p.Task, p.Name, out)
 	}
@@ -151,9 +144,10 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.
 }
 
 // volumeInode returns the root node of the volume at key ("alloc/data",
-// "<task>/local", ...) of an allocation, as seen in view. task is set for
-// a task directory's own volume, whose layout children it presents.
-func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.State, key string, view uint64, task *taskNode, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// "<task>/local", ...) of an allocation, as seen in view. lay is set for
+// a layout directory's own volume, whose layout children it presents; ino,
+// when set, is the number its root shows.
+func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.State, key string, view uint64, lay volume.Layout, ino uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	v, ok := st.Volumes[key]
 	if !ok {
 		return nil, syscall.ENOENT
@@ -163,10 +157,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.
 		m.logger.Error("too many allocation views live at once", "alloc_id", st.ID, "max", maxSlot)
 		return nil, errno
 	}
-	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly}
-	if task != nil {
-		r.Layout = task
-	}
+	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly, Layout: lay, Ino: ino}
 	node, errno := m.vol.NewRoot(ctx, parent, r, out)
 	if errno == 0 {
 		m.stableTimeouts(out)
@@ -174,69 +165,46 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.
 	return node, errno
 }
 
-var _ = (gofs.NodeReaddirer)((*allocNode)(nil))
-
-func (a *allocNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	st, err := a.m.store.View(a.id)
-	if err != nil {
-		return nil, volume.ToErrno(a.m.logger, err)
-	}
-	var entries []fuse.DirEntry
-	for _, n := range layout.Names(st, layout.Place{Kind: layout.Alloc}) {
-		e := fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR}
-		if n == allocdir.SharedAllocName {
-			e.Ino = syntheticIno("shared", a.id, "0")
-		}
-		entries = append(entries, e)
-	}
-	return gofs.NewListDirStream(volume.WithDots(a.EmbeddedInode(), entries)), 0
-}
-
-// sharedNode is an allocation's alloc/ directory: logs/, tmp/ and data/.
-// view 0 is <alloc>/alloc; view n>0 is the same content seen as
-// <task>/alloc, with its own inode numbers.
-type sharedNode struct {
-	gofs.Inode
+// sharedLayout presents alloc/'s layout children (data/, logs/, tmp/)
+// over alloc/'s own volume. view 0 is <alloc>/alloc; view n>0 is the same
+// directory seen as <task>/alloc, with its own inode numbers.
+type sharedLayout struct {
 	m    *Mount
 	id   string
 	view uint64
 }
 
-var _ = (gofs.NodeGetattrer)((*sharedNode)(nil))
+var _ volume.Layout = (*sharedLayout)(nil)
 
-func (s *sharedNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	st, err := s.m.store.View(s.id)
-	if err != nil {
-		return volume.ToErrno(s.m.logger, err)
-	}
-	s.m.sharedAttr(st).fill(&out.Attr, s.StableAttr().Ino)
-	return 0
+// Reserved reports whether name is data/, logs/ or tmp/.
+func (s *sharedLayout) Reserved(name string) bool {
+	return slices.Contains(allocdir.SharedAllocDirs, name)
 }
 
-var _ = (gofs.NodeLookuper)((*sharedNode)(nil))
+// MakesChild reports whether a mkdir of name makes data/, logs/ or tmp/
+// again; any other is a directory of alloc/'s volume.
+func (s *sharedLayout) MakesChild(name string) bool { return s.Reserved(name) }
 
-func (s *sharedNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	st, err := s.m.store.View(s.id)
-	if err != nil {
-		return nil, volume.ToErrno(s.m.logger, err)
-	}
-	return s.m.layoutInode(ctx, &s.Inode, st, layout.Child(st, layout.Place{Kind: layout.Shared, View: s.view}, name), out)
-}
-
-var _ = (gofs.NodeReaddirer)((*sharedNode)(nil))
-
-func (s *sharedNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+// Names lists the volumes of alloc/ the allocation has now.
+func (s *sharedLayout) Names() ([]string, syscall.Errno) {
 	st, err := s.m.store.View(s.id)
 	if err != nil {
 		return nil, volume.ToErrno(s.m.logger, err)
 	}
-	names := layout.Names(st, layout.Place{Kind: layout.Shared})
-	entries := make([]fuse.DirEntry, 0, len(names))
-	for _, n := range names {
-		entries = append(entries, fuse.DirEntry{Name: n, Mode: syscall.S_IFDIR})
-	}
-	return gofs.NewListDirStream(volume.WithDots(s.EmbeddedInode(), entries)), 0
+	return layout.Names(st, layout.Place{Kind: layout.Shared, Key: record.SharedVolume}), 0
 }
+
+// Lookup finds the layout child name of alloc/.
+func (s *sharedLayout) Lookup(ctx context.Context, parent *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	st, err := s.m.store.View(s.id)
+	if err != nil {
+		return nil, volume.ToErrno(s.m.logger, err)
+	}
+	return s.m.layoutInode(ctx, parent, st, layout.Child(st, layout.Place{Kind: layout.Shared, Key: record.SharedVolume, View: s.view}, name), out)
+}
+
+// Chowned: only a task directory starts a chroot build.
+func (s *sharedLayout) Chowned(*volume.Node, uint32) syscall.Errno { return 0 }
 
 // taskNode presents the layout children of <alloc>/<task>/ (local/,
 // tmp/, secrets/, private/ and the alloc/ view) over the task directory's
@@ -266,6 +234,10 @@ func (t *taskNode) place() (*record.State, layout.Place, syscall.Errno) {
 	}
 	return st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, 0
 }
+
+// MakesChild reports whether a mkdir of name makes a layout child of the
+// task directory again.
+func (t *taskNode) MakesChild(name string) bool { return t.Reserved(name) }
 
 // Names lists the layout children the task directory has now.
 func (t *taskNode) Names() ([]string, syscall.Errno) {
@@ -304,26 +276,6 @@ var _ = (gofs.NodeStatfser)((*rootNode)(nil))
 
 func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return r.m.statfs(out)
-}
-
-var _ = (gofs.NodeStatfser)((*allocNode)(nil))
-
-func (a *allocNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if errno := a.m.statfs(out); errno != 0 {
-		return errno
-	}
-	a.m.limitStatfs(a.id, out)
-	return 0
-}
-
-var _ = (gofs.NodeStatfser)((*sharedNode)(nil))
-
-func (s *sharedNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if errno := s.m.statfs(out); errno != 0 {
-		return errno
-	}
-	s.m.limitStatfs(s.id, out)
-	return 0
 }
 
 // limitStatfs makes out, the backing filesystem's numbers, those of
@@ -382,15 +334,6 @@ func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
 	return 0
 }
 
-// sharedInode returns the alloc/ node of an allocation in a view.
-func (m *Mount) sharedInode(ctx context.Context, parent *gofs.Inode, st *record.State, view uint64, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ino := syntheticIno("shared", st.ID, strconv.FormatUint(view, 10))
-	m.sharedAttr(st).fill(&out.Attr, ino)
-	m.stableTimeouts(out)
-	n := &sharedNode{m: m, id: st.ID, view: view}
-	return parent.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
-}
-
 // rootAttr is the mount root's attribute.
 func (m *Mount) rootAttr() skeletonAttr {
 	t := m.started
@@ -398,17 +341,4 @@ func (m *Mount) rootAttr() skeletonAttr {
 		t = time.Unix(0, ns)
 	}
 	return skeletonAttr{mode: 0o755, atime: m.started, mtime: t, ctime: t}
-}
-
-// allocAttr is the attribute of <mount>/<allocID>: what was set on it
-// through the mount, else 0755, owned by the agent.
-func (m *Mount) allocAttr(st *record.State) skeletonAttr {
-	return skeletonOf(st, record.DirRoot, attrAt(0o755, m.agent.uid, m.agent.gid, st.Created))
-}
-
-// sharedAttr is the attribute of alloc/ and of its <task>/alloc views:
-// what was set on it through the mount, else 0777, owned by nobody when
-// running as root.
-func (m *Mount) sharedAttr(st *record.State) skeletonAttr {
-	return skeletonOf(st, record.DirShared, attrAt(0o777, m.shared.uid, m.shared.gid, st.Created))
 }

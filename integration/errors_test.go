@@ -33,7 +33,7 @@ func TestCLIErrorStyle(t *testing.T) {
 		{[]string{"alloc", "create", "a1", "--task", "web"}, `allocfs: failed to create allocation "a1": allocation already exists`},
 		{[]string{"logs", "a1"}, `allocfs: allocation "a1" has 2 tasks (db, web): name one`},
 		{[]string{"logs", "a1", "api"}, `allocfs: allocation "a1" has no task "api"; its tasks: db, web`},
-		{[]string{"alloc", "fs", "a1", "alloc/nodir"}, `allocfs: resolve "alloc/nodir": file does not exist`},
+		{[]string{"alloc", "fs", "a1", "alloc/nodir"}, `allocfs: resolve "alloc/nodir": no such file or directory`},
 	} {
 		r := n.cli(t, c.args...)
 		if got := strings.TrimSpace(r.stderr); r.code != 1 || got != c.want {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -262,6 +263,39 @@ func TestLiveRestart(t *testing.T) {
 			sleep 0.1
 		done`, "sh", filepath.Join(n.mnt, "a1/alloc"), bind))
 	probe := startStallProbe(data)
+	// What libcontainer keeps in alloc/container while an exec task
+	// runs, and a socket and a ready file tasks share through alloc/
+	// and the allocation's own directory: outside every volume of the
+	// layout, and used across the upgrade and the crash.
+	container := filepath.Join(n.mnt, "a1/alloc/container")
+	if err := os.Mkdir(container, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(container, "exec.fifo")
+	if err := unix.Mkfifo(fifo, 0o622); err != nil {
+		t.Fatal(err)
+	}
+	fifoReader := startTask(t, "FIFO reader", exec.Command("sh", "-c", `while read l < "$1"; do echo "$l"; done`, "sh", fifo))
+	sock, err := net.Listen("unix", filepath.Join(container, "api.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	go func() {
+		for {
+			c, err := sock.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("pong"))
+			c.Close()
+		}
+	}()
+	ready, err := os.OpenFile(filepath.Join(n.mnt, "a1/ready"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ready.Close()
 	time.Sleep(500 * time.Millisecond)
 
 	// (a) An upgrade: serve again on the same data dir and mount.
@@ -278,6 +312,31 @@ func TestLiveRestart(t *testing.T) {
 	n.Restart(t)
 	waitLog(t, n.Daemon, "took the mount over")
 	time.Sleep(500 * time.Millisecond)
+
+	if err := os.WriteFile(fifo, []byte("after the crash\n"), 0); err != nil {
+		t.Errorf("writing alloc/container/exec.fifo after the crash: %v", err)
+	}
+	if c, err := net.Dial("unix", filepath.Join(container, "api.sock")); err != nil {
+		t.Errorf("connecting to alloc/container/api.sock after the crash: %v", err)
+	} else {
+		if b, err := io.ReadAll(c); err != nil || string(b) != "pong" {
+			t.Errorf("alloc/container/api.sock answered %q, %v; want pong", b, err)
+		}
+		c.Close()
+	}
+	if _, err := ready.WriteString("ready\n"); err != nil {
+		t.Errorf("writing a1/ready through its descriptor after the crash: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(n.mnt, "a1/ready")); err != nil || string(b) != "ready\n" {
+		t.Errorf("a1/ready after the crash: %q, %v", b, err)
+	}
+	for deadline := time.Now().Add(harness.Timeout); !strings.Contains(fifoReader.out.String(), "after the crash") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := fifoReader.out.String(); got != "after the crash\n" {
+		t.Errorf("the FIFO's reader read %q, want the line written after the crash", got)
+	}
+	fifoReader.stopTask(t, syscall.SIGKILL)
 
 	// SIGHUP reloads and the daemon serves on.
 	if err := syscall.Kill(n.Pid(), syscall.SIGHUP); err != nil {

@@ -517,8 +517,10 @@ func TestWireNaming(t *testing.T) {
 		switch v := v.(type) {
 		case map[string]any:
 			for k, x := range v {
-				// Volumes and layers are keyed by path, not named.
-				if !snake.MatchString(k) && !strings.Contains(k, "/") {
+				// Volumes and layers are keyed by their path in the
+				// allocation ("." its own directory), not named.
+				byPath := strings.HasSuffix(where, ".volumes") || strings.HasSuffix(where, ".layers")
+				if !snake.MatchString(k) && !byPath {
 					t.Errorf("%s: field %q is not snake_case", where, k)
 				}
 				keys(x, where+"."+k)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/allocfs/allocfs/api"
 	"github.com/allocfs/allocfs/fs/store"
-	"github.com/allocfs/allocfs/fs/store/record"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
@@ -75,7 +74,7 @@ func TestNomadClientCollectsAnAllocation(t *testing.T) {
 func TestMountAllocationsAreNomads(t *testing.T) {
 	s, svc, _ := newTestService(t)
 	ctx := context.Background()
-	if _, err := s.CreateFromMount("nomads", record.DirAttr{Mode: 0o755}); err != nil {
+	if _, err := s.CreateFromMount("nomads", 0o755, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	for verb, call := range map[string]func() error{

@@ -105,7 +105,7 @@ func TestNomadSizes(t *testing.T) {
 	t.Cleanup(sizes.Close)
 
 	for _, id := range []string{"a1", "unknown"} {
-		if _, err := s.CreateFromMount(id, record.DirAttr{Mode: 0o755}); err != nil {
+		if _, err := s.CreateFromMount(id, 0o755, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		sizes.Created(id)
@@ -117,7 +117,7 @@ func TestNomadSizes(t *testing.T) {
 	}
 
 	// A restart: a3 was made while no daemon asked.
-	if _, err := s.CreateFromMount("a3", record.DirAttr{Mode: 0o755}); err != nil {
+	if _, err := s.CreateFromMount("a3", 0o755, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	again, err := NewNomadSizes(logger, s, cfg)

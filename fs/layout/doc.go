@@ -3,16 +3,17 @@
 // contract (a whole path at once) ask Child what a name of a layout
 // directory is, so the two can never disagree on where a path leads:
 //
-//	<alloc>/                  Alloc
-//	├── alloc/                Shared, view 0
+//	<alloc>/                  Alloc   the allocation's own volume "."
+//	├── alloc/                Shared  volume "alloc", view 0
 //	│   └── data|logs|tmp/    Volume  "alloc/<name>", the view's
 //	└── <task>/               Task    the task's own volume "<task>"
-//	    ├── alloc/            Shared, view task index + 1
+//	    ├── alloc/            Shared  volume "alloc", view task index + 1
 //	    ├── local/ tmp/       Volume  "<task>/<name>", view 0
 //	    └── secrets/ private/ Memory
 //
-// Any other name of a task directory is an entry of the task's own
-// volume. The layout is computed from the allocation's record
+// Any other name of one of these directories is an entry of its own
+// volume (VolumeOf), as any name is in a plain directory: libcontainer
+// keeps its state in alloc/container, jobs render templates into alloc/. The layout is computed from the allocation's record
 // (record.State) alone: a volume the record no longer has, or a directory
 // it says is gone, is no child.
 package layout

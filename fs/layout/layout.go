@@ -24,7 +24,8 @@ const (
 // Place is a directory of the layout.
 type Place struct {
 	Kind Kind
-	// Key is the volume of Volume and Task (record.State.Volumes).
+	// Key is the volume of Volume, Shared and Task
+	// (record.State.Volumes); Alloc's is VolumeOf's.
 	Key string
 	// View is the slot view of Shared and Volume (the tree's identity.go).
 	View uint64
@@ -34,12 +35,26 @@ type Place struct {
 	Name string
 }
 
+// VolumeOf is the volume that holds the entries of the directory p other
+// than its layout children: every directory of an allocation accepts any
+// entry, as a plain directory does. "" for a place that has none (a
+// memory volume, which is its own).
+func VolumeOf(p Place) string {
+	switch p.Kind {
+	case Alloc:
+		return record.RootVolume
+	case Shared, Task, Volume:
+		return p.Key
+	}
+	return ""
+}
+
 // TaskChildren are the names a task directory shows, sorted.
 var TaskChildren = []string{allocdir.SharedAllocName, allocdir.TaskLocal, allocdir.TaskPrivate, allocdir.TaskSecrets, allocdir.TmpDirName}
 
 // Child is the layout directory name leads to from parent in the
-// allocation st, or a Place of Kind None: no such name (of Alloc or
-// Shared), or an entry of the task's own volume (of Task). A layout
+// allocation st, or a Place of Kind None: an entry of parent's own volume
+// (VolumeOf), if it has one by that name. A layout
 // directory removed through the mount (a volume st has no more, a
 // directory st.Gone names) is no such name, as after an rmdir on a local
 // filesystem; a task's reserved names are never entries of its volume.
@@ -47,10 +62,10 @@ func Child(st *record.State, parent Place, name string) Place {
 	switch parent.Kind {
 	case Alloc:
 		if name == allocdir.SharedAllocName {
-			if st.IsGone(record.DirShared) {
+			if st.Volumes[record.SharedVolume] == nil {
 				return Place{}
 			}
-			return Place{Kind: Shared}
+			return Place{Kind: Shared, Key: record.SharedVolume}
 		}
 		if i := st.TaskIndex(name); i >= 0 {
 			return Place{Kind: Task, Key: name, Task: i}
@@ -67,10 +82,10 @@ func Child(st *record.State, parent Place, name string) Place {
 		task := st.Tasks[parent.Task].Name
 		switch name {
 		case allocdir.SharedAllocName:
-			if st.IsGone(task + "/" + name) {
+			if st.IsGone(task+"/"+name) || st.Volumes[record.SharedVolume] == nil {
 				return Place{}
 			}
-			return Place{Kind: Shared, View: uint64(parent.Task + 1)}
+			return Place{Kind: Shared, Key: record.SharedVolume, View: uint64(parent.Task + 1)}
 		case allocdir.TaskLocal, allocdir.TmpDirName:
 			if st.Volumes[task+"/"+name] == nil {
 				return Place{}

@@ -77,18 +77,19 @@ type where struct {
 
 func (f *FS) locate(name string) (*where, error) {
 	at := layout.Place{Kind: layout.Alloc}
-	if name == "." {
-		return &where{skeleton: layout.Names(f.st, at), base: "."}, nil
+	var comps []string
+	base := "."
+	if name != "." {
+		comps = strings.Split(name, "/")
+		base = comps[len(comps)-1]
 	}
-	comps := strings.Split(name, "/")
-	base := comps[len(comps)-1]
 	for i, c := range comps {
 		next := layout.Child(f.st, at, c)
 		switch next.Kind {
 		case layout.None:
-			if at.Kind == layout.Task {
-				// An entry of the task's own volume.
-				return f.volume(at.Key, comps[i:], base)
+			if key := layout.VolumeOf(at); key != "" {
+				// An entry of the layout directory's own volume.
+				return f.volume(key, comps[i:], base)
 			}
 			return nil, &iofs.PathError{Op: "lookup", Path: name, Err: iofs.ErrNotExist}
 		case layout.Volume:
@@ -98,15 +99,12 @@ func (f *FS) locate(name string) (*where, error) {
 		}
 		at = next
 	}
-	if at.Kind == layout.Task {
-		w, err := f.volume(at.Key, nil, base)
-		if err != nil {
-			return nil, err
-		}
-		w.skeleton = layout.Names(f.st, at)
-		return w, nil
+	w, err := f.volume(layout.VolumeOf(at), nil, base)
+	if err != nil {
+		return nil, err
 	}
-	return &where{skeleton: layout.Names(f.st, at), base: base}, nil
+	w.skeleton = layout.Names(f.st, at)
+	return w, nil
 }
 
 func (f *FS) volume(key string, rest []string, base string) (*where, error) {
@@ -181,10 +179,6 @@ func (f *FS) memory(task allocdir.Task, name string, rest []string, base string)
 	return w, nil
 }
 
-func (f *FS) skeletonInfo(name string, mode iofs.FileMode) iofs.FileInfo {
-	return &synthInfo{name: name, mode: iofs.ModeDir | mode, mtime: f.st.Created}
-}
-
 // Open implements iofs.FS; only volume files can be opened.
 func (f *FS) Open(name string) (iofs.File, error) {
 	w, err := f.locate(name)
@@ -205,14 +199,15 @@ func (f *FS) ReadDir(name string) ([]iofs.DirEntry, error) {
 	}
 	switch {
 	case w.layerFS != nil && w.skeleton != nil:
-		// A task directory: its layer's entries and the layout children.
+		// A layout directory: its volume's entries and the layout
+		// children.
 		entries, err := w.layerFS.ReadDir(w.rest)
 		if err != nil {
 			return nil, err
 		}
 		out := make([]iofs.DirEntry, 0, len(entries)+len(w.skeleton))
 		for _, n := range w.skeleton {
-			fi, err := f.Lstat(name + "/" + n)
+			fi, err := f.Lstat(path.Join(name, n))
 			if err != nil {
 				return nil, err
 			}
@@ -227,20 +222,6 @@ func (f *FS) ReadDir(name string) ([]iofs.DirEntry, error) {
 		return out, nil
 	case w.layerFS != nil:
 		return w.layerFS.ReadDir(w.rest)
-	case w.skeleton != nil:
-		out := make([]iofs.DirEntry, 0, len(w.skeleton))
-		for _, n := range w.skeleton {
-			child := n
-			if name != "." {
-				child = name + "/" + n
-			}
-			fi, err := f.Lstat(child)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, iofs.FileInfoToDirEntry(fi))
-		}
-		return out, nil
 	}
 	_, err = memEmpty(w)
 	return nil, err
@@ -262,12 +243,6 @@ func (f *FS) Lstat(name string) (iofs.FileInfo, error) {
 			return renamedInfo{FileInfo: fi, name: w.base}, nil
 		}
 		return fi, nil
-	case w.skeleton != nil:
-		mode := iofs.FileMode(0o777)
-		if name == "." {
-			mode = 0o755
-		}
-		return f.skeletonInfo(w.base, mode), nil
 	}
 	return memEmpty(w)
 }

@@ -119,13 +119,7 @@ func (s *Store) commitWithLayers(op string, st *record.State, specs []record.Vol
 		}
 	}()
 	for _, spec := range specs {
-		var f freshLayer
-		var err error
-		if spec.Owner != nil {
-			f, err = s.newLayerOwned(spec.Mode, "", spec.Owner.UID, spec.Owner.GID)
-		} else {
-			f, err = s.newLayer(spec.Mode, "")
-		}
+		f, err := s.specLayer(spec)
 		if err != nil {
 			return fmt.Errorf("failed to create layer for %s: %w", spec.Key, err)
 		}

@@ -435,7 +435,7 @@ func TestStoreConcurrent(t *testing.T) {
 	if got, want := len(s.List()), 20; got != want {
 		t.Errorf("allocations: got %d, want %d", got, want)
 	}
-	if got, want := len(layerDirs(t, s)), 20*9; got != want {
+	if got, want := len(layerDirs(t, s)), 20*11; got != want {
 		t.Errorf("layers: got %d, want %d", got, want)
 	}
 }

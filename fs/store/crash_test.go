@@ -431,7 +431,7 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-alloc",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.CreateFromMount("n", record.DirAttr{Mode: 0o755})
+				_, err := s.CreateFromMount("n", 0o755, 0, 0)
 				return err
 			},
 		},
@@ -439,46 +439,40 @@ func crashOps() []crashOp {
 			name:  "mount-mkdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.AddTask("a", "db", 0o777, 0, 0, record.DirAttr{Mode: 0o755})
+				_, err := s.AddTask("a", "db", 0o777, 0, 0)
 				return err
 			},
 		},
 		{
 			name:  "mount-rmdir-volume",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp", &record.DirAttr{Mode: 0o777}) },
+			run:   func(s *Store) error { return s.DropVolume("a", "alloc/tmp") },
 		},
 		{
 			name: "mount-mkdir-volume",
 			setup: func(t *testing.T, s *Store) {
 				mustCreate(t, s, "a", "web")
-				must(t, s.DropVolume("a", "web/tmp", nil))
+				must(t, s.DropVolume("a", "web/tmp"))
 			},
 			run: func(s *Store) error {
-				_, err := s.AddVolume("a", "web/tmp", nil)
+				_, err := s.AddVolume("a", "web/tmp")
 				return err
 			},
 		},
 		{
 			name:  "mount-rmdir-task",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run:   func(s *Store) error { return s.DropTask("a", "web", record.DirAttr{Mode: 0o755}) },
+			run:   func(s *Store) error { return s.DropTask("a", "web") },
 		},
 		{
-			name:  "mount-rmdir-shared",
-			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run: func(s *Store) error {
-				_, err := s.SetGone("a", record.DirShared, true, &record.DirAttr{Mode: 0o755})
-				return err
+			name: "mount-rmdir-shared",
+			setup: func(t *testing.T, s *Store) {
+				mustCreate(t, s, "a", "web")
+				for _, v := range allocdir.SharedAllocDirs {
+					must(t, s.DropVolume("a", "alloc/"+v))
+				}
 			},
-		},
-		{
-			name:  "mount-chmod",
-			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
-			run: func(s *Store) error {
-				_, err := s.SetDirAttr("a", record.DirShared, record.DirAttr{Mode: 0o777}, func(a *record.DirAttr) { a.Mode = 0o751 })
-				return err
-			},
+			run: func(s *Store) error { return s.DropVolume("a", record.SharedVolume) },
 		},
 		{
 			// Nomad's Move, one volume at a time, the previous
@@ -488,7 +482,7 @@ func crashOps() []crashOp {
 				mustCreate(t, s, "a", "web")
 				putFile(t, s, "a", "alloc/data", "data.txt", "precious")
 				mustCreate(t, s, "b", "web")
-				must(t, s.DropVolume("b", "alloc/data", nil))
+				must(t, s.DropVolume("b", "alloc/data"))
 			},
 			run: func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") },
 			check: func(t *testing.T, s *Store, after bool) {

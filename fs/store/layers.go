@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,6 +26,18 @@ func (s *Store) newLayer(mode os.FileMode, note string) (freshLayer, error) {
 		uid, gid = s.owner.UID, s.owner.GID
 	}
 	return s.newLayerOwned(mode, note, uid, gid)
+}
+
+// specLayer creates the empty layer spec asks for: its mode, and its
+// owner, the agent's or the store's.
+func (s *Store) specLayer(spec record.VolumeSpec) (freshLayer, error) {
+	switch {
+	case spec.Owner != nil:
+		return s.newLayerOwned(spec.Mode, "", spec.Owner.UID, spec.Owner.GID)
+	case spec.Agent:
+		return s.newLayerOwned(spec.Mode, "", -1, -1)
+	}
+	return s.newLayer(spec.Mode, "")
 }
 
 // newLayerOwned is newLayer with a root owned by uid and gid (-1 leaves

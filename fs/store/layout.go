@@ -5,12 +5,14 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store/record"
+	"golang.org/x/sys/unix"
 )
 
 // Changes of an allocation's layout made through the mount.
@@ -38,15 +40,15 @@ var (
 )
 
 // CreateFromMount records a new allocation made by a mkdir at the mount
-// root: its alloc-level volumes and no tasks, Nomad's, with attr on its
-// root. It fails with ErrExists for an ID the store holds.
-func (s *Store) CreateFromMount(id string, attr record.DirAttr) (*record.State, error) {
+// root: its alloc-level volumes and no tasks, Nomad's, its own directory
+// of mode and owned by uid and gid (the caller of the mkdir). It fails
+// with ErrExists for an ID the store holds.
+func (s *Store) CreateFromMount(id string, mode, uid, gid uint32) (*record.State, error) {
 	st, err := s.newState(id, nil)
 	if err != nil {
 		return nil, err
 	}
 	st.Origin = record.OriginMount
-	st.Dirs = map[string]*record.DirAttr{record.DirRoot: &attr}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if err := s.absent(id); err != nil {
@@ -55,7 +57,17 @@ func (s *Store) CreateFromMount(id string, attr record.DirAttr) (*record.State, 
 	if err := s.sizeNew(st, record.Limit{}); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
-	fresh, err := s.freshVolumes(st)
+	specs := st.VolumeSpecs()
+	for i := range specs {
+		if specs[i].Key == record.RootVolume {
+			specs[i].Mode = fileMode(mode)
+			specs[i].Agent = false
+			if os.Geteuid() == 0 {
+				specs[i].Owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
+			}
+		}
+	}
+	fresh, err := s.freshVolumesOf(st, specs)
 	if err == nil {
 		err = s.change(&intent{Op: "create", Records: map[string]*record.State{id: st}, Fresh: fresh})
 	}
@@ -68,10 +80,9 @@ func (s *Store) CreateFromMount(id string, attr record.DirAttr) (*record.State, 
 
 // AddTask adds the task name to allocation id with fresh layers for its
 // directory, local/ and tmp/, the directory's root of mode and owned by
-// uid and gid (a mkdir in the allocation's root). parent is the
-// allocation root's attribute before the change, whose times the new
-// entry stamps. It fails with ErrExists for a task the allocation has.
-func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent record.DirAttr) (*record.State, error) {
+// uid and gid (a mkdir in the allocation's root). It fails with ErrExists
+// for a task the allocation has.
+func (s *Store) AddTask(id, name string, mode, uid, gid uint32) (*record.State, error) {
 	if err := record.ValidTaskName(name); err != nil {
 		return nil, fmt.Errorf("failed to add task to allocation %q: %w", id, err)
 	}
@@ -90,20 +101,19 @@ func (s *Store) AddTask(id, name string, mode, uid, gid uint32, parent record.Di
 	if os.Geteuid() == 0 {
 		specs[0].Owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
 	}
-	stampDir(st, record.DirRoot, parent)
 	if err := s.commitWithLayers("update", st, specs); err != nil {
 		return nil, fmt.Errorf("failed to add task %q to allocation %q: %w", name, id, err)
 	}
+	s.touchParent(st, name)
 	s.logger.Info("added task", "alloc_id", id, "task", name)
 	return s.Get(id)
 }
 
-// AddVolume makes the layout volume key ("alloc/data", "<task>/local",
-// ...) of allocation id again, with a fresh layer: a mkdir of a volume
-// root that a removal took. parent, when set, is the attribute of the
-// skeleton directory that holds it (alloc/), whose times the new entry
-// stamps. It fails with ErrExists for a volume the allocation has.
-func (s *Store) AddVolume(id, key string, parent *record.DirAttr) (*record.State, error) {
+// AddVolume makes the layout volume key ("alloc", "alloc/data",
+// "<task>/local", ...) of allocation id again, with a fresh layer: a
+// mkdir of a volume root that a removal took. It fails with ErrExists for
+// a volume the allocation has.
+func (s *Store) AddVolume(id, key string) (*record.State, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	st, err := s.Get(id)
@@ -117,43 +127,36 @@ func (s *Store) AddVolume(id, key string, parent *record.DirAttr) (*record.State
 		}
 	}
 	switch {
-	case spec == nil:
+	case spec == nil || key == record.RootVolume:
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w: not a volume of its layout", key, id, allocdir.ErrInvalidName)
 	case st.Volumes[key] != nil:
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, ErrExists)
 	}
-	if parent != nil {
-		stampDir(st, record.DirShared, *parent)
-	}
 	if err := s.commitWithLayers("update", st, []record.VolumeSpec{*spec}); err != nil {
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, err)
 	}
+	s.touchParent(st, key)
 	return s.Get(id)
 }
 
 // DropVolume removes the volume key of allocation id (an rmdir of its
 // root, which the caller found empty), and every layer of it that no other
-// allocation stacks. parent, when set, is alloc/'s attribute, as for
-// AddVolume.
-func (s *Store) DropVolume(id, key string, parent *record.DirAttr) error {
-	return s.dropLayers(id, "drop volume", func(st *record.State) error {
-		if st.Volumes[key] == nil {
+// allocation stacks.
+func (s *Store) DropVolume(id, key string) error {
+	return s.dropLayers(id, key, "drop volume", func(st *record.State) error {
+		if st.Volumes[key] == nil || key == record.RootVolume {
 			return fmt.Errorf("allocation %q has no volume %q: %w", id, key, iofs.ErrNotExist)
 		}
 		delete(st.Volumes, key)
-		if parent != nil {
-			stampDir(st, record.DirShared, *parent)
-		}
 		return nil
 	})
 }
 
 // DropTask removes the task name of allocation id and its volumes (an
 // rmdir of the task's directory, which the caller found empty), and
-// every layer of them no other allocation stacks. parent is the
-// allocation root's attribute, as for AddTask.
-func (s *Store) DropTask(id, name string, parent record.DirAttr) error {
-	return s.dropLayers(id, "drop task", func(st *record.State) error {
+// every layer of them no other allocation stacks.
+func (s *Store) DropTask(id, name string) error {
+	return s.dropLayers(id, name, "drop task", func(st *record.State) error {
 		i := st.TaskIndex(name)
 		if i < 0 {
 			return fmt.Errorf("allocation %q has no task %q: %w", id, name, iofs.ErrNotExist)
@@ -164,15 +167,14 @@ func (s *Store) DropTask(id, name string, parent record.DirAttr) error {
 		}
 		st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return strings.HasPrefix(d, name+"/") })
 		st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == name })
-		stampDir(st, record.DirRoot, parent)
 		return nil
 	})
 }
 
 // dropLayers applies edit to a copy of allocation id's record, journals
-// it, and removes the layers the old record named that nothing names any
-// more.
-func (s *Store) dropLayers(id, what string, edit func(*record.State) error) error {
+// it, stamps the times of the directory that held key, and removes the
+// layers the old record named that nothing names any more.
+func (s *Store) dropLayers(id, key, what string, edit func(*record.State) error) error {
 	s.writeMu.Lock()
 	st, err := s.Get(id)
 	if err != nil {
@@ -188,6 +190,7 @@ func (s *Store) dropLayers(id, what string, edit func(*record.State) error) erro
 		s.writeMu.Unlock()
 		return fmt.Errorf("failed to %s of allocation %q: %w", what, id, err)
 	}
+	s.touchParent(st, key)
 	s.mu.Lock()
 	owned := s.claimLocked(sortedKeys(before.LayerIDs()))
 	s.mu.Unlock()
@@ -198,11 +201,31 @@ func (s *Store) dropLayers(id, what string, edit func(*record.State) error) erro
 	return nil
 }
 
-// SetGone records that the layout directory dir of allocation id was
-// removed through the mount (gone) or made again (not gone). parent, when
-// set, is the allocation root's attribute, whose times a change of alloc/
-// stamps; the directories of a task lie in its own volume's root.
-func (s *Store) SetGone(id, dir string, gone bool, parent *record.DirAttr) (*record.State, error) {
+// touchParent stamps the modification and change times of the directory
+// that holds the layout directory key of st ("alloc/data" is in alloc/,
+// a task's directory and alloc/ in the allocation's own), as a local
+// filesystem does when an entry comes or goes. The times are not
+// journaled: a crash may lose them, as it may lose an unsynced directory
+// change on a local filesystem.
+func (s *Store) touchParent(st *record.State, key string) {
+	parent := record.RootVolume
+	if dir := path.Dir(key); dir != "." {
+		parent = dir
+	}
+	v := st.Volumes[parent]
+	if v == nil {
+		return
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_NOW}}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, s.LayerPath(v.Upper), ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		s.logger.Debug("could not stamp a layout directory's times", "alloc_id", st.ID, "volume", parent, "error", err)
+	}
+}
+
+// SetGone records that the layout directory dir ("<task>/alloc",
+// "<task>/secrets", "<task>/private") of allocation id was removed
+// through the mount (gone) or made again (not gone).
+func (s *Store) SetGone(id, dir string, gone bool) (*record.State, error) {
 	return s.Update(id, func(st *record.State) error {
 		if err := st.ValidGone(dir); err != nil {
 			return err
@@ -218,9 +241,6 @@ func (s *Store) SetGone(id, dir string, gone bool, parent *record.DirAttr) (*rec
 			slices.Sort(st.Gone)
 		} else {
 			st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return d == dir })
-		}
-		if parent != nil && dir == record.DirShared {
-			stampDir(st, record.DirRoot, *parent)
 		}
 		return nil
 	})
@@ -240,43 +260,6 @@ func (s *Store) SetChroot(id, task string) (*record.State, error) {
 		}
 		return nil
 	})
-}
-
-// SetDirAttr applies change to the attribute of the skeleton directory
-// dir (record.DirRoot, record.DirShared) of allocation id, starting from current (what
-// the mount shows now) when the record has none yet.
-func (s *Store) SetDirAttr(id, dir string, current record.DirAttr, change func(*record.DirAttr)) (*record.State, error) {
-	return s.Update(id, func(st *record.State) error {
-		if dir != record.DirRoot && dir != record.DirShared {
-			return fmt.Errorf("%w: %q is not a skeleton directory", allocdir.ErrInvalidName, dir)
-		}
-		a := current
-		if st.Dirs[dir] != nil {
-			a = *st.Dirs[dir]
-		}
-		change(&a)
-		if st.Dirs == nil {
-			st.Dirs = make(map[string]*record.DirAttr)
-		}
-		st.Dirs[dir] = &a
-		return nil
-	})
-}
-
-// stampDir gives the skeleton directory dir of st the times a change of
-// its entries stamps, starting from current when st has no attribute of
-// it yet.
-func stampDir(st *record.State, dir string, current record.DirAttr) {
-	a := current
-	if st.Dirs[dir] != nil {
-		a = *st.Dirs[dir]
-	}
-	now := time.Now().UTC()
-	a.Mtime, a.Ctime = now, now
-	if st.Dirs == nil {
-		st.Dirs = make(map[string]*record.DirAttr)
-	}
-	st.Dirs[dir] = &a
 }
 
 // AdoptVolume hands the volume key of allocation prevID to newID, as a

@@ -351,7 +351,7 @@ func TestQuotaSetLimit(t *testing.T) {
 // holds locked, the mkdir for the store the change holds.
 func TestQuotaSetLimitIsQuiet(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	must(t, errOnly(s.CreateFromMount("a1", record.DirAttr{Mode: 0o755})))
+	must(t, errOnly(s.CreateFromMount("a1", 0o755, 0, 0)))
 	var heard []string
 	stop := s.OnChange(func(id string) { heard = append(heard, id) })
 	defer stop()

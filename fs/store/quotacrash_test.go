@@ -95,7 +95,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 		}},
 		{"adopt-volume", func(t *testing.T, s *Store) {
 			stopped(t, s)
-			must(t, errOnly(s.CreateFromMount("b", record.DirAttr{Mode: 0o755})))
+			must(t, errOnly(s.CreateFromMount("b", 0o755, 0, 0)))
 			must(t, errOnly(s.SetLimit("b", sized, record.FromNomad)))
 		}, func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") }},
 		{"import", func(*testing.T, *Store) {}, func(s *Store) error {

@@ -392,12 +392,18 @@ func (s *Store) absent(id string) error {
 // freshVolumes gives every volume st's tasks call for and it lacks a
 // fresh layer, and returns them.
 func (s *Store) freshVolumes(st *record.State) ([]freshLayer, error) {
+	return s.freshVolumesOf(st, st.VolumeSpecs())
+}
+
+// freshVolumesOf gives every volume of specs that st lacks a fresh layer,
+// and returns them.
+func (s *Store) freshVolumesOf(st *record.State, specs []record.VolumeSpec) ([]freshLayer, error) {
 	var fresh []freshLayer
-	for _, spec := range st.VolumeSpecs() {
+	for _, spec := range specs {
 		if st.Volumes[spec.Key] != nil {
 			continue
 		}
-		f, err := s.newLayer(spec.Mode, "")
+		f, err := s.specLayer(spec)
 		if err != nil {
 			return fresh, fmt.Errorf("failed to create layer for %s: %w", spec.Key, err)
 		}

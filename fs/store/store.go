@@ -278,6 +278,9 @@ func OpenWith(logger hclog.Logger, dataDir string, opts Options) (_ *Store, err 
 	if err := s.checkLayers(); err != nil {
 		return nil, err
 	}
+	if err := s.upgradeRecords(); err != nil {
+		return nil, err
+	}
 	s.writeMu.Lock()
 	s.unsettled = true
 	s.settleQuota(nil, nil)

@@ -144,6 +144,8 @@ func TestStoreCreate(t *testing.T) {
 	}
 
 	wantModes := map[string]os.FileMode{
+		".":             0o755,
+		"alloc":         0o777,
 		"alloc/data":    0o777,
 		"alloc/logs":    0o777,
 		"alloc/tmp":     0o777,
@@ -189,7 +191,12 @@ func TestStoreCreate(t *testing.T) {
 		if got, want := fi.Mode(), os.ModeDir|mode; got != want {
 			t.Errorf("volume %q: got mode %v, want %v", key, got, want)
 		}
-		if nobodyUID >= 0 {
+		if key == record.RootVolume {
+			// The allocation's own directory is the agent's.
+			if sys := fi.Sys().(*syscall.Stat_t); int(sys.Uid) != os.Geteuid() {
+				t.Errorf("volume %q: got owner %d, want the daemon's %d", key, sys.Uid, os.Geteuid())
+			}
+		} else if nobodyUID >= 0 {
 			sys := fi.Sys().(*syscall.Stat_t)
 			if int(sys.Uid) != nobodyUID || int(sys.Gid) != nobodyGID {
 				t.Errorf("volume %q: got owner %d:%d, want nobody %d:%d", key, sys.Uid, sys.Gid, nobodyUID, nobodyGID)
@@ -664,5 +671,76 @@ func TestOnChangeRunsUnlocked(t *testing.T) {
 	}
 	if slices.Contains(locked, true) {
 		t.Fatalf("a hook ran while the store held its change lock: %v", locked)
+	}
+}
+
+// TestOpenUpgradesRecords opens a record of an earlier version, whose own
+// directory and alloc/ were synthesised (their attributes in Dirs, a
+// removed alloc/ in Gone), and checks that the store gives it their
+// volumes with those attributes, and that a reopen changes nothing more.
+func TestOpenUpgradesRecords(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(hclog.NewNullLogger(), dir)
+	must(t, err)
+	mustCreate(t, s, "a", "web")
+	mustCreate(t, s, "b", "web")
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	old := func(gone bool) func(st *record.State) error {
+		return func(st *record.State) error {
+			delete(st.Volumes, record.RootVolume)
+			delete(st.Volumes, record.SharedVolume)
+			st.Dirs = map[string]*record.DirAttr{
+				record.DirRoot:   {Mode: 0o751, UID: 12, GID: 34, Atime: mtime, Mtime: mtime},
+				record.DirShared: {Mode: 0o707, UID: 56, GID: 78, Atime: mtime, Mtime: mtime},
+			}
+			if gone {
+				st.Gone = []string{record.DirShared}
+			}
+			return nil
+		}
+	}
+	must(t, errOnly(s.Update("a", old(false))))
+	must(t, errOnly(s.Update("b", old(true))))
+	must(t, s.Close())
+
+	s, err = Open(hclog.NewNullLogger(), dir)
+	must(t, err)
+	a, err := s.Get("a")
+	must(t, err)
+	for key, want := range map[string]struct {
+		mode     os.FileMode
+		uid, gid uint32
+	}{record.RootVolume: {0o751, 12, 34}, record.SharedVolume: {0o707, 56, 78}} {
+		v := a.Volumes[key]
+		if v == nil {
+			t.Fatalf("a has no volume %q after the upgrade", key)
+		}
+		fi, err := os.Lstat(s.LayerPath(v.Upper))
+		must(t, err)
+		sys := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != want.mode || !fi.ModTime().Equal(mtime) {
+			t.Errorf("volume %q: mode %v, mtime %v; want %v, %v", key, fi.Mode().Perm(), fi.ModTime(), want.mode, mtime)
+		}
+		if os.Geteuid() == 0 && (sys.Uid != want.uid || sys.Gid != want.gid) {
+			t.Errorf("volume %q: owner %d:%d, want %d:%d", key, sys.Uid, sys.Gid, want.uid, want.gid)
+		}
+	}
+	if a.Dirs != nil {
+		t.Errorf("a keeps Dirs %v after the upgrade", a.Dirs)
+	}
+	b, err := s.Get("b")
+	must(t, err)
+	if b.Volumes[record.RootVolume] == nil || b.Volumes[record.SharedVolume] != nil || b.Gone != nil {
+		t.Errorf("b: volumes %v, gone %v; want its own directory's volume, no alloc/ and nothing gone", b.VolumeKeys(), b.Gone)
+	}
+	must(t, s.Close())
+
+	before := layerSet(t, dir)
+	s, err = Open(hclog.NewNullLogger(), dir)
+	must(t, err)
+	defer s.Close()
+	if after := layerSet(t, dir); !reflect.DeepEqual(before, after) {
+		t.Errorf("a second open changed the layers: %v, then %v", before, after)
 	}
 }

@@ -11,9 +11,11 @@
 // passthrough state and its counters. Two questions only the tree can
 // answer go through Host: the inode number of an entry of a chroot's
 // host layer, and the disk limit statfs shows inside an allocation. The
-// root of a task directory's volume presents the task's layout children
-// (local/, tmp/, secrets/, private/, alloc/) over its own entries, and
-// asks the tree's Layout for them first.
+// root of a layout directory's volume (an allocation's own directory,
+// its alloc/, a task's directory) presents the layout's children (the
+// tasks and alloc/; data/, logs/, tmp/; a task's local/, tmp/,
+// secrets/, private/, alloc/) over its own entries, and asks the tree's
+// Layout for them first.
 //
 // # Backing entries
 //

@@ -49,22 +49,31 @@ type Host interface {
 	LimitStatfs(id string, out *fuse.StatfsOut)
 }
 
-// Layout is a task directory's own children (local/, tmp/, secrets/,
-// private/, alloc/), which the tree presents over the root of the task
-// directory's volume: the volume's own entries of those names are never
-// shown, and the children cannot be replaced through it.
+// Layout is what the tree presents over the root of a volume that holds
+// the entries of a layout directory (an allocation's own directory, its
+// alloc/, a task's directory): the layout's children (alloc/, the tasks;
+// data/, logs/, tmp/; local/, tmp/, secrets/, private/, alloc/), whose
+// names the volume's own entries never take, and which cannot be
+// replaced through it. Every other name is the volume's, as any name is a
+// plain directory's.
 type Layout interface {
 	// Reserved reports whether name is a layout child's.
 	Reserved(name string) bool
-	// Names lists the layout children the task directory has now.
+	// MakesChild reports whether a mkdir of name makes a layout child
+	// (Mkdir) rather than a directory of the volume: in an allocation's
+	// own directory a mkdir of a task name is Nomad's making a task.
+	MakesChild(name string) bool
+	// Names lists the layout children the directory has now.
 	Names() ([]string, syscall.Errno)
 	Lookup(ctx context.Context, dir *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno)
-	Mkdir(ctx context.Context, dir *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno)
+	// Mkdir makes the layout child name in root, the volume's root; it
+	// fails with EEXIST where the volume holds an entry of that name.
+	Mkdir(ctx context.Context, root *Node, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno)
 	Rmdir(name string) syscall.Errno
 	// Rename renames the layout child name into dst as newName.
 	Rename(name string, dst *Node, newName string, flags uint32) syscall.Errno
-	// Chowned is told of a chown of the task directory to uid, which may
-	// start Nomad's chroot build there.
+	// Chowned is told of a chown of the directory to uid, which may
+	// start Nomad's chroot build in a task directory.
 	Chowned(root *Node, uid uint32) syscall.Errno
 }
 

@@ -10,27 +10,27 @@ import (
 
 // A volume directory's open handles. A plain directory is listed from its
 // upper layer's fd (volDir, readdirplus batches ahead of the kernel), an
-// overlay one from the merged listing (overlay.go), a task directory as
+// overlay one from the merged listing (overlay.go), a layout directory as
 // its layer's entries plus the layout children (listDir). A handle keeps
 // answering fstat after its directory is renamed over or removed.
 
 var _ = (gofs.NodeOpendirHandler)((*Node)(nil))
 
-// OpendirHandle lists a task directory as its layer's entries plus the
+// OpendirHandle lists a layout directory as its layer's entries plus the
 // layout children; any other directory is the loopback's own.
 func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	switch {
 	case n.task != nil:
-		return n.taskOpendir()
+		return n.layoutOpendir()
 	case n.ovl != nil:
 		return n.ovlOpendir()
 	}
 	return n.openDir()
 }
 
-// taskOpendir lists a task directory: the layout children it has, and
+// layoutOpendir lists a layout directory: the layout children it has, and
 // the entries of its volume (merged with the host layer of a chroot).
-func (n *Node) taskOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *Node) layoutOpendir() (gofs.FileHandle, uint32, syscall.Errno) {
 	names, errno := n.task.Names()
 	if errno != 0 {
 		return nil, 0, errno

@@ -77,9 +77,11 @@ type Node struct {
 	// kind while one of the other is open.
 	daemonServed    int
 	passthroughOpen int
-	// task is set on the root of a task directory's volume, whose
-	// layout children (local/, tmp/, secrets/, private/, alloc/) are
-	// presented over the layer and cannot be replaced.
+	// task is set on the root of a volume that holds a layout
+	// directory's entries, whose layout children (a task's local/,
+	// tmp/, secrets/, private/, alloc/; alloc/'s data/, logs/, tmp/; an
+	// allocation's alloc/ and tasks) are presented over the layer and
+	// cannot be replaced.
 	task Layout
 	// key and view are set on a volume's root: the volume it is
 	// (record.State.Volumes) and the view it shows it in, which a change
@@ -110,9 +112,13 @@ type Root struct {
 	// Memory is set for a memory volume, which is never frozen, nor
 	// followed to another record.
 	Memory bool
-	// Layout is set for a task directory's own volume, whose layout
-	// children it presents.
+	// Layout is set for a volume that holds a layout directory's
+	// entries, whose layout children it presents.
 	Layout Layout
+	// Ino, when set, is the inode number the root shows instead of its
+	// layer root's: a layout directory keeps the number it is known by
+	// (a listing of its parent names it without a lookup).
+	Ino uint64
 }
 
 // NewRoot makes the node of the volume root r as a child of parent, and
@@ -141,6 +147,9 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 	out.Attr.FromStat(&rst)
 	node.mergedNlink("", node.layers, &out.Attr)
 	ino ^= r.Slot << ViewShift
+	if r.Ino != 0 {
+		ino = r.Ino
+	}
 	out.Attr.Ino = ino
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
@@ -161,7 +170,7 @@ func (n *Node) Stack() *layer.Stack { return n.st }
 // IsMemory reports whether n is a memory volume's.
 func (n *Node) IsMemory() bool { return n.ro == nil }
 
-// Layout is the layout children n presents, on the root of a task
+// Layout is the layout children n presents, on the root of a layout
 // directory's volume; nil on every other node.
 func (n *Node) Layout() Layout { return n.task }
 
@@ -195,7 +204,7 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	return n.lookupUpper(ctx, name, out)
 }
 
-// reserved reports whether name is a layout child of a task directory.
+// reserved reports whether name is a layout child of the directory n.
 func (n *Node) reserved(name string) bool {
 	return n.task != nil && n.task.Reserved(name)
 }
@@ -306,8 +315,8 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.ReadOnly() {
 		return nil, syscall.EROFS
 	}
-	if n.reserved(name) {
-		return n.task.Mkdir(ctx, n.EmbeddedInode(), name, out)
+	if n.task != nil && n.task.MakesChild(name) {
+		return n.task.Mkdir(ctx, n, name, mode, out)
 	}
 	if errno := n.refuse(name, true); errno != 0 {
 		return nil, errno

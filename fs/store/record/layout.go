@@ -19,11 +19,31 @@ type VolumeSpec struct {
 	// Owner, when set, owns the fresh layer's root instead of the
 	// store's owner: the caller of a mkdir through the mount.
 	Owner *allocdir.Owner
+	// Agent gives the fresh layer's root to the daemon itself rather
+	// than to the store's owner: the allocation's own directory is the
+	// agent's, as Nomad's client makes it.
+	Agent bool
 }
+
+// The volumes that hold what lands in an allocation's own directories
+// outside data/, logs/, tmp/ and the tasks: a plain directory accepts any
+// entry (libcontainer's state directory alloc/container, a template or an
+// artifact rendered into ${NOMAD_ALLOC_DIR}, a ready file or a socket a
+// task shares with its sidecar), and so do these. The layout's own
+// children are presented over them.
+const (
+	// RootVolume is <mount>/<allocID>/ itself.
+	RootVolume = "."
+	// SharedVolume is <mount>/<allocID>/alloc/, which every
+	// <task>/alloc view shows too.
+	SharedVolume = allocdir.SharedAllocName
+)
 
 // AllocVolumes are the volumes every allocation has, whatever its tasks.
 func AllocVolumes() []VolumeSpec {
 	return []VolumeSpec{
+		{Key: RootVolume, Mode: 0o755, Agent: true},
+		{Key: SharedVolume, Mode: allocdir.SharedDirMode},
 		{Key: path.Join(allocdir.SharedAllocName, allocdir.SharedDataName), Mode: allocdir.SharedDirMode},
 		{Key: path.Join(allocdir.SharedAllocName, allocdir.LogDirName), Mode: allocdir.SharedDirMode},
 		{Key: path.Join(allocdir.SharedAllocName, allocdir.TmpDirName), Mode: allocdir.SharedDirMode},
@@ -66,8 +86,16 @@ func (s *State) HasVolumeSpec(key string) bool {
 // VolumeSpecOf returns the spec of the volume at key, whichever
 // allocation or task it belongs to.
 func VolumeSpecOf(key string) (VolumeSpec, bool) {
+	for _, v := range AllocVolumes() {
+		if v.Key == key {
+			return v, true
+		}
+	}
 	task, _, _ := strings.Cut(key, "/")
-	for _, v := range append(AllocVolumes(), TaskVolumes(task)...) {
+	if ValidTaskName(task) != nil {
+		return VolumeSpec{}, false
+	}
+	for _, v := range TaskVolumes(task) {
 		if v.Key == key {
 			return v, true
 		}
@@ -128,7 +156,10 @@ const OriginMount = "mount"
 
 // DirAttr is what a task or Nomad set on a directory of the skeleton (an
 // allocation's root, its alloc/) through the mount: chmod, chown, utimes,
-// and the times the directory's own changes stamp.
+// and the times the directory's own changes stamp. Records of earlier
+// versions hold them; those directories are volumes now (RootVolume,
+// SharedVolume), whose layer roots the store gives these attributes when
+// it opens such a record (Store's upgrade).
 //
 //	"dirs": {"": {"mode": 493, "uid": 0, "gid": 0, "atime": ..., "mtime": ..., "ctime": ...}}
 type DirAttr struct {
@@ -140,7 +171,8 @@ type DirAttr struct {
 	Ctime time.Time `json:"ctime"`
 }
 
-// Skeleton directories with attributes of their own (State.Dirs).
+// Skeleton directories with attributes of their own in records of
+// earlier versions (State.Dirs).
 const (
 	// DirRoot is the allocation's own directory, <mount>/<allocID>.
 	DirRoot = ""
@@ -152,8 +184,9 @@ const (
 // that State.Gone can hold besides alloc/ itself.
 var goneDirs = []string{allocdir.SharedAllocName, allocdir.TaskSecrets, allocdir.TaskPrivate}
 
-// IsGone reports whether the layout directory dir ("alloc",
-// "<task>/alloc", "<task>/secrets", "<task>/private") was removed through
+// IsGone reports whether the layout directory dir ("<task>/alloc",
+// "<task>/secrets", "<task>/private"; "alloc" in records of earlier
+// versions, whose alloc/ now goes with its volume) was removed through
 // the mount.
 func (s *State) IsGone(dir string) bool { return slices.Contains(s.Gone, dir) }
 

@@ -71,9 +71,10 @@ type State struct {
 	// mount root (Nomad's client), empty for one made through the API or
 	// the allocdir contract.
 	Origin string `json:"origin,omitempty"`
-	// Dirs are the attributes set through the mount on the skeleton
-	// directories: DirRoot (<mount>/<id>) and DirShared (alloc/). One
-	// without an entry shows the mount's defaults.
+	// Dirs are the attributes earlier versions kept of the skeleton
+	// directories DirRoot (<mount>/<id>) and DirShared (alloc/). Those
+	// are volumes now, and the store moves what Dirs says onto their
+	// layer roots when it opens a record that has it.
 	Dirs map[string]*DirAttr `json:"dirs,omitempty"`
 	// Gone are the layout directories removed through the mount and not
 	// made again: "alloc", "<task>/alloc", "<task>/secrets",
