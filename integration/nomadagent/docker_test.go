@@ -85,7 +85,7 @@ func startDockerd(t *testing.T) *dockerd {
 		close(done)
 	}()
 	t.Cleanup(func() {
-		pids := descendants(cmd.Process.Pid)
+		procs := descendants(cmd.Process.Pid)
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
@@ -93,8 +93,8 @@ func startDockerd(t *testing.T) *dockerd {
 			cmd.Process.Kill()
 			<-done
 		}
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
+		for _, p := range procs {
+			p.kill()
 		}
 		detachBelow(t, dir)
 		if t.Failed() {

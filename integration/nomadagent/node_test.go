@@ -119,6 +119,10 @@ type nodeOpts struct {
 	// drivers are the task drivers the test needs healthy before it
 	// starts.
 	drivers []string
+	// persistent runs a server and a client that keep their state in
+	// data_dir instead of a dev agent, whose server forgets its jobs when
+	// it stops: what a test that restarts the agent needs.
+	persistent bool
 }
 
 // node is one Nomad agent (server and client, -dev) whose alloc_dir is an
@@ -132,10 +136,14 @@ type node struct {
 	nodeID              string
 
 	agent     *exec.Cmd
+	agentArgs []string
 	agentDone chan struct{}
 	agentOut  *allocdirtest.SyncBuffer
 	hc        *http.Client
 	jobs      map[string]bool
+	// orphans are what agents killed by restartAgent had started: the
+	// next agent takes them over without becoming their parent.
+	orphans []proc
 }
 
 // startNode starts serve (on the mount backend) and a Nomad agent whose
@@ -175,7 +183,8 @@ func startNode(t *testing.T, opts nodeOpts) *node {
 	} else if err := os.Mkdir(n.allocDir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	n.startAgent(t, opts)
+	n.configureAgent(t, opts)
+	n.startAgent(t)
 	t.Cleanup(func() { n.shutdown(t) })
 	n.waitReady(t, opts.drivers)
 	return n
@@ -233,6 +242,13 @@ func (n *node) agentConfig(opts nodeOpts, ports []int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "data_dir = %q\nbind_addr = \"127.0.0.1\"\ndisable_update_check = true\nlog_level = \"DEBUG\"\n", filepath.Join(n.top, "nomad"))
 	fmt.Fprintf(&b, "ports {\n  http = %d\n  rpc = %d\n  serf = %d\n}\n", ports[0], ports[1], ports[2])
+	if opts.persistent {
+		// Outside dev mode the agent will not advertise a loopback
+		// address unless told to.
+		b.WriteString("advertise {\n  http = \"127.0.0.1\"\n  rpc = \"127.0.0.1\"\n  serf = \"127.0.0.1\"\n}\n")
+		b.WriteString("server {\n  enabled = true\n  bootstrap_expect = 1\n}\n")
+		fmt.Fprintf(&b, "client {\n  enabled = true\n  servers = [\"127.0.0.1:%d\"]\n  network_interface = \"lo\"\n}\n", ports[1])
+	}
 	fmt.Fprintf(&b, "client {\n  alloc_dir = %q\n  alloc_mounts_dir = %q\n", n.allocDir, n.mountsDir)
 	// The cloud fingerprinters would ask a metadata service off this
 	// machine; the tests keep to 127.0.0.1.
@@ -256,7 +272,9 @@ func (n *node) agentConfig(opts nodeOpts, ports []int) string {
 	return b.String()
 }
 
-func (n *node) startAgent(t *testing.T, opts nodeOpts) {
+// configureAgent writes the agent's configuration, on ports it keeps
+// across restarts.
+func (n *node) configureAgent(t *testing.T, opts nodeOpts) {
 	t.Helper()
 	ports := freePorts(t, 3)
 	n.addr = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
@@ -264,8 +282,16 @@ func (n *node) startAgent(t *testing.T, opts nodeOpts) {
 	if err := os.WriteFile(cfg, []byte(n.agentConfig(opts, ports)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	n.agentArgs = []string{"agent", "-config", cfg}
+	if !opts.persistent {
+		n.agentArgs = []string{"agent", "-dev", "-config", cfg}
+	}
 	n.agentOut = &allocdirtest.SyncBuffer{}
-	cmd := exec.Command(n.nomad, "agent", "-dev", "-config", cfg)
+}
+
+func (n *node) startAgent(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(n.nomad, n.agentArgs...)
 	cmd.Stdout, cmd.Stderr = n.agentOut, n.agentOut
 	cmd.Env = append(agentEnv(), "NOMAD_ADDR="+n.addr)
 	if err := cmd.Start(); err != nil {
@@ -349,11 +375,11 @@ func (n *node) shutdown(t *testing.T) {
 			n.do(t, http.MethodDelete, "/v1/job/"+url.PathEscape(job)+"?purge=true", nil, nil)
 		}
 		n.waitAllStopped(t, 45*time.Second)
-		pids := descendants(n.agent.Process.Pid)
+		procs := append(descendants(n.agent.Process.Pid), n.orphans...)
 		n.agent.Process.Kill()
 		<-n.agentDone
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
+		for _, p := range procs {
+			p.kill()
 		}
 	}
 	detachBelow(t, n.allocDir, n.mountsDir)
@@ -383,42 +409,75 @@ func (n *node) waitAllStopped(t *testing.T, limit time.Duration) {
 	t.Errorf("allocations still running %v after their jobs were stopped", running)
 }
 
+// restartAgent kills the agent with SIGKILL, as a crash would, and
+// starts it again on the same configuration and state; what it had
+// started runs on.
+func (n *node) restartAgent(t *testing.T, drivers []string) {
+	t.Helper()
+	n.orphans = append(n.orphans, descendants(n.agent.Process.Pid)...)
+	n.agent.Process.Kill()
+	<-n.agentDone
+	n.startAgent(t)
+	n.waitReady(t, drivers)
+}
+
+// proc is a process found in /proc, with its start time, so that a
+// cleanup never kills another process that took its PID since.
+type proc struct {
+	pid   int
+	start string
+}
+
+// kill sends SIGKILL to p if it is still the process it was.
+func (p proc) kill() {
+	if _, start, ok := readStat(p.pid); ok && start == p.start {
+		syscall.Kill(p.pid, syscall.SIGKILL)
+	}
+}
+
+// readStat reads pid's parent and start time from /proc/<pid>/stat.
+func readStat(pid int) (ppid int, start string, ok bool) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, "", false
+	}
+	// The command name in parentheses may hold spaces: the fields after
+	// its closing parenthesis are state (field 3), then the parent, and
+	// the start time is field 22.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, "", false
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 20 {
+		return 0, "", false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return ppid, fields[19], err == nil
+}
+
 // descendants lists every process below pid, children before their own
 // children, from /proc.
-func descendants(pid int) []int {
+func descendants(pid int) []proc {
 	entries, _ := os.ReadDir("/proc")
-	children := map[int][]int{}
+	children := map[int][]proc{}
 	for _, e := range entries {
 		p, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// The command name in parentheses may hold spaces: the fields
-		// after its closing parenthesis are state, then the parent.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(fields[1]); err == nil {
-			children[ppid] = append(children[ppid], p)
+		if ppid, start, ok := readStat(p); ok {
+			children[ppid] = append(children[ppid], proc{p, start})
 		}
 	}
-	var out []int
+	var out []proc
 	queue := []int{pid}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
 		for _, c := range children[p] {
 			out = append(out, c)
-			queue = append(queue, c)
+			queue = append(queue, c.pid)
 		}
 	}
 	return out
@@ -520,9 +579,11 @@ type allocStub struct {
 	ID, Name, ClientStatus, DesiredStatus string
 	PreviousAllocation                    string
 	TaskStates                            map[string]struct {
-		State  string
-		Failed bool
-		Events []struct {
+		State     string
+		Failed    bool
+		Restarts  int
+		StartedAt time.Time
+		Events    []struct {
 			Type, DisplayMessage string
 		}
 	}
