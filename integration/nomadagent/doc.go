@@ -37,6 +37,20 @@
 // tmpfs, binds, dev, proc) is detached deepest first, then serve is
 // stopped and the directories removed.
 //
+// # The tests
+//
+//	TestRawExec               a file in local/, stdout through the logs API, `nomad alloc logs` and `alloc fs`
+//	TestExec                  a chroot of a static busybox as /bin/sh: local/, alloc/, stdout
+//	TestJava                  a jar built here, fetched as an artifact, run in its chroot
+//	TestDocker                a container writing local/, alloc/data and alloc/ through Nomad's binds
+//	TestTemplatesAndArtifact  templates into local/, secrets/ and ${NOMAD_ALLOC_DIR}; a tar.gz unpacked
+//	TestStickyMigrate         a changed job's replacement takes the sticky disk over (serve: op=remap)
+//	TestStopAndGC             stop, `nomad system gc` and the client's GC leave no directory, mount or record
+//	TestRestarts              `alloc logs -f` across `alloc restart`; the agent killed and started again
+//
+// Each asserts what a plain alloc_dir gives: a failure on the mount is a
+// difference between the mount and the disk Nomad was written for.
+//
 // # Running
 //
 // The tests take minutes and skip unless ALLOCFS_NOMAD_TESTS=1, which
