@@ -375,12 +375,15 @@ func (n *node) shutdown(t *testing.T) {
 			n.do(t, http.MethodDelete, "/v1/job/"+url.PathEscape(job)+"?purge=true", nil, nil)
 		}
 		n.waitAllStopped(t, 45*time.Second)
-		procs := append(descendants(n.agent.Process.Pid), n.orphans...)
+		// Deepest first, and the agent last: each process then dies
+		// while its parent lives to reap it (this machine's init may
+		// not).
+		procs := append(n.orphans, descendants(n.agent.Process.Pid)...)
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].kill()
+		}
 		n.agent.Process.Kill()
 		<-n.agentDone
-		for _, p := range procs {
-			p.kill()
-		}
 	}
 	detachBelow(t, n.allocDir, n.mountsDir)
 	if t.Failed() {
