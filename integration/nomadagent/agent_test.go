@@ -52,6 +52,7 @@ func TestRawExec(t *testing.T) {
         args    = ["-c", "echo hello-raw > \"$NOMAD_TASK_DIR/out.txt\"; echo raw-stdout-line; echo raw-stderr-line >&2"]
       }`))
 	a := n.waitAlloc(t, job, nil, "complete")
+	n.stderrOnFailure(t, a.ID, "t")
 	n.wantFile(t, a.ID+"/t/local/out.txt", "hello-raw\n")
 	n.wantFile(t, a.ID+"/alloc/logs/t.stdout.0", "raw-stdout-line\n")
 	if got := n.logs(t, a.ID, "t", "stdout", "raw-stdout-line"); got != "raw-stdout-line\n" {
@@ -85,6 +86,7 @@ func TestExec(t *testing.T) {
         args    = ["-c", "echo exec-local > \"$NOMAD_TASK_DIR/out.txt\"; echo exec-alloc > \"$NOMAD_ALLOC_DIR/exec.txt\"; echo exec-stdout"]
       }`))
 	a := n.waitAlloc(t, job, nil, "complete")
+	n.stderrOnFailure(t, a.ID, "t")
 	t.Logf("the exec task ran and completed %v after its job was registered", time.Since(start).Round(time.Millisecond))
 	n.wantFile(t, a.ID+"/t/local/out.txt", "exec-local\n")
 	n.wantFile(t, a.ID+"/alloc/exec.txt", "exec-alloc\n")
@@ -126,6 +128,7 @@ EOT
         destination = "local/art"
       }`, srv)))
 	a := n.waitAlloc(t, job, nil, "complete")
+	n.stderrOnFailure(t, a.ID, "t")
 	want := "local t\nsecret t\nshared\nfrom-artifact\nnested\n"
 	if got := n.logs(t, a.ID, "t", "stdout", want); got != want {
 		t.Errorf("what the task read: %q, want %q", got, want)

@@ -213,6 +213,7 @@ func TestDocker(t *testing.T) {
         args         = ["-c", "echo docker-local > \"$NOMAD_TASK_DIR/out.txt\"; echo docker-data > \"$NOMAD_ALLOC_DIR/data/docker.txt\"; echo docker-alloc > \"$NOMAD_ALLOC_DIR/docker.txt\"; cat \"$NOMAD_TASK_DIR/out.txt\"; echo docker-stdout"]
       }`, testImage)))
 	a := n.waitAlloc(t, job, nil, "complete")
+	n.stderrOnFailure(t, a.ID, "t")
 	t.Logf("the container ran and completed %v after its job was registered", time.Since(start).Round(time.Millisecond))
 	n.wantFile(t, a.ID+"/t/local/out.txt", "docker-local\n")
 	n.wantFile(t, a.ID+"/alloc/data/docker.txt", "docker-data\n")

@@ -109,6 +109,7 @@ func TestJava(t *testing.T) {
         source = "%s/hello.jar"
       }`, srv)))
 	a := n.waitAlloc(t, job, nil, "complete")
+	n.stderrOnFailure(t, a.ID, "t")
 	t.Logf("the java task ran and completed %v after its job was registered", time.Since(start).Round(time.Millisecond))
 	n.logs(t, a.ID, "t", "stdout", "java-stdout t\n")
 	n.wantFile(t, a.ID+"/t/local/java.txt", "java-local\n")

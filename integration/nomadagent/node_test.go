@@ -667,6 +667,18 @@ func (n *node) logs(t *testing.T, alloc, task, stream, want string) string {
 	return body
 }
 
+// stderrOnFailure has a failed test log what task of alloc wrote to
+// stderr, where a shell says which of its writes the mount refused. It
+// runs before the node's cleanup stops the agent.
+func (n *node) stderrOnFailure(t *testing.T, alloc, task string) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			_, body := n.get(t, fmt.Sprintf("/v1/client/fs/logs/%s?task=%s&type=stderr&origin=start&offset=0&plain=true", alloc, task), nil)
+			t.Logf("%s/%s's stderr:\n%s", alloc, task, body)
+		}
+	})
+}
+
 // cli runs the Nomad CLI against the agent and fails the test unless it
 // exits 0; it returns the command's stdout.
 func (n *node) cli(t *testing.T, args ...string) string {
