@@ -98,6 +98,7 @@ func TestExec(t *testing.T) {
 // and ${NOMAD_ALLOC_DIR}, and a tar.gz artifact from a local server
 // unpacked into local/, reach the task and show on alloc_dir.
 func TestTemplatesAndArtifact(t *testing.T) {
+	requireAgentTests(t)
 	srv := serveFiles(t, map[string][]byte{"art.tar.gz": tarGz(t, map[string]string{
 		"hello.txt": "from-artifact\n",
 		"sub/b.txt": "nested\n",

@@ -96,6 +96,7 @@ func javaChrootEnv(t *testing.T) map[string]string {
 // server, runs with the java driver in its chroot, writes into its local/
 // and prints a line.
 func TestJava(t *testing.T) {
+	requireAgentTests(t)
 	jar := buildJar(t)
 	srv := serveFiles(t, map[string][]byte{"hello.jar": jar})
 	n := startNode(t, nodeOpts{chrootEnv: javaChrootEnv(t), drivers: []string{"java"}})
