@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 10m
 REVISION  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS   := -ldflags "-X main.revision=$(REVISION)"
 
-.PHONY: all build test test-btrfs lint darwin bench tools clean fuzz
+.PHONY: all build test test-btrfs test-nomad lint darwin bench tools clean fuzz
 
 all: lint build test
 
@@ -22,6 +22,16 @@ build:
 
 test:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# test-nomad runs the real Nomad agent (NOMAD_BIN, else
+# ../shared/tools/nomad/nomad beside the checkout) with its client's
+# alloc_dir on an allocfs mount, and real raw_exec, exec, java and docker
+# jobs on it (integration/nomadagent). Its tests skip under `make test`,
+# which they would slow by minutes. Needs root, /dev/fuse, docker.io,
+# busybox-static and a JDK; ALLOCFS_NOMAD_BACKEND=plain runs them on a
+# plain alloc_dir instead.
+test-nomad:
+	ALLOCFS_NOMAD_TESTS=1 $(GO) test -race -count=1 -timeout 20m ./integration/nomadagent/
 
 # fuzz runs each fuzz test for FUZZTIME on top of its seed corpus (the
 # f.Add calls): the parsers of what a peer node, the kernel or a torn disk
