@@ -21,6 +21,7 @@ import (
 	"github.com/allocfs/allocfs/fs"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/lock"
+	"github.com/allocfs/allocfs/internal/mountinfo"
 	"github.com/allocfs/allocfs/metrics"
 	"github.com/allocfs/allocfs/migrate"
 	"github.com/allocfs/allocfs/node"
@@ -250,6 +251,7 @@ func (d *Daemon) attach() (net.Listener, error) {
 	opts := fs.DefaultMountOptions()
 	opts.Debug = cfg.Mount.Debug
 	opts.IOUring = cfg.Mount.IOUring
+	opts.AllowSuid = cfg.Mount.AllowSuid
 	opts.ChrootEnv = cfg.Mount.ChrootEnv
 	opts.Requests = d.metrics.FUSE()
 	opts.CopyUps = d.metrics.CopyUps()
@@ -307,6 +309,7 @@ func (d *Daemon) adopt(heldFd, holderV int, heldMem map[string]int, opts fs.Moun
 		return fmt.Errorf("%w; the mount stays kept for the next serve", err)
 	}
 	d.mount = m
+	warnSuidKept(d.logger, m.Dir(), opts.AllowSuid, mountinfoPath)
 	if d.holderPid != 0 && holderV < 2 {
 		// A holder of version 1 keeps no memory volume: a new one
 		// takes its place.
@@ -315,6 +318,31 @@ func (d *Daemon) adopt(heldFd, holderV int, heldMem map[string]int, opts fs.Moun
 		}
 	}
 	return nil
+}
+
+// warnSuidKept says so when the mount at dir, taken over, was made with
+// the other --allow-suid than this daemon's: the setting is the mount's,
+// made by mount(2), and a takeover keeps it until a full stop (SIGUSR1)
+// lets the next start mount again.
+func warnSuidKept(logger hclog.Logger, dir string, allowSuid bool, table string) {
+	mounts, err := mountinfo.Read(table)
+	if err != nil {
+		logger.Warn("cannot tell whether the mount taken over allows set-id files", "error", err)
+		return
+	}
+	var top *mountinfo.Entry
+	for i := range mounts {
+		if mounts[i].MountPoint == dir {
+			top = &mounts[i] // the last one is on top
+		}
+	}
+	if top == nil || top.FSType != FSType {
+		return
+	}
+	if nosuid := top.HasOption("nosuid"); nosuid == allowSuid {
+		logger.Warn("the mount taken over keeps its set-id setting until a full stop (SIGUSR1) and a start mount it again",
+			"mount_nosuid", nosuid, "allow_suid", allowSuid)
+	}
 }
 
 // mountNew mounts the store and, for a live restart outside systemd,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,7 +19,14 @@ import (
 // for tests that do the same thing on each and compare.
 func setidSides(t *testing.T) (tm *testMount, vol, native string) {
 	t.Helper()
-	tm = newTestMount(t)
+	return setidSidesTuned(t, nil)
+}
+
+// setidSidesTuned is setidSides with the mount's options changed by tune,
+// when it is not nil.
+func setidSidesTuned(t *testing.T, tune func(*MountOptions)) (tm *testMount, vol, native string) {
+	t.Helper()
+	tm = newTestMountTuned(t, store.Options{}, tune)
 	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}

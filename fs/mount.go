@@ -128,6 +128,11 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 		m.logger.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return fuse.EIO
 	}
+	if opts.AllowSuid {
+		// go-fuse's mount starts from nosuid,nodev and takes "suid" off
+		// its options as the flag that drops nosuid.
+		fopts.MountOptions.Options = append(fopts.MountOptions.Options, "suid")
+	}
 	if opts.adopt != nil && (opts.GoFuseServer || opts.Debug) {
 		return nil, errors.New("go-fuse's server cannot serve a connection another daemon mounted")
 	}
@@ -145,6 +150,7 @@ func NewMount(logger hclog.Logger, store *store.Store, dir string, opts MountOpt
 			Subtype:            fopts.MountOptions.Name,
 			AllowOther:         fopts.MountOptions.AllowOther,
 			DefaultPermissions: true,
+			AllowSuid:          opts.AllowSuid,
 			MaxWrite:           fopts.MountOptions.MaxWrite,
 			Capabilities:       mountCapabilities,
 			IOUring:            opts.IOUring,

@@ -37,6 +37,14 @@ type MountOptions struct {
 	// (FUSE_OVER_IO_URING, Linux 6.14+ with the fuse module's
 	// enable_uring on); /dev/fuse otherwise. Only the own loop has it.
 	IOUring bool
+	// AllowSuid mounts without nosuid, so that a set-id or
+	// file-capability binary in an allocation (a chroot's ping) runs
+	// with the privileges its bits grant, as on a local disk. Off, a
+	// task cannot gain privileges from a file it can write, nor from
+	// one that migration or a snapshot brought in. It applies when the
+	// mount is made: a daemon that takes a mount over keeps it as it is.
+	// nodev holds either way.
+	AllowSuid bool
 	// StableTimeout is how long the kernel may cache entries and
 	// attributes; allocfs invalidates what it changes itself.
 	StableTimeout time.Duration

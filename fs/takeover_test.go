@@ -115,6 +115,9 @@ func TestTakeoverHelper(t *testing.T) {
 	}
 	opts := DefaultMountOptions()
 	opts.IOUring = false
+	// A daemon that takes the mount over without it keeps the mount as
+	// it was made.
+	opts.AllowSuid = true
 	opts.interpose = func(h fuse.RawFileSystem) fuse.RawFileSystem { return &holdLookups{RawFileSystem: h, fd: sock} }
 	opts.Memory = sockKeeper(sock + 1)
 	m, err := NewMount(logger, s, mnt, opts)
@@ -134,6 +137,8 @@ func TestTakeoverHelper(t *testing.T) {
 // lookup is answered, the open file takes more writes and an fsync, the
 // listing goes on, and the shell lists its working directory; the
 // memory volumes are kept, and files unlinked while open still answer.
+// The mount keeps the options it was made with: the killed daemon's
+// AllowSuid, which the new one was not given.
 func TestAdoptMountAfterKill(t *testing.T) {
 	fstest.RequireFUSE(t)
 	root, err := filepath.EvalSymlinks(t.TempDir())
@@ -295,6 +300,9 @@ func TestAdoptMountAfterKill(t *testing.T) {
 			t.Errorf("unmount: %v", err)
 		}
 	})
+	if e := mountEntry(t, mnt); e.HasOption("nosuid") {
+		t.Errorf("the mount made with AllowSuid, taken over without it, is %q", e.Options)
+	}
 
 	select {
 	case err := <-held:

@@ -80,6 +80,7 @@ func restartOnly(old, next *serveArgs) []string {
 		{"log-json", old.logJSON != next.logJSON},
 		{"debug-fuse", old.debugFuse != next.debugFuse},
 		{"fuse-io-uring", old.fuseIOUring != next.fuseIOUring},
+		{"allow-suid", old.allowSuid != next.allowSuid},
 		{"gc-*", old.gc != next.gc},
 		{"metrics-usage-interval", old.metricsUsageInterval != next.metricsUsageInterval},
 		{"enable-quotas, default-disk-mb, quota-groups", old.quota != next.quota},

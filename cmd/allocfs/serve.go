@@ -35,6 +35,7 @@ type serveArgs struct {
 	logLevel                        string
 	logJSON, debugFuse, fuseIOUring bool
 	liveRestart, allowNonEmpty      bool
+	allowSuid                       bool
 	node                            daemon.NodeConfig
 	gc                              gc.Config
 	metricsUsageInterval            time.Duration
@@ -64,6 +65,7 @@ reload that changes them says so in the log.`)
 	fset.BoolVar(&a.logJSON, "log-json", false, "log JSON lines instead of text")
 	fset.BoolVar(&a.liveRestart, "live-restart", true, "keep the mount alive across restarts: a holder process keeps the FUSE connection, the next serve takes it over (after a crash too), and SIGTERM with running allocations leaves it to that one; false: every stop unmounts")
 	fset.BoolVar(&a.fuseIOUring, "fuse-io-uring", false, "take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, /sys/module/fuse/parameters/enable_uring set to Y), about twice as fast for metadata; needs --live-restart=false, since the kernel resends nothing a dead daemon's rings held")
+	fset.BoolVar(&a.allowSuid, "allow-suid", false, "mount without nosuid, so that set-uid and set-gid bits and file capabilities of the allocations' files take effect when they run (an exec task's chroot ping or sudo), as on a local disk; off by default because a task could then gain privileges from a file it can write, or that a migration brought in; nodev stays; a live restart keeps the mount as it was made")
 	fset.BoolVar(&a.debugFuse, "debug-fuse", false, "log every FUSE request and reply (very verbose; served by go-fuse's server, which has the trace)")
 	fset.StringVar(&a.node.Addr, "http-addr", "", "also serve other machines on this TCP `address` (host:port): snapshots for remote migration and, with --token-file, the client API")
 	fset.StringVar(&a.node.MigrateTokenFile, "migrate-token-file", "", "`file` holding the cluster's shared migration token, which admits snapshot requests")
@@ -223,7 +225,7 @@ func runServe(e *env, args []string) error {
 		DataDir:        a.dataDir,
 		MountDir:       a.mountDir,
 		Socket:         a.socket,
-		Mount:          fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring, ChrootEnv: chrootEnv},
+		Mount:          fs.MountOptions{Debug: a.debugFuse, IOUring: a.fuseIOUring, AllowSuid: a.allowSuid, ChrootEnv: chrootEnv},
 		Live:           a.liveRestart && !a.debugFuse,
 		AllowNonEmpty:  a.allowNonEmpty,
 		Stored:         stored,

@@ -86,13 +86,29 @@ func WriteKills(ctx context.Context) bool { return ctx.Done() == killWrite }
 // FileWriter the request's caller and its cancel channel and nothing
 // else of the request, so a WRITE that asks for the kill gets killWrite
 // as its context's Done channel (WriteKills).
+//
+// A WRITE reaches the bridge by either of two methods: allocfs's own
+// loop calls Write, go-fuse's server calls Writev (and Write only when
+// Writev answers ENOSYS). Both carry the flag; a method left to the
+// embedded bridge would drop it, and an unprivileged write would keep
+// the bits.
 type Flags struct{ fuse.RawFileSystem }
 
 func (k Flags) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	return k.RawFileSystem.Write(writeCancel(cancel, in), in, data)
+}
+
+func (k Flags) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	return k.RawFileSystem.Writev(writeCancel(cancel, in), in, data)
+}
+
+// writeCancel is the cancel channel the bridge is to see for the WRITE
+// in: killWrite when it asks for the kill.
+func writeCancel(cancel <-chan struct{}, in *fuse.WriteIn) <-chan struct{} {
 	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
-		cancel = killWrite
+		return killWrite
 	}
-	return k.RawFileSystem.Write(cancel, in, data)
+	return cancel
 }
 
 // SetattrChanges are the SETATTR fields that change something besides

@@ -38,6 +38,10 @@ type Options struct {
 	AllowOther bool
 	// DefaultPermissions has the kernel check modes and owners itself.
 	DefaultPermissions bool
+	// AllowSuid mounts without MS_NOSUID: the set-id bits and file
+	// capabilities of the mount's files take effect on exec. Devices
+	// stay off (MS_NODEV) either way.
+	AllowSuid bool
 	// MaxWrite is the largest WRITE (and READ) the kernel sends, in
 	// bytes; 0 means 128 KiB. At most 1 MiB.
 	MaxWrite int
@@ -161,7 +165,11 @@ func Mount(dir string, opts Options) (*Conn, error) {
 	if source == "" {
 		source = fstype
 	}
-	if err := unix.Mount(source, abs, fstype, unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if opts.AllowSuid {
+		flags &^= unix.MS_NOSUID
+	}
+	if err := unix.Mount(source, abs, fstype, flags, data); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("failed to mount %s at %q: %w", fstype, abs, err)
 	}

@@ -22,9 +22,9 @@ func escape(p string) string {
 }
 
 // FuzzParse feeds the parser arbitrary mount tables: it never panics, it
-// returns at most one entry per line, and the root, mount point and
-// source of every entry it returns, written back as the kernel writes
-// them, parse back to themselves.
+// returns at most one entry per line, and the root, mount point, mount
+// options and source of every entry it returns, written back as the
+// kernel writes them, parse back to themselves.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n",
@@ -48,11 +48,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("%d entries from %d lines", len(entries), lines)
 		}
 		for _, e := range entries {
-			if e.Root == "" || e.MountPoint == "" || e.Source == "" {
+			if e.Root == "" || e.MountPoint == "" || e.Source == "" || e.Options == "" {
 				// An empty field cannot be written back as one field.
 				continue
 			}
-			line := "1 2 " + e.Device + " " + escape(e.Root) + " " + escape(e.MountPoint) + " rw - " + e.FSType + " " + escape(e.Source) + " rw\n"
+			line := "1 2 " + e.Device + " " + escape(e.Root) + " " + escape(e.MountPoint) + " " + e.Options + " - " + e.FSType + " " + escape(e.Source) + " rw\n"
 			got, err := Parse(strings.NewReader(line))
 			if err != nil || len(got) != 1 || got[0] != e {
 				t.Fatalf("entry %+v written as %q parses to %+v, %v", e, line, got, err)

@@ -20,13 +20,28 @@ type Entry struct {
 	// Device is the filesystem's device, "major:minor"; a FUSE
 	// connection's minor names it in /sys/fs/fuse/connections.
 	Device string
+	// Options are the mount's own options, comma-separated
+	// ("rw,nosuid,nodev,relatime"): what mount(2)'s flags made of this
+	// place, as against the filesystem's options after the separator.
+	Options string
+}
+
+// HasOption reports whether the mount's own options include opt.
+func (e Entry) HasOption(opt string) bool {
+	for o := range strings.SplitSeq(e.Options, ",") {
+		if o == opt {
+			return true
+		}
+	}
+	return false
 }
 
 // Parse reads the format of proc(5)'s mountinfo:
 //
 //	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw
 //
-// The root is the fourth field, the mount point the fifth; after the "-" separator come the
+// The root is the fourth field, the mount point the fifth, the mount's
+// options the sixth; after the "-" separator come the
 // filesystem type and the source. Spaces, tabs, newlines and backslashes
 // in paths are escaped as octal (\040).
 func Parse(r io.Reader) ([]Entry, error) {
@@ -49,7 +64,7 @@ func Parse(r io.Reader) ([]Entry, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			return nil, fmt.Errorf("line %d: unexpected format: %q", line, sc.Text())
 		}
-		e := Entry{Root: unescape(fields[3]), MountPoint: unescape(fields[4]), FSType: fields[sep+1], Device: fields[2]}
+		e := Entry{Root: unescape(fields[3]), MountPoint: unescape(fields[4]), FSType: fields[sep+1], Device: fields[2], Options: fields[5]}
 		if sep+2 < len(fields) {
 			e.Source = unescape(fields[sep+2])
 		}

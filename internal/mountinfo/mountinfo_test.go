@@ -21,13 +21,17 @@ func TestParse(t *testing.T) {
 		t.Fatalf("Parse: %v", err)
 	}
 	want := []Entry{
-		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Device: "8:1"},
-		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs", Device: "0:45"},
-		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs", Device: "0:46"},
-		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup", Device: "0:47"},
+		{Root: "/", MountPoint: "/", FSType: "ext4", Source: "/dev/sda1", Device: "8:1", Options: "rw,relatime"},
+		{Root: "/", MountPoint: "/var/lib/allocfs/mnt", FSType: "fuse.allocfs", Source: "allocfs:/var/lib/allocfs", Device: "0:45", Options: "rw,nosuid,nodev,relatime"},
+		{Root: "/", MountPoint: `/tmp/with space\x`, FSType: "tmpfs", Source: "tmpfs", Device: "0:46", Options: "rw"},
+		{Root: "/kubepods/pod 1", MountPoint: "/sys/fs/cgroup", FSType: "cgroup2", Source: "cgroup", Device: "0:47", Options: "ro"},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if !got[1].HasOption("nosuid") || got[0].HasOption("nosuid") || got[1].HasOption("suid") {
+		t.Errorf("HasOption: nosuid on %q %v, on %q %v; suid on %q %v",
+			got[1].Options, got[1].HasOption("nosuid"), got[0].Options, got[0].HasOption("nosuid"), got[1].Options, got[1].HasOption("suid"))
 	}
 	if _, err := Parse(strings.NewReader("1 2 3 4 5 6 no separator here\n")); err == nil {
 		t.Errorf("a line without the separator: got no error")
