@@ -153,6 +153,12 @@ func servesAFilesystem(t *testing.T, mnt string) {
 	if err := unix.Lstat(p, &st); err != nil || st.Mode != unix.S_IFREG|0o640 || st.Size != int64(len(big)) {
 		t.Errorf("lstat: mode %o size %d (%v)", st.Mode, st.Size, err)
 	}
+	// Asking for the birth time makes the kernel send STATX, whose
+	// reply is the protocol's largest struct (a JVM asks so of its jar).
+	var sx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &sx); err != nil || sx.Size != uint64(len(big)) {
+		t.Errorf("statx with the birth time: size %d (%v)", sx.Size, err)
+	}
 	if err := os.Mkdir(filepath.Join(mnt, "d"), 0o755); err != nil {
 		t.Fatal(err)
 	}
