@@ -245,3 +245,25 @@ func (m *Mount) volumeStack(st *record.State, key string) *layer.Stack {
 	}
 	return stack
 }
+
+// tearDownChroot stops showing the chroot environment in the directory
+// of task. Nomad removes a chroot task's secrets/ and private/ only when
+// it destroys the allocation (its GC; a task's restart, an agent's
+// restart and a stop leave them), and its os.RemoveAll of the
+// allocation's directory follows. On a local disk that walk unlinks
+// every file of the chroot, one by one; here the host layer is off
+// first, so that the walk lists, and removes, the task's own layer
+// alone, and the GC costs nothing per host entry. Listings of a chroot
+// task's directories are never kept by the kernel (volume.Node's
+// overlay handles), so the walk sees the change at once.
+func (m *Mount) tearDownChroot(id, task string) {
+	err := m.handlerChange([]string{id}, func() error {
+		_, err := m.store.SetChroot(id, task, false)
+		return err
+	})
+	if err != nil {
+		m.logger.Warn("could not take the chroot environment out of a task directory Nomad tears down: its GC will remove each host entry", "alloc_id", id, "task", task, "error", err)
+		return
+	}
+	m.logger.Info("Nomad tears a chroot task directory down: it no longer shows the chroot environment", "alloc_id", id, "task", task)
+}

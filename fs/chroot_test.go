@@ -379,3 +379,44 @@ func TestReadSideShowsTheChroot(t *testing.T) {
 		}
 	}
 }
+
+// TestMountChrootTornDownByNomadsGC: Nomad's Destroy removes a chroot
+// task's secrets/ and private/, then os.RemoveAll's the allocation. Once
+// secrets/ goes, the task directory shows its own layer alone, so the
+// walk removes no host entry (the layer gets no whiteout for one), and
+// the allocation and every layer of it go.
+func TestMountChrootTornDownByNomadsGC(t *testing.T) {
+	h := hostTree(t)
+	tm := chrootMount(t, h)
+	exec := nomadTask(t, tm, "exec")
+	must(t, os.Chown(exec, 0, 0))
+	must(t, os.WriteFile(filepath.Join(exec, "executor.out"), []byte("log"), 0o644))
+	must(t, os.Mkdir(filepath.Join(exec, "dev"), 0o755))
+	if _, err := os.Lstat(filepath.Join(exec, "bin/tool")); err != nil {
+		t.Fatalf("the chroot before Nomad's GC: %v", err)
+	}
+	st := mustState(t, tm.store, "a1")
+	must(t, os.Remove(filepath.Join(exec, "secrets")))
+	if mustState(t, tm.store, "a1").IsChroot("exec") {
+		t.Errorf("the task is still a chroot after Nomad removed its secrets/")
+	}
+	want := []string{"alloc", "dev", "executor.out", "local", "private", "tmp"}
+	if got := names(t, exec); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the task directory Nomad tears down: %v, want its own entries %v", got, want)
+	}
+	must(t, os.Remove(filepath.Join(exec, "private")))
+	before := tm.mount.RequestCounts()["UNLINK"]
+	must(t, os.RemoveAll(filepath.Join(tm.dir, "a1")))
+	// executor.out is the one file left to unlink.
+	if n := tm.mount.RequestCounts()["UNLINK"] - before; n != 1 {
+		t.Errorf("os.RemoveAll of the allocation unlinked %d entries, want 1: the task's own file alone", n)
+	}
+	if _, err := tm.store.Get("a1"); err == nil {
+		t.Errorf("a1 is still in the store after os.RemoveAll")
+	}
+	for l := range st.LayerIDs() {
+		if _, err := os.Lstat(tm.store.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("layer %s is still there: %v", l, err)
+		}
+	}
+}

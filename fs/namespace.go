@@ -387,6 +387,9 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 	})
 	if err == nil && p.Kind == layout.Memory {
 		t.m.dropMemRoot(t.id, t.task, name)
+		if st.IsChroot(t.task) {
+			t.m.tearDownChroot(t.id, t.task)
+		}
 	}
 	return volume.ToErrno(t.m.logger, err)
 }

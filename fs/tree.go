@@ -324,7 +324,7 @@ func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
 		return 0
 	}
 	err = m.handlerChange([]string{t.id}, func() error {
-		_, err := m.store.SetChroot(t.id, t.task)
+		_, err := m.store.SetChroot(t.id, t.task, true)
 		return err
 	})
 	if err != nil {

@@ -246,15 +246,16 @@ func (s *Store) SetGone(id, dir string, gone bool) (*record.State, error) {
 	})
 }
 
-// SetChroot records that Nomad builds a chroot in the directory of the
-// task of allocation id: from then on it shows the node's chroot
-// environment below its own layer.
-func (s *Store) SetChroot(id, task string) (*record.State, error) {
+// SetChroot records whether the directory of the task of allocation id
+// shows the node's chroot environment below its own layer: on once Nomad
+// builds a chroot there, off once Nomad tears the directory down.
+func (s *Store) SetChroot(id, task string, on bool) (*record.State, error) {
 	return s.Update(id, func(st *record.State) error {
 		if st.TaskIndex(task) < 0 {
 			return fmt.Errorf("no task %q: %w", task, iofs.ErrNotExist)
 		}
-		if !slices.Contains(st.Chroots, task) {
+		st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == task })
+		if on {
 			st.Chroots = append(st.Chroots, task)
 			slices.Sort(st.Chroots)
 		}

@@ -92,6 +92,12 @@ func TestExec(t *testing.T) {
 	n.wantFile(t, a.ID+"/alloc/exec.txt", "exec-alloc\n")
 	n.wantFile(t, a.ID+"/alloc/logs/t.stdout.0", "exec-stdout\n")
 	n.logs(t, a.ID, "t", "stdout", "exec-stdout")
+	// Nomad's GC of a chroot: allocfs takes the chroot environment out
+	// first, so that the walk removes the task's own files alone.
+	n.collect(t, a.ID)
+	if n.serve != nil && !strings.Contains(n.serve.Out.String(), "Nomad tears a chroot task directory down") {
+		t.Errorf("serve did not log that Nomad tore the chroot task directory down")
+	}
 }
 
 // TestTemplatesAndArtifact: templates rendered into local/, secrets/
@@ -237,12 +243,21 @@ func TestStopAndGC(t *testing.T) {
 
 	n.mustDo(t, http.MethodDelete, "/v1/job/"+job, nil, nil)
 	n.waitAlloc(t, job, nil, "complete")
+	n.collect(t, a.ID)
+}
+
+// collect has Nomad collect the terminal allocation id (`nomad system gc`
+// and the client's GC) and checks that its directory, every mount Nomad
+// made in it and allocfs's record of it are gone.
+func (n *node) collect(t *testing.T, id string) {
+	t.Helper()
+	dir := n.path(id)
 	n.cli(t, "system", "gc")
 	n.mustDo(t, http.MethodPut, "/v1/client/gc", nil, nil)
 	start := time.Now()
-	for n.exists(t, a.ID) {
+	for n.exists(t, id) {
 		if time.Since(start) > time.Minute {
-			t.Fatalf("%s still on alloc_dir a minute after the client's GC", a.ID)
+			t.Fatalf("%s still on alloc_dir a minute after the client's GC", id)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -250,7 +265,7 @@ func TestStopAndGC(t *testing.T) {
 	if got := mountsBelow(t, dir); len(got) != 0 {
 		t.Errorf("mounts left below %s after the GC: %v", dir, got)
 	}
-	if n.serve != nil && n.storeHas(t, a.ID) {
-		t.Errorf("allocfs still has a record of %s after Nomad collected it", a.ID)
+	if n.serve != nil && n.storeHas(t, id) {
+		t.Errorf("allocfs still has a record of %s after Nomad collected it", id)
 	}
 }
