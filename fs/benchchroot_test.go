@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -253,7 +254,9 @@ func BenchmarkChrootGC(b *testing.B) {
 				before := m.RequestCounts()
 				b.StartTimer()
 				if err := os.RemoveAll(root); err != nil {
-					b.Fatal(err)
+					b.StopTimer()
+					left, _ := exec.Command("find", root).CombinedOutput()
+					b.Fatalf("%v; left:\n%.2000s", err, left)
 				}
 				b.StopTimer()
 				for op, c := range m.RequestCounts() {

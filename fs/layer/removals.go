@@ -144,9 +144,11 @@ func (r *Removals) Changes(rel string) uint64 {
 	return n.changes
 }
 
-// HiddenIn returns the names of the host layer's directory rel that were
-// removed; nil for none.
-func (r *Removals) HiddenIn(rel string) map[string]bool {
+// HiddenIn returns what tells whether a name of the host layer's
+// directory rel was removed; nil when none was. Each answer is a map
+// lookup, so that listing a directory of n entries, between removals of
+// each, costs n, never n squared.
+func (r *Removals) HiddenIn(rel string) func(name string) bool {
 	if r == nil {
 		return nil
 	}
@@ -159,19 +161,15 @@ func (r *Removals) HiddenIn(rel string) map[string]bool {
 		name, rel, _ = strings.Cut(rel, "/")
 		n = n.kids[name]
 	}
-	if n == nil {
+	if n == nil || n.removed || n.changes == 0 {
 		return nil
 	}
-	var out map[string]bool
-	for name, k := range n.kids {
-		if k.removed {
-			if out == nil {
-				out = make(map[string]bool)
-			}
-			out[name] = true
-		}
+	return func(name string) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		k := n.kids[name]
+		return k != nil && k.removed
 	}
-	return out
 }
 
 // Remove records that the host layer's entry at rel is gone, with all

@@ -176,7 +176,7 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 	seen := make(map[string]bool)
 	var out []Entry
 	for _, i := range dirLayers {
-		var hidden map[string]bool
+		var hidden func(string) bool
 		if s.IsHost(i) && s.Host.Removed != nil {
 			if s.Host.Removed.Hides(rel) {
 				continue
@@ -195,7 +195,7 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 		dir := Loc{Dir: int(f.Fd()), path: f.Name()}
 		for _, e := range entries {
 			name := e.Name()
-			if seen[name] || hidden[name] {
+			if seen[name] || (hidden != nil && hidden(name)) {
 				continue
 			}
 			seen[name] = true

@@ -323,7 +323,7 @@ func (n *Node) removeEntry(name string, dir bool) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	}
-	if n.ovl.HostOnly(rel, n.nodeLayers()) {
+	if (len(layers) == 1 && n.ovl.HostRemovals(layers[0]) != nil) || (layers[0] == 0 && n.ovl.HostOnly(rel, n.nodeLayers())) {
 		return n.removeFromHost(name, layers, dir)
 	}
 	if errno := n.copyUp(); errno != 0 {

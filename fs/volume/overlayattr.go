@@ -20,7 +20,7 @@ func (n *Node) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 	if n.ovl == nil || !n.merges(layers) || attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return
 	}
-	if len(layers) == 1 && n.ovl.HostRemovals(layers[0]).HiddenIn(rel) == nil {
+	if len(layers) == 1 && n.ovl.HostRemovals(layers[0]).Changes(rel) == 0 {
 		return // the host's own count holds
 	}
 	var st syscall.Stat_t
