@@ -167,8 +167,11 @@ func (r *Removals) HiddenIn(rel string) func(name string) bool {
 	return func(name string) bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		// The directory's own removal, recorded since (an OPENDIR is
+		// served beside the RMDIR of its directory), dropped its
+		// children's records: it hides them all.
 		k := n.kids[name]
-		return k != nil && k.removed
+		return n.removed || (k != nil && k.removed)
 	}
 }
 

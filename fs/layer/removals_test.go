@@ -29,6 +29,7 @@ func TestRemovalsHideWhatWasRemoved(t *testing.T) {
 	if r.HiddenIn("usr") != nil || r.HiddenIn("var") != nil {
 		t.Error("HiddenIn tells of removals in a directory none was recorded in")
 	}
+	listing := r.HiddenIn("usr/lib")
 	changes := r.Changes("usr")
 	// The directory's removal makes its children's records redundant.
 	if err := r.Remove("usr/lib"); err != nil {
@@ -36,6 +37,9 @@ func TestRemovalsHideWhatWasRemoved(t *testing.T) {
 	}
 	if r.Changes("usr") == changes {
 		t.Error("a removal in usr/ left its count of changes as it was")
+	}
+	if !listing("c") {
+		t.Error("a listing of usr/lib begun before its removal shows its host names after it")
 	}
 	if r.HiddenIn("usr/lib") != nil {
 		t.Error("HiddenIn(usr/lib) after its removal tells of records below it")
