@@ -161,10 +161,10 @@ func (a *AllocDir) readMount() readside.Mount {
 type readSideMount struct{ m *Mount }
 
 func (r readSideMount) HostLayer(st *record.State, key string) *layer.HostLayer {
-	if !r.m.hasHostLayer(st, key) {
+	if !r.m.hasHostLayer(st, key) || st.Volumes[key] == nil {
 		return nil
 	}
-	return r.m.hostLayer(st.ID, key)
+	return r.m.hostLayer(st.ID, key, st.Volumes[key].Upper)
 }
 
 func (r readSideMount) MemoryRoot(id, task, name string) (int, error) {

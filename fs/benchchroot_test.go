@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -159,5 +160,160 @@ func BenchmarkChrootEmbed(b *testing.B) {
 				b.Logf("%s: FUSE requests by opcode over %d ops: %v", side, b.N, byOp)
 			}
 		})
+	}
+}
+
+// BenchmarkChrootGC times Nomad's GC of an exec allocation (os.RemoveAll
+// of the allocation directory, nomadreplay's Destroy) whose task
+// directory holds a chroot, after Nomad's embed of it (untimed), on
+// three sides: native, a directory on the data dir's filesystem whose
+// chroot is hard links, as Nomad's alloc_dir on a plain disk; mount, an
+// allocation Nomad made through the mount, whose task directory shows
+// the chroot environment from the host layer; upper, the same tree's
+// names made by the task itself in its own layer (empty files), what the
+// kernel's requests for the removal cost on the mount with no host layer
+// in the way. The environment is
+// ALLOCFS_BENCH_CHROOT_ENV (SRC[=DEST],...), /usr/include by default:
+// large enough to show the cost an entry, small enough for CI. It
+// reports the entries removed and, on the mount, the FUSE requests the
+// removal took, by opcode in the log.
+func BenchmarkChrootGC(b *testing.B) {
+	env := map[string]string{"/usr/include": "/usr/include"}
+	if spec := os.Getenv("ALLOCFS_BENCH_CHROOT_ENV"); spec != "" {
+		env = map[string]string{}
+		for _, e := range strings.Split(spec, ",") {
+			src, dst, ok := strings.Cut(e, "=")
+			if !ok {
+				dst = src
+			}
+			env[src] = dst
+		}
+	}
+	base := b.TempDir()
+	if d := os.Getenv("ALLOCFS_BENCH_DIR"); d != "" {
+		var err error
+		if base, err = os.MkdirTemp(d, "allocfs-bench-"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(base) })
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
+	s, err := store.Open(log, filepath.Join(base, "data"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	mnt := filepath.Join(base, "mnt")
+	native := filepath.Join(base, "native")
+	for _, d := range []string{mnt, native} {
+		must(b, os.Mkdir(d, 0o755))
+	}
+	mo := DefaultMountOptions()
+	mo.IOUring = benchIOUring()
+	mo.ChrootEnv = env
+	m, err := NewMount(log, s, mnt, mo)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			b.Errorf("unmount: %v", err)
+		}
+	})
+	n := 0
+	for _, side := range []string{"native", "mount", "upper"} {
+		b.Run(side, func(b *testing.B) {
+			var entries int
+			var requests uint64
+			byOp := map[string]uint64{}
+			for range b.N {
+				b.StopTimer()
+				n++
+				root := filepath.Join(native, fmt.Sprintf("a%04d", n))
+				if side != "native" {
+					root = filepath.Join(mnt, fmt.Sprintf("a%04d", n))
+				}
+				dir := filepath.Join(root, "box")
+				must(b, os.Mkdir(root, 0o755))
+				must(b, os.Mkdir(dir, 0o777))
+				must(b, os.Chmod(dir, 0o777))
+				if side == "upper" {
+					// Written first, so no chroot turns on: the
+					// tree is the task's own.
+					must(b, os.WriteFile(filepath.Join(dir, "executor.out"), nil, 0o644))
+					for src, dst := range env {
+						emptyCopy(b, src, filepath.Join(dir, dst))
+					}
+				} else {
+					must(b, os.Chown(dir, nomadreplay.Nobody, nomadreplay.Nobody))
+					if _, err := nomadreplay.Embed(dir, env); err != nil {
+						b.Fatal(err)
+					}
+				}
+				entries += countEntries(b, dir)
+				dropCaches(b)
+				before := m.RequestCounts()
+				b.StartTimer()
+				if err := os.RemoveAll(root); err != nil {
+					b.StopTimer()
+					left, _ := exec.Command("find", root).CombinedOutput()
+					b.Fatalf("%v; left:\n%.2000s", err, left)
+				}
+				b.StopTimer()
+				for op, c := range m.RequestCounts() {
+					if c > before[op] {
+						requests += c - before[op]
+						byOp[op] += c - before[op]
+					}
+				}
+			}
+			per := float64(b.N)
+			b.ReportMetric(float64(entries)/per, "entries/op")
+			if side != "native" {
+				b.ReportMetric(float64(requests)/per, "requests/op")
+				b.Logf("FUSE requests by opcode over %d ops: %v", b.N, byOp)
+			}
+		})
+	}
+}
+
+// countEntries counts what a walk of dir finds below it.
+func countEntries(b *testing.B, dir string) int {
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, _ os.DirEntry, err error) error {
+		n++
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n - 1
+}
+
+// emptyCopy makes at dst the tree at src, its files empty: the names and
+// types a removal meets, without the data.
+func emptyCopy(b *testing.B, src, dst string) {
+	err := filepath.WalkDir(src, func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		switch {
+		case e.IsDir():
+			return os.MkdirAll(to, 0o755)
+		case e.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		}
+		return os.WriteFile(to, nil, 0o644)
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
 }

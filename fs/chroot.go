@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/layer"
@@ -74,7 +75,7 @@ func (m *Mount) setupChroot(env map[string]string) error {
 		return err
 	}
 	for _, e := range old {
-		if e.Name() != name {
+		if e.Name() != name && e.Name() != removedDirName {
 			if err := os.RemoveAll(filepath.Join(m.store.ChrootDir(), e.Name())); err != nil {
 				return err
 			}
@@ -97,14 +98,25 @@ func (m *Mount) setupChroot(env map[string]string) error {
 	} else if err != nil {
 		return err
 	}
+	c.removedDir = filepath.Join(m.store.ChrootDir(), removedDirName)
+	if err := m.sweepRemovals(c.removedDir); err != nil {
+		return err
+	}
 	m.chroot = c
 	m.logger.Info("chroot environment: task directories Nomad builds a chroot in show it, read-only", "entries", len(entries))
 	return nil
 }
 
-// hostLayer is the host layer of task's directory in allocation id: on
-// while its record says Nomad builds a chroot there.
-func (m *Mount) hostLayer(id, task string) *layer.HostLayer {
+// removedDirName is the directory of the chroot directory that holds the
+// removals of each task layer from its host layer. The host entries
+// removed outlive a change of the chroot environment, as a task's own
+// files do.
+const removedDirName = "removed"
+
+// hostLayer is the host layer of task's directory in allocation id, whose
+// upper layer is upper: on while its record says Nomad builds a chroot
+// there.
+func (m *Mount) hostLayer(id, task, upper string) *layer.HostLayer {
 	return &layer.HostLayer{
 		Skeleton: m.chroot.skeleton,
 		Empty:    m.chroot.empty,
@@ -113,7 +125,72 @@ func (m *Mount) hostLayer(id, task string) *layer.HostLayer {
 			st, err := m.store.View(id)
 			return err == nil && st.IsChroot(task)
 		},
+		Removed: m.removals(upper),
 	}
+}
+
+// removals are the host entries the task layer upper removed, read from
+// their log the first time a stack asks, shared by every stack of the
+// mount after that. Without them (the log cannot be read), a removal
+// from the host layer falls back to a whiteout.
+func (m *Mount) removals(upper string) *layer.Removals {
+	c := m.chroot
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.removals[upper]; r != nil {
+		return r
+	}
+	r, err := layer.OpenRemovals(filepath.Join(c.removedDir, upper))
+	if err != nil {
+		m.logger.Error("removals from the host layer unreadable", "layer", upper, "error", err)
+		return nil
+	}
+	if c.removals == nil {
+		c.removals = make(map[string]*layer.Removals)
+	}
+	c.removals[upper] = r
+	return r
+}
+
+// forgetRemovals closes and deletes the removal logs of the layers that
+// are gone: a layer's removals go with it.
+func (m *Mount) forgetRemovals() {
+	c := m.chroot
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for upper, r := range c.removals {
+		if _, err := os.Lstat(m.store.LayerPath(upper)); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		delete(c.removals, upper)
+		if err := errors.Join(r.Close(), os.Remove(r.Path())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			m.logger.Warn("failed to remove the removals of a layer that is gone", "layer", upper, "error", err)
+		}
+	}
+}
+
+// sweepRemovals makes dir, the directory of the removal logs, and
+// deletes the logs of layers that are gone (a crash between a layer's
+// removal and its log's) and what a compaction left half-written.
+func (m *Mount) sweepRemovals(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("failed to make the directory of host layer removals: %w", err)
+	}
+	logs, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("failed to list the host layer removals: %w", err)
+	}
+	for _, e := range logs {
+		if _, err := os.Lstat(m.store.LayerPath(e.Name())); errors.Is(err, os.ErrNotExist) || strings.HasSuffix(e.Name(), ".tmp") {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("failed to remove the removals of a layer that is gone: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // hasHostLayer reports whether the volume key of st stacks a host layer:
@@ -239,7 +316,7 @@ func (m *Mount) volumeStack(st *record.State, key string) *layer.Stack {
 		}
 	}
 	if m.hasHostLayer(st, key) {
-		stack.Host = m.hostLayer(st.ID, key)
+		stack.Host = m.hostLayer(st.ID, key, v.Upper)
 		stack.Roots = append(stack.Roots, stack.Host.Skeleton)
 		stack.Identity = func(i int, rel string, st *syscall.Stat_t) uint64 { return m.identity(stack, i, rel, st) }
 	}

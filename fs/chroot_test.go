@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -418,5 +419,121 @@ func TestMountChrootTornDownByNomadsGC(t *testing.T) {
 		if _, err := os.Lstat(tm.store.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("layer %s is still there: %v", l, err)
 		}
+	}
+}
+
+// TestMountChrootRemovalLeavesNoWhiteouts: Nomad's GC of a chroot
+// (os.RemoveAll, one unlink at a time) removes each host entry with a
+// record in its task layer's removal log, not a whiteout: every entry is
+// gone once unlinked, from the mount and the read side alike, each
+// directory emptied so is removed, the task's layer holds no whiteout
+// and no directory copied up for one, a new mount of the store shows the
+// same, a name made again shows the task's own entry alone, an fsync of
+// the directory succeeds, and the allocation's removal takes the log with
+// it.
+func TestMountChrootRemovalLeavesNoWhiteouts(t *testing.T) {
+	h := hostTree(t)
+	for i := range 20 {
+		must(t, os.MkdirAll(filepath.Join(h, "etc", fmt.Sprintf("d%d", i), "sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(h, "etc", fmt.Sprintf("d%d", i), "sub", "f"), nil, 0o644))
+		must(t, os.WriteFile(filepath.Join(h, "etc", fmt.Sprintf("f%d", i)), nil, 0o644))
+	}
+	before := treeSum(t, h)
+	tm := chrootMount(t, h)
+	box := nomadTask(t, tm, "box")
+	must(t, os.Chown(box, 0, 0))
+	etc := filepath.Join(box, "etc")
+	// etc/ merges the task's file with the host's; bin/ is the host's.
+	must(t, os.WriteFile(filepath.Join(etc, "mine"), []byte("the task's"), 0o644))
+
+	must(t, os.Remove(filepath.Join(etc, "f0")))
+	if _, err := os.Lstat(filepath.Join(etc, "f0")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("etc/f0 after its unlink: %v", err)
+	}
+	must(t, os.RemoveAll(filepath.Join(etc, "d0")))
+	must(t, os.RemoveAll(filepath.Join(box, "bin")))
+	for _, name := range names(t, etc) {
+		if name == "f0" || name == "d0" {
+			t.Errorf("etc/ lists %s after its removal", name)
+		}
+	}
+	if slices.Contains(names(t, box), "bin") {
+		t.Error("the task directory lists bin/ after its removal")
+	}
+	d, err := os.Open(etc)
+	must(t, err)
+	must(t, d.Sync())
+	must(t, d.Close())
+
+	st, err := tm.store.View("a1")
+	must(t, err)
+	upper := tm.store.LayerPath(st.Volumes["box"].Upper)
+	must(t, filepath.WalkDir(upper, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type()&fs.ModeCharDevice != 0 {
+			t.Errorf("the task's layer holds a whiteout: %s", p)
+		}
+		if rel, _ := filepath.Rel(upper, p); rel == "bin" || strings.HasPrefix(rel, "etc/d0") {
+			t.Errorf("the task's layer holds %s, copied up for a removal", rel)
+		}
+		return nil
+	}))
+
+	ad := NewAllocDir(tm.mount.logger, tm.store, tm.mount, tm.dir, "a1")
+	for _, p := range []string{"box/bin", "box/bin/tool", "box/etc/f0", "box/etc/d0/sub/f"} {
+		if _, err := ad.Stat(p); err == nil {
+			t.Errorf("the read side shows %s after its removal", p)
+		}
+	}
+	infos, err := ad.List("box/etc")
+	must(t, err)
+	var listed []string
+	for _, fi := range infos {
+		listed = append(listed, fi.Name)
+	}
+	sort.Strings(listed)
+	if want := names(t, etc); strings.Join(listed, " ") != strings.Join(want, " ") {
+		t.Errorf("the read side lists box/etc as %v; the mount as %v", listed, want)
+	}
+
+	// A new mount of the store reads the removals back.
+	shown := names(t, etc)
+	must(t, tm.mount.Unmount())
+	m, err := NewMount(testLogger(t), tm.store, tm.dir, MountOptions{StableTimeout: tm.mount.opts.StableTimeout, ChrootEnv: tm.mount.opts.ChrootEnv})
+	must(t, err)
+	t.Cleanup(func() { m.Unmount() })
+	if got := names(t, etc); strings.Join(got, " ") != strings.Join(shown, " ") {
+		t.Errorf("etc/ after a new mount: %v, before it %v", got, shown)
+	}
+	if _, err := os.Lstat(filepath.Join(box, "bin")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("bin/ after a new mount: %v", err)
+	}
+
+	// Made again, a name shows the task's entry alone.
+	must(t, os.Mkdir(filepath.Join(box, "bin"), 0o755))
+	if got := names(t, filepath.Join(box, "bin")); len(got) != 0 {
+		t.Errorf("bin/ made again after its removal lists %v", got)
+	}
+	must(t, os.WriteFile(filepath.Join(etc, "f0"), []byte("new"), 0o644))
+	if got, err := os.ReadFile(filepath.Join(etc, "f0")); err != nil || string(got) != "new" {
+		t.Errorf("etc/f0 made again: %q, %v", got, err)
+	}
+
+	// Nomad's GC of the allocation.
+	must(t, os.RemoveAll(filepath.Join(tm.dir, "a1")))
+	if _, err := os.Lstat(filepath.Join(tm.dir, "a1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the allocation after its removal: %v", err)
+	}
+	logs, err := os.ReadDir(filepath.Join(tm.store.ChrootDir(), removedDirName))
+	must(t, err)
+	for _, l := range logs {
+		if _, err := os.Lstat(tm.store.LayerPath(l.Name())); errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the removal log of layer %s outlived it", l.Name())
+		}
+	}
+	if got := treeSum(t, h); got != before {
+		t.Error("the host tree changed")
 	}
 }

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"strings"
+	"sync"
 
 	"github.com/allocfs/allocfs/fs/layer"
 )
@@ -27,6 +28,12 @@ type chrootEnv struct {
 	empty    string // what an off host layer shows: <data-dir>/chroot/<hash>/empty
 	// devs are the devices of the entries' sources, by entry.
 	devs []uint64
+	// removedDir holds the log of the host entries each task layer
+	// removed, named by the layer (layer.Removals):
+	// <data-dir>/chroot/removed.
+	removedDir string
+	mu         sync.Mutex
+	removals   map[string]*layer.Removals
 }
 
 // destOf is the place in a task directory of the host path p: below an

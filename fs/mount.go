@@ -240,6 +240,7 @@ func (m *Mount) FileOpens() (passthrough, daemon uint64) { return m.vol.FileOpen
 func (m *Mount) invalidate(id string) {
 	// A change may have moved or removed layers, and directories in them.
 	m.dirs.Forget()
+	m.forgetRemovals()
 	if m.fromHandler(id) {
 		m.later(func() { m.invalidateNow(id) })
 		return

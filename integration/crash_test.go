@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -300,4 +301,84 @@ func orphanLayers(t *testing.T, dataDir string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestKillMidChrootRemoval kills the daemon with SIGKILL in the middle of
+// Nomad's removal of a chroot (unlinks of host entries, each recorded in
+// the task layer's removal log, not a whiteout): the next daemon, taking
+// the mount over, shows every entry unlinked before the kill still gone,
+// the rest still there, each directory emptied so removable, and the
+// allocation's removal takes all of it.
+func TestKillMidChrootRemoval(t *testing.T) {
+	host, err := os.MkdirTemp("", "allocfs-host-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(host) })
+	var files []string
+	for d := range 4 {
+		for f := range 50 {
+			rel := filepath.Join(fmt.Sprintf("d%d", d), fmt.Sprintf("f%02d", f))
+			if err := os.MkdirAll(filepath.Join(host, filepath.Dir(rel)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(host, rel), []byte(rel), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, rel)
+		}
+	}
+	n := startNodeWith(t, nil, "--chroot-env", host+"=/share")
+	alloc := filepath.Join(n.mnt, "a1")
+	box := filepath.Join(alloc, "box")
+	for _, step := range []func() error{
+		func() error { return os.Mkdir(alloc, 0o755) },
+		func() error { return os.Mkdir(box, 0o777) },
+		func() error { return os.Chown(box, 65534, 65534) },
+		func() error { return os.Chown(box, 0, 0) }, // Nomad's chroot build starts
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	share := filepath.Join(box, "share")
+	if _, err := os.Stat(filepath.Join(share, files[0])); err != nil {
+		t.Fatalf("the chroot does not show the host's files: %v", err)
+	}
+	// d0/ whole and half of d1/, as os.RemoveAll goes, then the kill.
+	gone := files[:75]
+	for _, rel := range gone {
+		if err := os.Remove(filepath.Join(share, rel)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(share, "d0")); err != nil {
+		t.Fatal(err)
+	}
+	n.kill9(t)
+	n.Restart(t)
+
+	for _, rel := range append([]string{"d0"}, gone...) {
+		if _, err := os.Lstat(filepath.Join(share, rel)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s, removed before the kill, after the restart: %v", rel, err)
+		}
+	}
+	for _, rel := range files[75:] {
+		if b, err := os.ReadFile(filepath.Join(share, rel)); err != nil || string(b) != rel {
+			t.Errorf("%s, never removed, after the restart: %q, %v", rel, b, err)
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(share, "d1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 25 {
+		t.Errorf("d1/ after the restart lists %d entries, want 25", len(entries))
+	}
+	if err := os.RemoveAll(alloc); err != nil {
+		t.Fatalf("Nomad's GC after the restart: %v", err)
+	}
+	if _, err := os.Lstat(alloc); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the allocation after its removal: %v", err)
+	}
 }

@@ -22,6 +22,15 @@
 // in the layers below it, down to the first opaque one; a non-directory
 // hides everything below it.
 //
+// A host layer (host.go), the host's files a chroot shows below a task's
+// layer, is no layer overlayfs could ever show, so what a task removes
+// from it alone needs no mark in overlayfs's format: a record in the
+// task layer's removal log (Removals, removals.go), one append, hides the
+// host's entry at its path and below it, and never the upper layer's. A
+// name a lower layer of the store shows too still takes a whiteout. The
+// log lives beside the layers (<data-dir>/chroot/removed/<layer>), goes
+// with its layer, and reads back right whatever a crash cut off its end.
+//
 // # Reaching entries: fd-relative, never by path
 //
 // No function here builds a backing path to reach an entry. A Loc names

@@ -60,6 +60,9 @@ type HostLayer struct {
 	Entries []HostEntry
 	// On reports whether the layer shows its entries.
 	On func() bool
+	// Removed, when set, holds the entries a task removed from the
+	// layer (removals.go); without it, a removal needs a whiteout.
+	Removed *Removals
 }
 
 // NewHostEntries resolves a chroot environment, host paths by the place
@@ -201,3 +204,46 @@ func (s *Stack) held(root string) bool { return s.Held != nil && root == s.Roots
 
 // IsHost reports whether the layer at position i is a host layer.
 func (s *Stack) IsHost(i int) bool { return s.Host != nil && i == len(s.Roots)-1 }
+
+// removed reports whether rel in the layer at position i is hidden by a
+// removal recorded for a host layer.
+func (s *Stack) removed(i int, rel string) bool {
+	return s.IsHost(i) && s.Host.Removed.Hides(rel)
+}
+
+// HostRemovals returns the removals the host layer at position i
+// records; nil for another layer, or a host layer that records none.
+func (s *Stack) HostRemovals(i int) *Removals {
+	if !s.IsHost(i) {
+		return nil
+	}
+	return s.Host.Removed
+}
+
+// HostOnly reports whether rel, in a directory visible in dirLayers, is
+// visible from no lower layer but the host layer, which records its
+// removal without a whiteout (RemoveFromHost).
+func (s *Stack) HostOnly(rel string, dirLayers []int) bool {
+	if s.Host == nil || s.Host.Removed == nil {
+		return false
+	}
+	layers, _, err := s.Visible(rel, Lowers(dirLayers))
+	return err == nil && len(layers) == 1 && s.IsHost(layers[0])
+}
+
+// RemoveFromHost hides rel, and all below it, in the host layer.
+func (s *Stack) RemoveFromHost(rel string) error {
+	if s.Host == nil || s.Host.Removed == nil {
+		return fmt.Errorf("failed to remove %q from a host layer: %w", rel, syscall.EINVAL)
+	}
+	return s.Host.Removed.Remove(rel)
+}
+
+// SyncRemovals makes the removals recorded for the stack's host layer
+// durable.
+func (s *Stack) SyncRemovals() error {
+	if s.Host == nil || s.Host.Removed == nil {
+		return nil
+	}
+	return s.Host.Removed.Sync()
+}

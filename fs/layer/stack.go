@@ -112,6 +112,9 @@ func (s *Stack) Visible(rel string, dirLayers []int) ([]int, syscall.Stat_t, err
 	var layers []int
 	var shown syscall.Stat_t
 	for _, i := range dirLayers {
+		if s.removed(i, rel) {
+			continue
+		}
 		var st syscall.Stat_t
 		l, err := s.Loc(i, rel)
 		if err == nil {
@@ -173,6 +176,13 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 	seen := make(map[string]bool)
 	var out []Entry
 	for _, i := range dirLayers {
+		var hidden func(string) bool
+		if s.IsHost(i) && s.Host.Removed != nil {
+			if s.Host.Removed.Hides(rel) {
+				continue
+			}
+			hidden = s.Host.Removed.HiddenIn(rel)
+		}
 		f, err := s.openDir(i, rel)
 		if err != nil {
 			return nil, err
@@ -185,7 +195,7 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 		dir := Loc{Dir: int(f.Fd()), path: f.Name()}
 		for _, e := range entries {
 			name := e.Name()
-			if seen[name] {
+			if seen[name] || (hidden != nil && hidden(name)) {
 				continue
 			}
 			seen[name] = true

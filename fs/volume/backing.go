@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/allocfs/allocfs/fs/killpriv"
@@ -21,8 +23,52 @@ import (
 // is ever built, a task's path is limited only by the mount's PATH_MAX,
 // and a symbolic link swapped into a layer is never followed.
 
-// rel is the node's path inside its volume ("" for the root).
-func (n *Node) rel() string { return n.EmbeddedInode().Path(n.vroot) }
+// rel is the node's path inside its volume ("" for the root): the names
+// from the volume root its parents lead to now. That is n.vroot, but for
+// a node the kernel was given back under a root made since. A node ID is
+// the inode number (ExternalNodeID) and the kernel evicts a tree's inodes
+// in its inode cache's order, not the tree's (a drop of caches, memory
+// pressure), so the FORGET of a volume root may be served before those of
+// nodes below it, which go-fuse then still holds under their numbers: the
+// next lookups make a new root, and the one of such a name hands the old
+// node back, with the new parents. Seen from its old root it would be an
+// orphan, which go-fuse's Path names ".go-fuse.<n>/deleted/...", a path
+// in no layer: every request on it failed with ENOENT, which os.RemoveAll
+// takes for gone, so that a chroot's GC failed with ENOTEMPTY further up.
+// The new root shows the same volume through the same layers, so the node
+// serves it from there as it is, frozen with it.
+func (n *Node) rel() string {
+	var names []string
+	for in := n.EmbeddedInode(); in != n.vroot; {
+		name, parent := in.Parent()
+		if parent == nil {
+			// Removed, or its volume went: go-fuse's orphan path.
+			return n.EmbeddedInode().Path(n.vroot)
+		}
+		names = append(names, name)
+		if r, ok := parent.Operations().(*Node); ok && parent != n.vroot && r.EmbeddedInode() == r.vroot {
+			if !n.sameVolume(r) {
+				return n.EmbeddedInode().Path(n.vroot)
+			}
+			if r.ReadOnly() {
+				n.Freeze()
+			}
+			break
+		}
+		in = parent
+	}
+	slices.Reverse(names)
+	return strings.Join(names, "/")
+}
+
+// sameVolume reports whether the volume root r shows the volume n's own
+// root showed, in the same view: the same layers, the same inode numbers.
+func (n *Node) sameVolume(r *Node) bool {
+	if r.st == n.st {
+		return true
+	}
+	return r.st != nil && n.st != nil && slices.Equal(r.st.Roots, n.st.Roots) && r.slot == n.slot && r.alloc == n.alloc
+}
 
 // at names name in the node's directory (the node's own entry for "") in
 // the layer at position i. The caller closes it.

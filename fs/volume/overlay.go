@@ -323,6 +323,9 @@ func (n *Node) removeEntry(name string, dir bool) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	}
+	if (len(layers) == 1 && n.ovl.HostRemovals(layers[0]) != nil) || (layers[0] == 0 && n.ovl.HostOnly(rel, n.nodeLayers())) {
+		return n.removeFromHost(name, layers, dir)
+	}
 	if errno := n.copyUp(); errno != 0 {
 		return errno
 	}
@@ -345,6 +348,39 @@ func (n *Node) removeEntry(name string, dir bool) syscall.Errno {
 	}
 	if lower {
 		if errno := n.whiteout(name); errno != 0 {
+			return errno
+		}
+	}
+	delta := 0
+	if dir {
+		delta = -1
+	}
+	n.nlinkAfter(nlink, delta)
+	return 0
+}
+
+// removeFromHost removes name, which no lower layer but the host layer
+// shows, from the directory n: its upper part, if it has one, goes from
+// the upper layer, and the host layer records its removal (a write to
+// its log, layer.Removals) instead of a whiteout, so that a chroot's
+// removal copies up no directory and makes no inode for each host entry
+// it removes. The record comes first: a crash between the two leaves an
+// upper directory holding only whiteouts, which shows empty, never the
+// host's entries again. The other names of a host file keep the host's
+// link count, as they do across a copy-up.
+func (n *Node) removeFromHost(name string, layers []int, dir bool) syscall.Errno {
+	rel := filepath.Join(n.rel(), name)
+	nlink := n.nlinkBefore()
+	if err := n.ovl.RemoveFromHost(rel); err != nil {
+		return ToErrno(n.p.logger, err)
+	}
+	if layers[0] == 0 {
+		if dir {
+			if err := n.ovl.ClearDir(rel); err != nil {
+				return ToErrno(n.p.logger, err)
+			}
+		}
+		if errno := n.backingUnlink(name, dir); errno != 0 {
 			return errno
 		}
 	}

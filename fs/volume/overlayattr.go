@@ -13,11 +13,15 @@ import (
 // mergedNlink gives attr, the attributes of the directory rel visible in
 // layers, the link count a local filesystem shows: 2 and one for each
 // subdirectory of its merged listing (each backing directory counts only
-// its own). The count is kept until the upper directory changes; lower
-// layers never do.
+// its own, and a host layer's counts the entries a task removed from it).
+// The count is kept until the upper directory changes, or a removal from
+// the host layer is recorded in it; lower layers never change.
 func (n *Node) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
-	if n.ovl == nil || len(layers) < 2 || attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+	if n.ovl == nil || !n.merges(layers) || attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return
+	}
+	if len(layers) == 1 && n.ovl.HostRemovals(layers[0]).Changes(rel) == 0 {
+		return // the host's own count holds
 	}
 	var st syscall.Stat_t
 	if n.ovl.Lstat(layers[0], rel, &st) != nil {
@@ -28,7 +32,7 @@ func (n *Node) mergedNlink(rel string, layers []int, attr *fuse.Attr) {
 		// directory's links (btrfs: always 1); neither does the mount.
 		return
 	}
-	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers)}
+	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers), n.ovl.HostRemovals(layers[len(layers)-1]).Changes(rel)}
 	n.mu.Lock()
 	cached := n.nlink
 	n.mu.Unlock()
@@ -82,6 +86,16 @@ type nlinkKey struct {
 	// shown is the layer the directory is shown from, merged is how many
 	// layers merge into it.
 	shown, merged int
+	// removals counts the removals a host layer below recorded in it.
+	removals uint64
+}
+
+// merges reports whether a directory visible in layers shows a count of
+// its own (mergedNlink): it merges layers, or it is a host layer's, whose
+// entries a task may have removed without a change to its backing
+// directory.
+func (n *Node) merges(layers []int) bool {
+	return len(layers) >= 2 || (len(layers) == 1 && n.ovl.HostRemovals(layers[0]) != nil)
 }
 
 type mergedCount struct {
@@ -100,11 +114,12 @@ func (n *Node) nlinkBefore() *mergedCount {
 	n.mu.Lock()
 	cached, layers := n.nlink, n.layers
 	n.mu.Unlock()
-	if cached == nil || len(layers) < 2 || cached.key.shown != layers[0] || cached.key.merged != len(layers) {
+	if cached == nil || !n.merges(layers) || cached.key.shown != layers[0] || cached.key.merged != len(layers) {
 		return nil
 	}
 	var st syscall.Stat_t
-	if n.ovl.Lstat(layers[0], n.rel(), &st) != nil || (nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers)}) != cached.key {
+	rel := n.rel()
+	if n.ovl.Lstat(layers[0], rel, &st) != nil || (nlinkKey{st.Mtim, st.Ctim, st.Ino, layers[0], len(layers), n.ovl.HostRemovals(layers[len(layers)-1]).Changes(rel)}) != cached.key {
 		return nil
 	}
 	return cached
@@ -120,10 +135,17 @@ func (n *Node) nlinkAfter(before *mergedCount, delta int) {
 		return
 	}
 	var st syscall.Stat_t
-	if n.ovl.Lstat(before.key.shown, n.rel(), &st) != nil {
+	rel := n.rel()
+	if n.ovl.Lstat(before.key.shown, rel, &st) != nil {
 		return
 	}
-	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, before.key.shown, before.key.merged}
+	n.mu.Lock()
+	layers := n.layers
+	n.mu.Unlock()
+	if len(layers) != before.key.merged {
+		return
+	}
+	key := nlinkKey{st.Mtim, st.Ctim, st.Ino, before.key.shown, before.key.merged, n.ovl.HostRemovals(layers[len(layers)-1]).Changes(rel)}
 	n.mu.Lock()
 	if n.nlink == before && len(n.layers) == before.key.merged && n.layers[0] == before.key.shown {
 		n.nlink = &mergedCount{key: key, count: uint32(int(before.count) + delta)}

@@ -283,3 +283,26 @@ func (d *volDir) Releasedir(ctx context.Context, flags uint32) {
 	d.node.mu.Unlock()
 	d.dirStream.Releasedir(ctx, flags)
 }
+
+var _ = (gofs.FileFsyncdirer)((*listDir)(nil))
+
+// Fsyncdir makes the directory's entries durable: its directory in the
+// upper layer, where it has one, and the removals from a host layer,
+// which live in a log of their own (layer.Removals).
+func (l *listDir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	n := l.node
+	if n.ovl != nil {
+		if err := n.ovl.SyncRemovals(); err != nil {
+			return ToErrno(n.p.logger, err)
+		}
+	}
+	if layers := n.nodeLayers(); len(layers) > 0 && layers[0] != 0 {
+		return 0
+	}
+	fd, err := n.st.Open(0, n.rel(), syscall.O_RDONLY|syscall.O_DIRECTORY)
+	if err != nil {
+		return ToErrno(n.p.logger, err)
+	}
+	defer syscall.Close(fd)
+	return gofs.ToErrno(syscall.Fsync(fd))
+}
