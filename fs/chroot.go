@@ -33,13 +33,14 @@ import (
 // Only a task directory Nomad builds a chroot in shows it: a raw_exec,
 // docker or exec2 task must find in its directory what it would find on
 // a plain disk, and nothing of the host's. Every task directory Nomad
-// makes through the mount has the host layer, off; it turns on for good
+// makes through the mount has the host layer, off; it turns on
 // (record.State.Chroots) at the first step of Nomad's chroot build, a
 // chown of the still empty task directory to root (Nomad gives each
 // directory it re-creates the owner of its host counterpart, the task
 // directory itself that of the host's /, and before that made it
 // nobody's): nothing else chowns a task directory Nomad just made to
-// root before its task writes anything in it.
+// root before its task writes anything in it. It turns off when Nomad
+// tears the directory down (tearDownChroot).
 
 // setupChroot resolves env (Nomad's chroot_env) and makes its skeleton
 // under the store's chroot directory, once per content: a skeleton with

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store/record"
 	"golang.org/x/sys/unix"
 )
@@ -85,6 +86,12 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 			t.Errorf("the read side lists %s as %v, want %v", p, got, want)
 		}
 	}
+	// A link pointing outside the mount is never followed by the API.
+	for _, p := range []string{"outside", "alloc/outside"} {
+		if _, err := ad.ReadAt(p, 0); !errors.Is(err, allocdir.ErrEscapes) {
+			t.Errorf("the read side reads %s, a link to /etc/passwd: %v, want ErrEscapes", p, err)
+		}
+	}
 	st := mustState(t, tm.store, "a1")
 	for key, name := range map[string]string{record.RootVolume: "state.json", record.SharedVolume: "container/exec.fifo"} {
 		if _, err := os.Lstat(filepath.Join(tm.store.LayerPath(st.Volumes[key].Upper), name)); err != nil {
@@ -109,6 +116,13 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 	}
 
 	// Nomad's GC: os.RemoveAll, then nothing of the allocation is left.
+	// A shell still in the directory and in its alloc/ keeps the
+	// kernel's nodes of them past their removal.
+	for _, p := range []string{a, filepath.Join(a, "alloc")} {
+		held, err := os.Open(p)
+		must(t, err)
+		defer held.Close()
+	}
 	layers := st.LayerIDs()
 	must(t, os.RemoveAll(a))
 	if _, err := tm.store.Get("a1"); err == nil {
@@ -117,6 +131,20 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 	for l := range layers {
 		if _, err := os.Lstat(tm.store.LayerPath(l)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("layer %s is still there: %v", l, err)
+		}
+	}
+	// The ID again, after its GC: a new allocation, with nothing of the
+	// collected one.
+	must(t, os.Mkdir(a, 0o755))
+	if got := names(t, a); !slices.Equal(got, []string{"alloc"}) {
+		t.Errorf("a1 made again lists %v, want [alloc]", got)
+	}
+	if got := names(t, filepath.Join(a, "alloc")); !slices.Equal(got, []string{"data", "logs", "tmp"}) {
+		t.Errorf("a1/alloc made again lists %v, want [data logs tmp]", got)
+	}
+	for _, p := range []string{filepath.Join(a, "ready"), filepath.Join(a, "alloc", "ready")} {
+		if err := os.WriteFile(p, []byte("again"), 0o644); err != nil {
+			t.Errorf("a file in a1 made again: %v", err)
 		}
 	}
 }

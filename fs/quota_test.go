@@ -378,3 +378,23 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 		t.Fatalf("%d files made under an inode limit of 500", made)
 	}
 }
+
+// TestQuotaCountsTheAllocationsOwnDirectories: what a task writes into
+// alloc/ or the allocation's own directory, outside every volume of the
+// layout, counts against the allocation's limit as its data does.
+func TestQuotaCountsTheAllocationsOwnDirectories(t *testing.T) {
+	tm := newQuotaMount(t)
+	const limit = 16 << 20
+	if _, err := tm.store.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.Mkdir(filepath.Join(tm.dir, "a1", "alloc", "container"), 0o711))
+	for _, p := range []string{filepath.Join(tm.dir, "a1", "alloc", "container", "state"), filepath.Join(tm.dir, "a1", "ready")} {
+		n, err := fstest.WriteUntil(p, 0o644, 2*limit)
+		if !errors.Is(err, unix.EDQUOT) || n > limit || n < limit-4<<20 {
+			t.Errorf("%s: wrote %d bytes under a limit of %d, then %v; want EDQUOT near the limit", p, n, limit, err)
+		}
+		must(t, os.Remove(p))
+		unix.Sync()
+	}
+}

@@ -158,6 +158,11 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.
 		return nil, errno
 	}
 	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly, Layout: lay, Ino: ino}
+	if ino != 0 {
+		// A layer is never made twice: its ID tells this incarnation of
+		// the number from every earlier one.
+		r.Gen = syntheticIno(v.Upper) &^ syntheticBit
+	}
 	node, errno := m.vol.NewRoot(ctx, parent, r, out)
 	if errno == 0 {
 		m.stableTimeouts(out)

@@ -117,8 +117,11 @@ type Root struct {
 	Layout Layout
 	// Ino, when set, is the inode number the root shows instead of its
 	// layer root's: a layout directory keeps the number it is known by
-	// (a listing of its parent names it without a lookup).
-	Ino uint64
+	// (a listing of its parent names it without a lookup). Gen then
+	// tells this root from an earlier one of the same number (an
+	// allocation ID used again after its GC): the kernel and go-fuse's
+	// bridge would otherwise hand back the earlier node, and its layers.
+	Ino, Gen uint64
 }
 
 // NewRoot makes the node of the volume root r as a child of parent, and
@@ -151,7 +154,7 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 		ino = r.Ino
 	}
 	out.Attr.Ino = ino
-	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino, Gen: r.Gen}), 0
 }
 
 // Key is the volume whose root n is; "" below a root and on a memory
