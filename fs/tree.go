@@ -159,9 +159,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.
 	}
 	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly, Layout: lay, Ino: ino}
 	if ino != 0 {
-		// A layer is never made twice: its ID tells this incarnation of
-		// the number from every earlier one.
-		r.Gen = syntheticIno(v.Upper) &^ syntheticBit
+		r.Gen = st.Gen
 	}
 	node, errno := m.vol.NewRoot(ctx, parent, r, out)
 	if errno == 0 {

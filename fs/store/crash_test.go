@@ -221,8 +221,9 @@ func canonicalRecords(t *testing.T, dir string, tplLayers map[string]bool) strin
 	var b strings.Builder
 	for _, st := range s.List() {
 		st.Created, st.Stopped = time.Time{}, time.Time{}
-		for _, a := range st.Dirs {
-			a.Atime, a.Mtime, a.Ctime = time.Time{}, time.Time{}, time.Time{}
+		if st.Gen != 0 {
+			// Random: one run's differs from another's.
+			st.Gen = 1
 		}
 		for _, key := range st.VolumeKeys() {
 			v := st.Volumes[key]

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -368,12 +370,17 @@ func (s *Store) newState(id string, tasks []allocdir.Task) (*record.State, error
 	if err := record.ValidTasks(tasks); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
+	var gen [8]byte
+	if _, err := rand.Read(gen[:]); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
 	return &record.State{
 		ID:      id,
 		Tasks:   append([]allocdir.Task(nil), tasks...),
 		Status:  record.StatusRunning,
 		Created: time.Now().UTC().Round(0),
 		Volumes: make(map[string]*record.Volume),
+		Gen:     binary.LittleEndian.Uint64(gen[:]) | 1,
 	}, nil
 }
 

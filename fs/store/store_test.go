@@ -676,8 +676,9 @@ func TestOnChangeRunsUnlocked(t *testing.T) {
 
 // TestOpenUpgradesRecords opens a record of an earlier version, whose own
 // directory and alloc/ were synthesised (their attributes in Dirs, a
-// removed alloc/ in Gone), and checks that the store gives it their
-// volumes with those attributes, and that a reopen changes nothing more.
+// removed alloc/ in Gone, no generation), and checks that the store gives
+// it their volumes with those attributes, keeps its generation, and that
+// a reopen changes nothing more.
 func TestOpenUpgradesRecords(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -690,6 +691,7 @@ func TestOpenUpgradesRecords(t *testing.T) {
 		return func(st *record.State) error {
 			delete(st.Volumes, record.RootVolume)
 			delete(st.Volumes, record.SharedVolume)
+			st.Gen = 0
 			st.Dirs = map[string]*record.DirAttr{
 				record.DirRoot:   {Mode: 0o751, UID: 12, GID: 34, Atime: mtime, Mtime: mtime},
 				record.DirShared: {Mode: 0o707, UID: 56, GID: 78, Atime: mtime, Mtime: mtime},
@@ -728,6 +730,10 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	}
 	if a.Dirs != nil {
 		t.Errorf("a keeps Dirs %v after the upgrade", a.Dirs)
+	}
+	// The kernel knows its directories' nodes with generation 0.
+	if a.Gen != 0 {
+		t.Errorf("a has generation %d after the upgrade, want the 0 its directories had", a.Gen)
 	}
 	b, err := s.Get("b")
 	must(t, err)

@@ -94,6 +94,14 @@ type State struct {
 	// inode numbers it shows (bits 32-39) to keep two layers' files
 	// apart. "tags": {"<layerID>": 3, ...}; tags run from 1 to 255.
 	Tags map[string]uint8 `json:"tags,omitempty"`
+	// Gen tells this allocation's directories from those of an earlier
+	// one of the same ID, collected, whose nodes the kernel may still
+	// hold (a shell in the directory): the allocation's own directory and
+	// its alloc/ show inode numbers made from the ID alone, and the node's
+	// generation tells them apart. Random, never 0; 0 in records of
+	// earlier versions, whose directories the kernel knows with that
+	// generation.
+	Gen uint64 `json:"gen,omitempty"`
 	// TagTop is the highest tag the allocation ever gave: a tag is never
 	// given twice in an allocation, since the kernel may still hold the
 	// nodes of the layer that had it, under the same inode numbers.
