@@ -396,14 +396,20 @@ func TestMountChrootTornDownByNomadsGC(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(exec, "bin/tool")); err != nil {
 		t.Fatalf("the chroot before Nomad's GC: %v", err)
 	}
+	// Nomad's build chowns what it re-creates: etc/ssl/certs, and the
+	// directories above it, are the task's own from then on.
+	must(t, os.Chown(filepath.Join(exec, "etc/ssl/certs"), 4321, 4321))
 	st := mustState(t, tm.store, "a1")
 	must(t, os.Remove(filepath.Join(exec, "secrets")))
 	if mustState(t, tm.store, "a1").IsChroot("exec") {
 		t.Errorf("the task is still a chroot after Nomad removed its secrets/")
 	}
-	want := []string{"alloc", "dev", "executor.out", "local", "private", "tmp"}
+	want := []string{"alloc", "dev", "etc", "executor.out", "local", "private", "tmp"}
 	if got := names(t, exec); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("the task directory Nomad tears down: %v, want its own entries %v", got, want)
+	}
+	if got := names(t, filepath.Join(exec, "etc/ssl")); strings.Join(got, " ") != "certs" {
+		t.Errorf("etc/ssl of the task directory Nomad tears down: %v, want its own certs/ alone", got)
 	}
 	must(t, os.Remove(filepath.Join(exec, "private")))
 	before := tm.mount.RequestCounts()["UNLINK"]

@@ -287,9 +287,14 @@ func (m *Mount) invalidateVolumes(id string, st *record.State) {
 		for name, ch := range dir.Children() {
 			switch n := ch.Operations().(type) {
 			case *volume.Node:
-				if n.IsMemory() {
+				if n.IsMemory() || n.Key() == "" {
 					// A memory volume is no record's: it goes with
-					// the allocation or task (dropMemory).
+					// the allocation or task (dropMemory). An entry
+					// of a layout directory's own volume (a chroot's
+					// usr/, the dev/ and proc/ its executor mounts
+					// on, alloc/container) is no volume root: the
+					// record says nothing of it, and dropping it
+					// would detach what is mounted there.
 					continue
 				}
 				if n.Layout() != nil {

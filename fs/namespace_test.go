@@ -349,6 +349,13 @@ func TestMountsOnTopSurviveChanges(t *testing.T) {
 	view := filepath.Join(next, "web/alloc")
 	must(t, unix.Mount(filepath.Join(next, "alloc"), view, "", unix.MS_BIND, ""))
 	t.Cleanup(func() { unix.Unmount(view, unix.MNT_DETACH) })
+	// An exec task's executor mounts dev/ and proc/ in the task's own
+	// directory: entries of its volume, which no change of the record
+	// touches.
+	dev := filepath.Join(next, "web/dev")
+	must(t, os.Mkdir(dev, 0o755))
+	must(t, unix.Mount("tmpfs", dev, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { unix.Unmount(dev, unix.MNT_DETACH) })
 
 	must(t, os.Chmod(filepath.Join(next, "alloc"), 0o777))
 	must(t, os.Mkdir(filepath.Join(next, "db"), 0o777))
@@ -361,9 +368,11 @@ func TestMountsOnTopSurviveChanges(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(secrets, "token")); err != nil || string(got) != "t" {
 		t.Errorf("the tmpfs on secrets/ after the changes: %q, %v", got, err)
 	}
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(secrets, &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
-		t.Errorf("secrets/ is no longer the tmpfs: %#x, %v", sfs.Type, err)
+	for _, p := range []string{secrets, dev} {
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(p, &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
+			t.Errorf("%s is no longer the tmpfs: %#x, %v", p, sfs.Type, err)
+		}
 	}
 	must(t, os.WriteFile(filepath.Join(next, "alloc/data/g"), []byte("g"), 0o644))
 	if got, err := os.ReadFile(filepath.Join(view, "data/g")); err != nil || string(got) != "g" {

@@ -176,6 +176,12 @@ func (s *Stack) List(rel string, dirLayers []int) ([]Entry, error) {
 	seen := make(map[string]bool)
 	var out []Entry
 	for _, i := range dirLayers {
+		if s.IsHost(i) && !s.Host.On() {
+			// A host layer turned off shows nothing, below its root
+			// too: a directory a node was looked up in while it was
+			// on lists the other layers alone.
+			continue
+		}
 		var hidden func(string) bool
 		if s.IsHost(i) && s.Host.Removed != nil {
 			if s.Host.Removed.Hides(rel) {
