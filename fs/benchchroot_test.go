@@ -37,25 +37,7 @@ import (
 // environment, and the task directories go with the mount's data dir
 // anyway.
 func BenchmarkChrootEmbed(b *testing.B) {
-	env := DefaultChrootEnv()
-	if spec := os.Getenv("ALLOCFS_BENCH_CHROOT_ENV"); spec != "" {
-		env = map[string]string{}
-		for _, e := range strings.Split(spec, ",") {
-			src, dst, ok := strings.Cut(e, "=")
-			if !ok {
-				dst = src
-			}
-			env[src] = dst
-		}
-	}
-	base := b.TempDir()
-	if d := os.Getenv("ALLOCFS_BENCH_DIR"); d != "" {
-		var err error
-		if base, err = os.MkdirTemp(d, "allocfs-bench-"); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { os.RemoveAll(base) })
-	}
+	env, base := chrootBenchSetup(b, DefaultChrootEnv())
 	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
 	s, err := store.Open(log, filepath.Join(base, "data"))
 	if err != nil {
@@ -178,25 +160,7 @@ func BenchmarkChrootEmbed(b *testing.B) {
 // reports the entries removed and, on the mount, the FUSE requests the
 // removal took, by opcode in the log.
 func BenchmarkChrootGC(b *testing.B) {
-	env := map[string]string{"/usr/include": "/usr/include"}
-	if spec := os.Getenv("ALLOCFS_BENCH_CHROOT_ENV"); spec != "" {
-		env = map[string]string{}
-		for _, e := range strings.Split(spec, ",") {
-			src, dst, ok := strings.Cut(e, "=")
-			if !ok {
-				dst = src
-			}
-			env[src] = dst
-		}
-	}
-	base := b.TempDir()
-	if d := os.Getenv("ALLOCFS_BENCH_DIR"); d != "" {
-		var err error
-		if base, err = os.MkdirTemp(d, "allocfs-bench-"); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { os.RemoveAll(base) })
-	}
+	env, base := chrootBenchSetup(b, map[string]string{"/usr/include": "/usr/include"})
 	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
 	s, err := store.Open(log, filepath.Join(base, "data"))
 	if err != nil {
@@ -316,4 +280,30 @@ func emptyCopy(b *testing.B, src, dst string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+}
+
+// chrootBenchSetup returns the chroot environment a chroot benchmark
+// runs with (ALLOCFS_BENCH_CHROOT_ENV, SRC[=DEST],..., else def) and the
+// directory it works in (below ALLOCFS_BENCH_DIR when set).
+func chrootBenchSetup(b *testing.B, def map[string]string) (map[string]string, string) {
+	env := def
+	if spec := os.Getenv("ALLOCFS_BENCH_CHROOT_ENV"); spec != "" {
+		env = map[string]string{}
+		for _, e := range strings.Split(spec, ",") {
+			src, dst, ok := strings.Cut(e, "=")
+			if !ok {
+				dst = src
+			}
+			env[src] = dst
+		}
+	}
+	base := b.TempDir()
+	if d := os.Getenv("ALLOCFS_BENCH_DIR"); d != "" {
+		var err error
+		if base, err = os.MkdirTemp(d, "allocfs-bench-"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(base) })
+	}
+	return env, base
 }
