@@ -258,7 +258,10 @@ EOF
 	while :; do
 		st=$(api "/v1/job/$job/allocations" | jq -r '.[0] | "\(.ID) \(.ClientStatus)"' 2>/dev/null || true)
 		case $st in *" complete") break ;; *" failed" | *" lost")
-			echo "$job: $st" >&2; api "/v1/job/$job/allocations" | jq '.[0].TaskStates' >&2; return 1 ;;
+			echo "$job: $st" >&2
+			api "/v1/job/$job/allocations" | jq -r '.[0].TaskStates.t.Events[] | "  \(.Type): \(.DisplayMessage)"' >&2
+			echo "  stderr: $(api "/v1/client/fs/logs/${st%% *}?task=t&type=stderr&origin=start&offset=0&plain=true" || true)" >&2
+			return 1 ;;
 		esac
 		[ "$(secs "$t0" "$(now)" | cut -d. -f1)" -lt "$TIMEOUT" ] || { echo "$job: not complete in ${TIMEOUT}s ($st)" >&2; return 1; }
 		sleep 0.1
