@@ -7,7 +7,8 @@
 #          gone from alloc_dir,
 # in BENCH_ROUNDS rounds (default 3), each running the sides in an order rotated by one place:
 #   mount: alloc_dir on `allocfs serve --chroot-env <the same list>` (--live-restart=false),
-#          its data dir on a fresh loop-mounted ext4 image (BENCH_IMG_SIZE, sparse, default 16G);
+#          its data dir on a fresh loop-mounted ext4 image (BENCH_IMG_SIZE, sparse, default 24G:
+#          Nomad follows /bin, /lib... into /usr and copies most of it twice, about 9.4 GiB here);
 #   copy:  a plain alloc_dir on that same image, another filesystem than the host's /usr:
 #          link(2) fails with EXDEV there and Nomad copies every chroot file;
 #   link:  a plain alloc_dir on the filesystem of /usr (under BENCH_IMG_DIR, default /var/tmp),
@@ -32,7 +33,7 @@ CHROOT_ENV=${BENCH_CHROOT_ENV:-/bin,/etc,/lib,/lib32,/lib64,/sbin,/usr,/run/reso
 ALLOCFS=${ALLOCFS_BIN:-$PWD/bin/allocfs}
 NOMAD=${NOMAD_BIN:-$PWD/../shared/tools/nomad/nomad}
 OUT=${BENCH_OUT:-$PWD/bin/bench-nomad-exec.txt}
-IMG_SIZE=${BENCH_IMG_SIZE:-16G}
+IMG_SIZE=${BENCH_IMG_SIZE:-24G}
 SIDES=${BENCH_SIDES:-mount copy link}
 TIMEOUT=${BENCH_TIMEOUT:-900} # seconds for one start or one GC
 
