@@ -118,6 +118,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 now() { date +%s.%N; }
+# cpu PID: the process's CPU time (user + system) in seconds.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 secs() { echo "$2 - $1" | bc -l | awk '{ printf "%.2f", $1 }'; }
 
 free_ports() {
@@ -146,15 +148,18 @@ chroot_hcl() {
 # fuse_requests SOCK prints "OP COUNT" lines of serve's request counters.
 fuse_requests() {
 	curl -sf --unix-socket "$1" http://allocfs/v1/metrics |
-		awk '/^allocfs_fuse_request_duration_seconds_count/ { match($0, /op="[^"]*"/); print substr($0, RSTART+4, RLENGTH-5), $NF }' | sort
+		awk '/^allocfs_fuse_request_duration_seconds_count/ { match($0, /op="[^"]*"/); print substr($0, RSTART+4, RLENGTH-5), $NF }
+			/^allocfs_fuse_request_duration_seconds_sum/ { ms += $NF * 1000 } END { printf "~handler_ms %d\n", ms }' | sort
 }
 
 # fuse_delta BEFORE AFTER: the total of requests between two fuse_requests answers, then the
 # five largest opcodes.
 fuse_delta() {
 	join -a 2 -e 0 -o 0,1.2,2.2 <(echo "$1") <(echo "$2") |
-		awk '{ d = $3 - $2; if (d > 0) { t += d; print d, $1 } } END { print t, "TOTAL" }' | sort -rn |
-		awk 'NR == 1 { printf "%d", $1; next } NR <= 6 { printf " %s:%d", $2, $1 }'
+		awk '$1 == "~handler_ms" { h = $3 - $2; next } { d = $3 - $2; if (d > 0) { t += d; print d, $1 } } END { print t, "TOTAL"; print h, "~handler_ms" }' |
+		sort -rn | awk '$2 == "~handler_ms" { h = $1; next } { l[++n] = $0 } END {
+			split(l[1], f, " "); printf "%d", f[1]; for (i = 2; i <= 6 && i <= n; i++) { split(l[i], f, " "); printf " %s:%d", f[2], f[1] }
+			printf " handler_s:%.1f", h / 1000 }'
 }
 
 api() { curl -sf "$ADDR$@"; }
@@ -253,6 +258,9 @@ EOF
 	[ -z "$sock" ] || f0=$(fuse_requests "$sock")
 	local parsed
 	parsed=$(jq -n --arg hcl "${JOB_HCL/JOBID/$job}" '{JobHCL: $hcl, Canonicalize: true}' | curl -sf -X POST --data-binary @- "$ADDR/v1/jobs/parse")
+	local c0 s0=0 c1 s1=0
+	c0=$(cpu "$AGENT_PID")
+	[ -z "$SERVE_PID" ] || s0=$(cpu "$SERVE_PID")
 	t0=$(now)
 	jq -n --argjson job "$parsed" '{Job: $job}' | curl -sf -X POST --data-binary @- "$ADDR/v1/jobs" >/dev/null
 	st=
@@ -268,6 +276,8 @@ EOF
 		sleep 0.1
 	done
 	t1=$(now)
+	c1=$(cpu "$AGENT_PID")
+	[ -z "$SERVE_PID" ] || s1=$(cpu "$SERVE_PID")
 	id=${st%% *}
 	# Nomad's own account of the chroot build: from its "Task Setup" event to "Started".
 	build=$(api "/v1/allocation/$id" | jq -r '.TaskStates.t.Events as $e |
@@ -292,7 +302,8 @@ EOF
 		extra=" fuse_start=$(fuse_delta "$f0" "$f1" | tr ' ' ,) fuse_gc=$(fuse_delta "$f1" "$f2" | tr ' ' ,) teardown_logged=$torn"
 	fi
 	[ -z "$(mounts_below "$alloc")" ] || echo "warning: mounts left below $alloc: $(mounts_below "$alloc")" >&2
-	echo "round $round $side start_s=$(secs "$t0" "$t1") build_s=$build gc_s=$(secs "$t2" "$t3")$extra" | tee -a "$OUT"
+	[ -z "$sock" ] || extra="$extra serve_cpu_start_s=$(secs "$s0" "$s1")"
+	echo "round $round $side start_s=$(secs "$t0" "$t1") build_s=$build gc_s=$(secs "$t2" "$t3") agent_cpu_start_s=$(secs "$c0" "$c1")$extra" | tee -a "$OUT"
 
 	stop_agent
 	detach "$alloc"
