@@ -20,8 +20,11 @@
 # BENCH_CHROOT_ENV is the chroot_env, in serve's --chroot-env form (comma-separated, SRC or
 # SRC=DEST); default Nomad's own list. For a quick run: BENCH_CHROOT_ENV=/usr/bin/busybox=/bin/sh
 # (a static busybox). The mount side also counts the FUSE requests of each phase
-# (allocfs_fuse_request_duration_seconds_count of serve's /v1/metrics) and checks that serve
-# logged Nomad's teardown of the chroot task directory.
+# (allocfs_fuse_request_duration_seconds_count of serve's /v1/metrics: the total, the five largest
+# opcodes and handler_s, the sum of the handlers' durations) and checks that serve logged Nomad's
+# teardown of the chroot task directory. Every side reports the agent's CPU time during the start
+# (agent_cpu_start_s), the mount serve's too (serve_cpu_start_s); build_s is Nomad's own account of
+# the start, from its "Task Setup" event to "Started".
 #
 # Needs root, /dev/fuse, loop devices, e2fsprogs, curl, jq, python3; the Nomad agent at
 # NOMAD_BIN (default ../shared/tools/nomad/nomad beside the checkout), allocfs at ALLOCFS_BIN.
