@@ -118,6 +118,25 @@ bench-quota:
 	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/bench-quota.sh
 
+# bench-nomad-exec times the real Nomad agent (-dev, NOMAD_BIN or
+# ../shared/tools/nomad/nomad) starting an exec-driver batch job (its
+# chroot build of Nomad's default chroot_env) and collecting it (`nomad
+# system gc` and the client's GC until the allocation's directory is gone)
+# with client.alloc_dir on `allocfs serve --chroot-env` (its data dir on a
+# fresh ext4 image), on a plain alloc_dir on that image (another filesystem
+# than /usr: Nomad copies the chroot) and on a plain alloc_dir on /usr's own
+# filesystem (Nomad hard-links it), NOMAD_BENCH_ROUNDS rounds in rotated
+# order, the page cache dropped before each start; then the medians and the
+# ratios of the mount to each (scripts/bench-nomad-exec.sh, docs/benchmarks.md
+# "Nomad's exec driver on the mount"). BENCH_CHROOT_ENV=LIST runs a smaller
+# chroot_env. Needs root, /dev/fuse, loop devices, e2fsprogs, curl, jq and
+# python3; a default run takes 20 minutes or more.
+NOMAD_BENCH_ROUNDS ?= 3
+.PHONY: bench-nomad-exec
+bench-nomad-exec:
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
+	BENCH_ROUNDS=$(NOMAD_BENCH_ROUNDS) ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/bench-nomad-exec.sh
+
 # test-prjquota-vm runs the project-quota tests in a VM whose kernel has
 # project quotas (this machine's has none): Debian's kernel package under
 # qemu with an xfs and an ext4 disk (scripts/test-prjquota-vm.sh). Needs
