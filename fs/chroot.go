@@ -325,10 +325,12 @@ func (m *Mount) volumeStack(st *record.State, key string) *layer.Stack {
 }
 
 // tearDownChroot stops showing the chroot environment in the directory
-// of task. Nomad removes a chroot task's secrets/ and private/ only when
-// it destroys the allocation (its GC; a task's restart, an agent's
-// restart and a stop leave them), and its os.RemoveAll of the
-// allocation's directory follows. On a local disk that walk unlinks
+// of task, once both its secrets/ and private/ are gone. Nomad removes a
+// chroot task's secrets/ and private/ only when it destroys the
+// allocation (its GC; a task's restart, an agent's restart and a stop
+// leave them), and its os.RemoveAll of the allocation's directory
+// follows. A crash between the removal and this change leaves the chroot
+// on: the walk then removes each host entry, as it would without this. On a local disk that walk unlinks
 // every file of the chroot, one by one; here the host layer is off
 // first, so that the walk lists, and removes, the task's own layer
 // alone, and the GC costs nothing per host entry. Listings of a chroot

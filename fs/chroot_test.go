@@ -383,7 +383,7 @@ func TestReadSideShowsTheChroot(t *testing.T) {
 
 // TestMountChrootTornDownByNomadsGC: Nomad's Destroy removes a chroot
 // task's secrets/ and private/, then os.RemoveAll's the allocation. Once
-// secrets/ goes, the task directory shows its own layer alone, so the
+// both are gone, the task directory shows its own layer alone, so the
 // walk removes no host entry (the layer gets no whiteout for one), and
 // the allocation and every layer of it go.
 func TestMountChrootTornDownByNomadsGC(t *testing.T) {
@@ -401,17 +401,20 @@ func TestMountChrootTornDownByNomadsGC(t *testing.T) {
 	must(t, os.Chown(filepath.Join(exec, "etc/ssl/certs"), 4321, 4321))
 	st := mustState(t, tm.store, "a1")
 	must(t, os.Remove(filepath.Join(exec, "secrets")))
-	if mustState(t, tm.store, "a1").IsChroot("exec") {
-		t.Errorf("the task is still a chroot after Nomad removed its secrets/")
+	if !mustState(t, tm.store, "a1").IsChroot("exec") {
+		t.Errorf("the task is no chroot any more once its secrets/ alone went")
 	}
-	want := []string{"alloc", "dev", "etc", "executor.out", "local", "private", "tmp"}
+	must(t, os.Remove(filepath.Join(exec, "private")))
+	if mustState(t, tm.store, "a1").IsChroot("exec") {
+		t.Errorf("the task is still a chroot after Nomad removed its secrets/ and private/")
+	}
+	want := []string{"alloc", "dev", "etc", "executor.out", "local", "tmp"}
 	if got := names(t, exec); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("the task directory Nomad tears down: %v, want its own entries %v", got, want)
 	}
 	if got := names(t, filepath.Join(exec, "etc/ssl")); strings.Join(got, " ") != "certs" {
 		t.Errorf("etc/ssl of the task directory Nomad tears down: %v, want its own certs/ alone", got)
 	}
-	must(t, os.Remove(filepath.Join(exec, "private")))
 	before := tm.mount.RequestCounts()["UNLINK"]
 	must(t, os.RemoveAll(filepath.Join(tm.dir, "a1")))
 	// executor.out is the one file left to unlink.

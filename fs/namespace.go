@@ -381,13 +381,15 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 	default:
 		return syscall.ENOENT
 	}
+	var after *record.State
 	err := t.m.handlerChange([]string{t.id}, func() error {
-		_, err := t.m.store.SetGone(t.id, t.task+"/"+name, true)
+		var err error
+		after, err = t.m.store.SetGone(t.id, t.task+"/"+name, true)
 		return err
 	})
 	if err == nil && p.Kind == layout.Memory {
 		t.m.dropMemRoot(t.id, t.task, name)
-		if st.IsChroot(t.task) {
+		if after.IsChroot(t.task) && after.IsGone(t.task+"/"+allocdir.TaskSecrets) && after.IsGone(t.task+"/"+allocdir.TaskPrivate) {
 			t.m.tearDownChroot(t.id, t.task)
 		}
 	}

@@ -147,4 +147,17 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 			t.Errorf("a file in a1 made again: %v", err)
 		}
 	}
+	// alloc/ removed and made again while a shell holds the old one:
+	// the new one is a new node, on its new layer.
+	held, err := os.Open(filepath.Join(a, "alloc"))
+	must(t, err)
+	defer held.Close()
+	must(t, os.Remove(filepath.Join(a, "alloc", "ready")))
+	for _, d := range []string{"data", "logs", "tmp", ""} {
+		must(t, os.Remove(filepath.Join(a, "alloc", d)))
+	}
+	must(t, os.Mkdir(filepath.Join(a, "alloc"), 0o777))
+	if err := os.WriteFile(filepath.Join(a, "alloc", "ready"), []byte("again"), 0o644); err != nil {
+		t.Errorf("a file in alloc/ made again: %v", err)
+	}
 }

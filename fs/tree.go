@@ -159,7 +159,7 @@ func (m *Mount) volumeInode(ctx context.Context, parent *gofs.Inode, st *record.
 	}
 	r := volume.Root{Alloc: st.ID, Key: key, View: view, Slot: slot, Stack: m.volumeStack(st, key), ReadOnly: v.ReadOnly, Layout: lay, Ino: ino}
 	if ino != 0 {
-		r.Gen = st.Gen
+		r.Gen = st.Gen ^ v.Gen
 	}
 	node, errno := m.vol.NewRoot(ctx, parent, r, out)
 	if errno == 0 {

@@ -124,7 +124,7 @@ func (s *Store) commitWithLayers(op string, st *record.State, specs []record.Vol
 			return fmt.Errorf("failed to create layer for %s: %w", spec.Key, err)
 		}
 		fresh = append(fresh, f)
-		st.Volumes[spec.Key] = &record.Volume{Upper: f.ID}
+		st.Volumes[spec.Key] = &record.Volume{Upper: f.ID, Gen: spec.Gen}
 	}
 	return s.change(&intent{Op: op, Records: map[string]*record.State{st.ID: st}, Fresh: fresh})
 }

@@ -132,6 +132,13 @@ func (s *Store) AddVolume(id, key string) (*record.State, error) {
 	case st.Volumes[key] != nil:
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, ErrExists)
 	}
+	if key == record.SharedVolume {
+		g, err := randomGen()
+		if err != nil {
+			return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, err)
+		}
+		spec.Gen = g
+	}
 	if err := s.commitWithLayers("update", st, []record.VolumeSpec{*spec}); err != nil {
 		return nil, fmt.Errorf("failed to make volume %q of allocation %q: %w", key, id, err)
 	}

@@ -370,8 +370,8 @@ func (s *Store) newState(id string, tasks []allocdir.Task) (*record.State, error
 	if err := record.ValidTasks(tasks); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
-	var gen [8]byte
-	if _, err := rand.Read(gen[:]); err != nil {
+	gen, err := randomGen()
+	if err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
 	return &record.State{
@@ -380,7 +380,7 @@ func (s *Store) newState(id string, tasks []allocdir.Task) (*record.State, error
 		Status:  record.StatusRunning,
 		Created: time.Now().UTC().Round(0),
 		Volumes: make(map[string]*record.Volume),
-		Gen:     binary.LittleEndian.Uint64(gen[:]) | 1,
+		Gen:     gen,
 	}, nil
 }
 
@@ -461,4 +461,14 @@ func keySet(m map[string]string) map[string]struct{} {
 		out[k] = struct{}{}
 	}
 	return out
+}
+
+// randomGen is a generation (record.State.Gen, record.Volume.Gen):
+// random, never 0.
+func randomGen() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("failed to draw a generation: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]) | 1, nil
 }

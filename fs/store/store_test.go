@@ -704,6 +704,11 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	}
 	must(t, errOnly(s.Update("a", old(false))))
 	must(t, errOnly(s.Update("b", old(true))))
+	// alloc/tmp was removed through the mount before: it stays removed.
+	must(t, errOnly(s.Update("a", func(st *record.State) error {
+		delete(st.Volumes, "alloc/tmp")
+		return nil
+	})))
 	must(t, s.Close())
 
 	s, err = Open(hclog.NewNullLogger(), dir)
@@ -730,6 +735,9 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	}
 	if a.Dirs != nil {
 		t.Errorf("a keeps Dirs %v after the upgrade", a.Dirs)
+	}
+	if a.Volumes["alloc/tmp"] != nil {
+		t.Errorf("the upgrade made again alloc/tmp, which was removed")
 	}
 	// The kernel knows its directories' nodes with generation 0.
 	if a.Gen != 0 {

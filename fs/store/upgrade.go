@@ -35,6 +35,11 @@ func (s *Store) upgradeRecords() error {
 		var specs []record.VolumeSpec
 		attrs := make(map[string]*record.DirAttr)
 		for _, spec := range record.AllocVolumes() {
+			if spec.Key != record.RootVolume && spec.Key != record.SharedVolume {
+				// alloc/data, logs/ or tmp/ missing were removed
+				// through the mount: they stay removed.
+				continue
+			}
 			if st.Volumes[spec.Key] != nil || spec.Key == record.SharedVolume && goneShared {
 				continue
 			}

@@ -23,6 +23,8 @@ type VolumeSpec struct {
 	// than to the store's owner: the allocation's own directory is the
 	// agent's, as Nomad's client makes it.
 	Agent bool
+	// Gen is the new volume's Volume.Gen.
+	Gen uint64
 }
 
 // The volumes that hold what lands in an allocation's own directories

@@ -23,6 +23,10 @@ type Volume struct {
 	// ReadOnly freezes the whole volume (EROFS): a previous allocation's
 	// view after its data migrated away.
 	ReadOnly bool `json:"readonly,omitempty"`
+	// Gen, on alloc/'s volume made again through the mount after an
+	// rmdir, tells its root from the removed one's, which shows the same
+	// inode number (State.Gen); 0 otherwise.
+	Gen uint64 `json:"gen,omitempty"`
 }
 
 // Layers returns every layer ID of the volume, top first.
