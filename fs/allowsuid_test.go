@@ -57,7 +57,13 @@ func TestAllowSuid(t *testing.T) {
 				if got := modeOf(t, p); got != "type 100000 mode 4755" {
 					t.Fatalf("the program on the mount is %s, not set-uid", got)
 				}
-				cmd := exec.Command(p, "-u")
+				// Through a shell of the host's: the test process
+				// serves the mount, and a child it forks execs with the
+				// parent's thread held (vfork) until the program is read;
+				// should the Go runtime stop the world meanwhile, the
+				// read would wait for the server, and the server for the
+				// held thread.
+				cmd := exec.Command("/bin/sh", "-c", `exec "$0" -u`, p)
 				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(nobody.UID), Gid: uint32(nobody.GID)}}
 				var stderr bytes.Buffer
 				cmd.Stderr = &stderr
