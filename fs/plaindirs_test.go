@@ -2,6 +2,7 @@ package fs
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,7 +44,12 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 		must(t, unix.Mkfifo(filepath.Join(c, "exec.fifo"), 0o622))
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		must(t, err)
-		must(t, unix.Bind(fd, &unix.SockaddrUnix{Name: filepath.Join(dir, "api.sock")}))
+		// Through the directory's descriptor: a test's temporary
+		// path can be longer than a socket address holds.
+		d, err := os.Open(dir)
+		must(t, err)
+		must(t, unix.Bind(fd, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/api.sock", d.Fd())}))
+		d.Close()
 		unix.Close(fd)
 		must(t, os.Symlink("/etc/passwd", filepath.Join(dir, "outside")))
 		must(t, os.WriteFile(filepath.Join(dir, "ready"), nil, 0o644))
