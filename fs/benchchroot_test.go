@@ -37,31 +37,7 @@ import (
 // environment, and the task directories go with the mount's data dir
 // anyway.
 func BenchmarkChrootEmbed(b *testing.B) {
-	env, base := chrootBenchSetup(b, DefaultChrootEnv())
-	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
-	s, err := store.Open(log, filepath.Join(base, "data"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	mnt := filepath.Join(base, "mnt")
-	native := filepath.Join(base, "native")
-	for _, d := range []string{mnt, native} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
-	mo := DefaultMountOptions()
-	mo.IOUring = benchIOUring()
-	mo.ChrootEnv = env
-	m, err := NewMount(log, s, mnt, mo)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			b.Errorf("unmount: %v", err)
-		}
-	})
+	env, s, m, mnt, native := chrootBenchMount(b, DefaultChrootEnv())
 	b.Logf("chroot_env %v, io_uring %v, passthrough %v", env, m.ioUring, m.Passthrough())
 
 	n := 0
@@ -160,29 +136,7 @@ func BenchmarkChrootEmbed(b *testing.B) {
 // reports the entries removed and, on the mount, the FUSE requests the
 // removal took, by opcode in the log.
 func BenchmarkChrootGC(b *testing.B) {
-	env, base := chrootBenchSetup(b, map[string]string{"/usr/include": "/usr/include"})
-	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
-	s, err := store.Open(log, filepath.Join(base, "data"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	mnt := filepath.Join(base, "mnt")
-	native := filepath.Join(base, "native")
-	for _, d := range []string{mnt, native} {
-		must(b, os.Mkdir(d, 0o755))
-	}
-	mo := DefaultMountOptions()
-	mo.IOUring = benchIOUring()
-	mo.ChrootEnv = env
-	m, err := NewMount(log, s, mnt, mo)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			b.Errorf("unmount: %v", err)
-		}
-	})
+	env, _, m, mnt, native := chrootBenchMount(b, map[string]string{"/usr/include": "/usr/include"})
 	n := 0
 	for _, side := range []string{"native", "mount", "upper"} {
 		b.Run(side, func(b *testing.B) {
@@ -306,4 +260,35 @@ func chrootBenchSetup(b *testing.B, def map[string]string) (map[string]string, s
 		b.Cleanup(func() { os.RemoveAll(base) })
 	}
 	return env, base
+}
+
+// chrootBenchMount opens a store and mounts it with the chroot
+// environment of chrootBenchSetup, for a chroot benchmark: the
+// environment, the store, the mount (unmounted at the end), its mount
+// point and an empty directory beside it for the native side.
+func chrootBenchMount(b *testing.B, def map[string]string) (map[string]string, *store.Store, *Mount, string, string) {
+	env, base := chrootBenchSetup(b, def)
+	log := hclog.New(&hclog.LoggerOptions{Name: b.Name(), Level: hclog.Warn, Output: os.Stderr})
+	s, err := store.Open(log, filepath.Join(base, "data"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	mnt := filepath.Join(base, "mnt")
+	native := filepath.Join(base, "native")
+	for _, d := range []string{mnt, native} {
+		must(b, os.Mkdir(d, 0o755))
+	}
+	mo := DefaultMountOptions()
+	mo.IOUring = benchIOUring()
+	mo.ChrootEnv = env
+	m, err := NewMount(log, s, mnt, mo)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			b.Errorf("unmount: %v", err)
+		}
+	})
+	return env, s, m, mnt, native
 }

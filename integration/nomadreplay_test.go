@@ -74,20 +74,6 @@ func replayChrootEnv(t *testing.T) map[string]string {
 	return env
 }
 
-// chrootEnvFlag is env in serve's --chroot-env form.
-func chrootEnvFlag(env map[string]string) string {
-	var parts []string
-	for src, dst := range env {
-		if src == dst {
-			parts = append(parts, src)
-		} else {
-			parts = append(parts, src+"="+dst)
-		}
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
-}
-
 // detachBelow detaches every mount below (not at) each of dirs, deepest
 // first: what a failed replay leaves must not outlive the test.
 func detachBelow(t *testing.T, dirs ...string) {
@@ -512,7 +498,7 @@ func TestNomadReplay(t *testing.T) {
 	})
 	t.Run("allocfs", func(t *testing.T) {
 		r := newReplay(t, "", env)
-		n := startNodeWith(t, nil, "--chroot-env", chrootEnvFlag(env), "--metrics-usage-interval", "100ms")
+		n := startNodeWith(t, nil, "--chroot-env", harness.ChrootEnvFlag(env), "--metrics-usage-interval", "100ms")
 		r.c.AllocDir = n.mnt
 		r.cleanupMounts()
 		sock := n.socket

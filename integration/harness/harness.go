@@ -315,3 +315,18 @@ func MountsAt(t testing.TB, dir string) int {
 	}
 	return count
 }
+
+// ChrootEnvFlag is env, a Nomad chroot_env, in serve's --chroot-env form:
+// SRC, or SRC=DEST where they differ, sorted and comma-separated.
+func ChrootEnvFlag(env map[string]string) string {
+	var parts []string
+	for src, dst := range env {
+		if src == dst {
+			parts = append(parts, src)
+		} else {
+			parts = append(parts, src+"="+dst)
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}

@@ -178,7 +178,7 @@ func startNode(t *testing.T, opts nodeOpts) *node {
 			DataDir: filepath.Join(top, "data"),
 			Mount:   n.allocDir,
 			Socket:  n.socket,
-			Args:    []string{"--chroot-env=" + chrootEnvFlag(opts.chrootEnv)},
+			Args:    []string{"--chroot-env=" + harness.ChrootEnvFlag(opts.chrootEnv)},
 		})
 	} else if err := os.Mkdir(n.allocDir, 0o711); err != nil {
 		t.Fatal(err)
@@ -201,20 +201,6 @@ func removeTop(t *testing.T, top string) {
 	if err := os.RemoveAll(top); err != nil {
 		t.Errorf("remove %s: %v", top, err)
 	}
-}
-
-// chrootEnvFlag is env in serve's --chroot-env form.
-func chrootEnvFlag(env map[string]string) string {
-	var parts []string
-	for src, dst := range env {
-		if src == dst {
-			parts = append(parts, src)
-		} else {
-			parts = append(parts, src+"="+dst)
-		}
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
 }
 
 // freePorts asks the kernel for n free TCP ports on 127.0.0.1.
