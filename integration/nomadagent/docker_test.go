@@ -203,6 +203,9 @@ func TestDocker(t *testing.T) {
 	d.importBusybox(t)
 	n := startNode(t, nodeOpts{docker: d.endpoint(), drivers: []string{"docker"}})
 	start := time.Now()
+	// The driver's log collector attaches once the container runs: a
+	// container that prints and exits at once can beat it, and its
+	// output reaches no log, whatever alloc_dir is on. It waits a moment.
 	job := n.runJob(t, batchJob("docker", fmt.Sprintf(`
       driver = "docker"
       config {
@@ -210,7 +213,7 @@ func TestDocker(t *testing.T) {
         force_pull   = false
         network_mode = "none"
         command      = "/bin/sh"
-        args         = ["-c", "echo docker-local > \"$NOMAD_TASK_DIR/out.txt\"; echo docker-data > \"$NOMAD_ALLOC_DIR/data/docker.txt\"; echo docker-alloc > \"$NOMAD_ALLOC_DIR/docker.txt\"; cat \"$NOMAD_TASK_DIR/out.txt\"; echo docker-stdout"]
+        args         = ["-c", "sleep 2; echo docker-local > \"$NOMAD_TASK_DIR/out.txt\"; echo docker-data > \"$NOMAD_ALLOC_DIR/data/docker.txt\"; echo docker-alloc > \"$NOMAD_ALLOC_DIR/docker.txt\"; cat \"$NOMAD_TASK_DIR/out.txt\"; echo docker-stdout"]
       }`, testImage)))
 	a := n.waitAlloc(t, job, nil, "complete")
 	n.stderrOnFailure(t, a.ID, "t")
