@@ -85,7 +85,8 @@ func chrootMount(t *testing.T, h string) *testMount {
 }
 
 // nomadTask makes, as Nomad's client does through the mount, allocation
-// a1 and task's directory, given to nobody as Nomad's Build does.
+// a1 and task's directory, given to nobody as Nomad's Build does, with
+// the directories Nomad makes in it (nomadTaskDirs).
 func nomadTask(t *testing.T, tm *testMount, task string) string {
 	t.Helper()
 	a := filepath.Join(tm.dir, "a1")
@@ -96,7 +97,22 @@ func nomadTask(t *testing.T, tm *testMount, task string) string {
 	must(t, os.Mkdir(d, 0o777))
 	must(t, os.Chmod(d, 0o777))
 	must(t, os.Chown(d, 65534, 65534))
+	nomadTaskDirs(t, d)
 	return d
+}
+
+// nomadTaskDirs makes in the task directory d what Nomad's task runner
+// makes there before a driver runs: local/, tmp/, secrets/ and private/
+// (a task directory starts empty, as on a local filesystem).
+func nomadTaskDirs(t testing.TB, d string) {
+	t.Helper()
+	for _, c := range []struct {
+		name string
+		mode os.FileMode
+	}{{"local", 0o777}, {"tmp", 0o777 | os.ModeSticky}, {"secrets", 0o777}, {"private", 0o777}} {
+		must(t, os.Mkdir(filepath.Join(d, c.name), 0o777))
+		must(t, os.Chmod(filepath.Join(d, c.name), c.mode))
+	}
 }
 
 // names lists dir.
@@ -125,7 +141,15 @@ func TestMountChrootOnlyWhereNomadBuildsOne(t *testing.T) {
 	exec2 := nomadTask(t, tm, "exec2")
 	raw := nomadTask(t, tm, "raw")
 	written := nomadTask(t, tm, "written")
-	layout := []string{"alloc", "local", "private", "secrets", "tmp"}
+	// A directory made at the allocation's root and given to root, with
+	// nothing Nomad makes in a task's: a plain one (pjdfstest does this).
+	bare := filepath.Join(tm.dir, "a1", "bare")
+	must(t, os.Mkdir(bare, 0o755))
+	must(t, os.Chown(bare, 0, 0))
+	if got := names(t, bare); len(got) != 0 {
+		t.Errorf("a directory without local/ given to root shows %v, want nothing", got)
+	}
+	layout := []string{"local", "private", "secrets", "tmp"}
 	if got := names(t, exec); strings.Join(got, " ") != strings.Join(layout, " ") {
 		t.Fatalf("a task directory before the chroot build: %v, want only %v", got, layout)
 	}
@@ -408,7 +432,7 @@ func TestMountChrootTornDownByNomadsGC(t *testing.T) {
 	if mustState(t, tm.store, "a1").IsChroot("exec") {
 		t.Errorf("the task is still a chroot after Nomad removed its secrets/ and private/")
 	}
-	want := []string{"alloc", "dev", "etc", "executor.out", "local", "tmp"}
+	want := []string{"dev", "etc", "executor.out", "local", "tmp"}
 	if got := names(t, exec); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("the task directory Nomad tears down: %v, want its own entries %v", got, want)
 	}

@@ -185,10 +185,7 @@ func (a *allocLayout) Rmdir(name string) syscall.Errno {
 	p := layout.Child(st, layout.Place{Kind: layout.Alloc}, name)
 	switch p.Kind {
 	case layout.Shared, layout.Task:
-		if len(layout.Names(st, p)) > 0 {
-			return syscall.ENOTEMPTY
-		}
-		if empty, errno := a.m.volumeEmpty(st, p.Key); errno != 0 {
+		if empty, errno := a.m.taskEmpty(st, p); errno != 0 {
 			return errno
 		} else if !empty {
 			return syscall.ENOTEMPTY
@@ -204,13 +201,103 @@ func (a *allocLayout) Rmdir(name string) syscall.Errno {
 	return volume.ToErrno(a.m.logger, err)
 }
 
-// Rename of alloc/ or of a task's directory is refused, as of a mount
-// point: they are the layout.
-func (a *allocLayout) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
-	if t, ok := dst.Layout().(*allocLayout); ok && t.id == a.id {
+// Rename of a task's directory to another name in the allocation's own
+// directory renames the task, as a rename of a directory does on a local
+// filesystem; one that holds a memory volume or shows a chroot is
+// refused, as a mount point is (EBUSY), and so is alloc/. Into any other
+// directory it is EXDEV: that is another volume.
+func (a *allocLayout) Rename(_ *volume.Node, name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	if t, ok := dst.Layout().(*allocLayout); !ok || t.id != a.id {
+		return syscall.EXDEV
+	}
+	st, err := a.m.store.View(a.id)
+	if err != nil {
+		return volume.ToErrno(a.m.logger, err)
+	}
+	p := layout.Child(st, layout.Place{Kind: layout.Alloc}, name)
+	switch {
+	case p.Kind != layout.Task:
+		return syscall.EBUSY
+	case flags&^unix.RENAME_NOREPLACE != 0:
+		return syscall.EBUSY
+	case st.IsChroot(name) || !st.IsGone(name+"/"+allocdir.TaskSecrets) || !st.IsGone(name+"/"+allocdir.TaskPrivate):
+		return syscall.EBUSY
+	case len(newName) > volume.MaxNameLen:
+		return syscall.ENAMETOOLONG
+	case newName == name:
+		return 0
+	}
+	q := layout.Child(st, layout.Place{Kind: layout.Alloc}, newName)
+	if q.Kind == layout.None && record.ValidTaskName(newName) != nil {
+		// Not a name a task can have: the directory would have to
+		// become one of the allocation's own volume's.
+		return syscall.EXDEV
+	}
+	replace := false
+	switch q.Kind {
+	case layout.Task:
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return syscall.EEXIST
+		}
+		if empty, errno := a.m.taskEmpty(st, q); errno != 0 {
+			return errno
+		} else if !empty {
+			return syscall.ENOTEMPTY
+		}
+		replace = true
+	case layout.None:
+		if errno := entryAbsent(a.m.logger, dst, newName); errno == syscall.EEXIST {
+			// A directory of the allocation's own volume, or a file:
+			// replacing it would take the two volumes at once.
+			return syscall.EXDEV
+		} else if errno != 0 {
+			return errno
+		}
+	default:
 		return syscall.EBUSY
 	}
-	return syscall.EXDEV
+	err = a.m.handlerChange([]string{a.id}, func() error {
+		return a.m.store.RenameTask(a.id, name, newName, replace)
+	})
+	if err != nil {
+		return volume.ToErrno(a.m.logger, err)
+	}
+	// The kernel keeps the directory's node, and those below it, under
+	// the new name, as it would on a local filesystem: they follow.
+	if ch := dst.EmbeddedInode().GetChild(name); ch != nil {
+		retargetTask(ch, name, newName)
+	}
+	return 0
+}
+
+// retargetTask makes the task directory node in, and the volume roots
+// below it that the kernel holds, those of the task renamed from from to
+// to.
+func retargetTask(in *gofs.Inode, from, to string) {
+	n, ok := in.Operations().(*volume.Node)
+	if !ok || n.IsMemory() {
+		return
+	}
+	k := n.Key()
+	if k != from && !strings.HasPrefix(k, from+"/") {
+		return
+	}
+	n.SetKey(to + strings.TrimPrefix(k, from))
+	if t, ok := n.Layout().(*taskNode); ok {
+		t.rename(to)
+	}
+	for _, ch := range in.Children() {
+		retargetTask(ch, from, to)
+	}
+}
+
+// taskEmpty reports whether the task directory p of st holds nothing:
+// no layout directory, no entry of its own.
+func (m *Mount) taskEmpty(st *record.State, p layout.Place) (bool, syscall.Errno) {
+	if len(layout.Names(st, p)) > 0 {
+		return false, 0
+	}
+	return m.volumeEmpty(st, p.Key)
 }
 
 // Mkdir in alloc/ (or a <task>/alloc view) makes data/, logs/ or tmp/
@@ -252,19 +339,95 @@ func (s *sharedLayout) Rmdir(name string) syscall.Errno {
 
 // Rename of <prev>/alloc/data onto <new>/alloc/data is Nomad's Move of a
 // sticky or migrating disk: the volume is handed over (adoptVolume).
-// Every other rename of a directory of alloc/'s layout is refused: logs
-// never migrate.
-func (s *sharedLayout) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
-	to, ok := dst.Layout().(*sharedLayout)
-	switch {
-	case !ok:
-		return syscall.EXDEV
-	case to.id == s.id:
-		return syscall.EBUSY
-	case name != allocdir.SharedDataName || newName != allocdir.SharedDataName:
-		return syscall.EXDEV
+// Inside the allocation, data/, logs/ and tmp/ rename as directories do
+// (renameVolume); other renames between allocations are EXDEV.
+func (s *sharedLayout) Rename(src *volume.Node, name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	from := layout.Place{Kind: layout.Shared, Key: record.SharedVolume, View: s.view}
+	switch to := dst.Layout().(type) {
+	case *sharedLayout:
+		if to.id == s.id {
+			return s.m.renameVolume(s.id, src, from, name, dst, layout.Place{Kind: layout.Shared, Key: record.SharedVolume, View: to.view}, newName, flags)
+		}
+		if name != allocdir.SharedDataName || newName != allocdir.SharedDataName {
+			return syscall.EXDEV
+		}
+		return s.m.adoptVolume(s.id, to.id, allocdir.SharedAllocName+"/"+allocdir.SharedDataName, flags)
+	case *taskNode:
+		if to.id == s.id {
+			if _, p, errno := to.place(); errno != 0 {
+				return errno
+			} else {
+				return s.m.renameVolume(s.id, src, from, name, dst, p, newName, flags)
+			}
+		}
 	}
-	return s.m.adoptVolume(s.id, to.id, allocdir.SharedAllocName+"/"+allocdir.SharedDataName, flags)
+	return syscall.EXDEV
+}
+
+// renameVolume renames the volume root name of the layout directory from
+// (src its node) to newName in the layout directory to (dst), both of
+// allocation id, as a rename of a directory on a local filesystem: the
+// volume keeps its layers under its new key, an empty volume there is
+// replaced. A rename between two views of alloc/ (<id>/alloc and
+// <task>/alloc, a bind mount of it on a plain disk) is EXDEV, as between
+// two mounts; onto a name of the layout that is not a volume's, or from a
+// memory volume or alloc/ view, EBUSY.
+func (m *Mount) renameVolume(id string, src *volume.Node, from layout.Place, name string, dst *volume.Node, to layout.Place, newName string, flags uint32) syscall.Errno {
+	st, err := m.store.View(id)
+	if err != nil {
+		return volume.ToErrno(m.logger, err)
+	}
+	p := layout.Child(st, from, name)
+	switch {
+	case p.Kind != layout.Volume || flags&^unix.RENAME_NOREPLACE != 0:
+		return syscall.EBUSY
+	case len(newName) > volume.MaxNameLen:
+		return syscall.ENAMETOOLONG
+	case from.View != to.View:
+		return syscall.EXDEV
+	case !layout.Renamable(to, newName):
+		return syscall.EBUSY
+	}
+	dir := record.SharedVolume
+	if to.Kind == layout.Task {
+		dir = st.Tasks[to.Task].Name
+	}
+	key := dir + "/" + newName
+	if key == p.Key {
+		return 0
+	}
+	replace := false
+	switch q := layout.Child(st, to, newName); q.Kind {
+	case layout.Volume:
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return syscall.EEXIST
+		}
+		if empty, errno := m.volumeEmpty(st, q.Key); errno != 0 {
+			return errno
+		} else if !empty {
+			return syscall.ENOTEMPTY
+		}
+		replace = true
+	case layout.None:
+		if errno := entryAbsent(m.logger, dst, newName); errno == syscall.EEXIST {
+			return syscall.EXDEV
+		} else if errno != 0 {
+			return errno
+		}
+	default:
+		return syscall.EBUSY
+	}
+	if err := m.handlerChange([]string{id}, func() error { return m.store.RenameVolume(id, p.Key, key, replace) }); err != nil {
+		return volume.ToErrno(m.logger, err)
+	}
+	// The kernel keeps the volume's node under the new name, as it
+	// would on a local filesystem: it follows.
+	if ch := src.EmbeddedInode().GetChild(name); ch != nil {
+		if n, ok := ch.Operations().(*volume.Node); ok && n.Key() == p.Key {
+			n.SetKey(key)
+		}
+	}
+	return 0
 }
 
 // adoptVolume hands the volume key of allocation prevID to newID, for a
@@ -337,9 +500,9 @@ func (t *taskNode) Mkdir(ctx context.Context, root *volume.Node, name string, mo
 		var err error
 		switch name {
 		case allocdir.TaskLocal, allocdir.TmpDirName:
-			_, err = t.m.store.AddVolume(t.id, t.task+"/"+name)
+			_, err = t.m.store.AddVolume(t.id, t.name()+"/"+name)
 		default:
-			_, err = t.m.store.SetGone(t.id, t.task+"/"+name, false)
+			_, err = t.m.store.SetGone(t.id, t.name()+"/"+name, false)
 		}
 		return err
 	})
@@ -371,7 +534,7 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	case layout.Memory:
-		if v := t.m.existingMemVolume(t.id, t.task, name); v != nil {
+		if v := t.m.existingMemVolume(t.id, t.name(), name); v != nil {
 			if empty, err := v.empty(); err != nil {
 				return volume.ToErrno(t.m.logger, err)
 			} else if !empty {
@@ -384,13 +547,13 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 	var after *record.State
 	err := t.m.handlerChange([]string{t.id}, func() error {
 		var err error
-		after, err = t.m.store.SetGone(t.id, t.task+"/"+name, true)
+		after, err = t.m.store.SetGone(t.id, t.name()+"/"+name, true)
 		return err
 	})
 	if err == nil && p.Kind == layout.Memory {
-		t.m.dropMemRoot(t.id, t.task, name)
-		if after.IsChroot(t.task) && after.IsGone(t.task+"/"+allocdir.TaskSecrets) && after.IsGone(t.task+"/"+allocdir.TaskPrivate) {
-			t.m.tearDownChroot(t.id, t.task)
+		t.m.dropMemRoot(t.id, t.name(), name)
+		if after.IsChroot(t.name()) && after.IsGone(t.name()+"/"+allocdir.TaskSecrets) && after.IsGone(t.name()+"/"+allocdir.TaskPrivate) {
+			t.m.tearDownChroot(t.id, t.name())
 		}
 	}
 	return volume.ToErrno(t.m.logger, err)
@@ -398,14 +561,31 @@ func (t *taskNode) Rmdir(name string) syscall.Errno {
 
 // Rename handles a rename of the layout directory name of this task
 // directory: <prev>/<task>/local onto <new>/<task>/local is Nomad's Move
-// (adoptVolume); any other is refused, as of a mount point.
-func (t *taskNode) Rename(name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
-	to, ok := dst.Layout().(*taskNode)
-	if !ok || to.id == t.id {
-		return syscall.EBUSY
+// (adoptVolume); inside the allocation, local/ and tmp/ rename as
+// directories do (renameVolume); any other rename between allocations is
+// EXDEV.
+func (t *taskNode) Rename(src *volume.Node, name string, dst *volume.Node, newName string, flags uint32) syscall.Errno {
+	_, from, errno := t.place()
+	if errno != 0 {
+		return errno
 	}
-	if name != allocdir.TaskLocal || newName != allocdir.TaskLocal || to.task != t.task {
-		return syscall.EXDEV
+	switch to := dst.Layout().(type) {
+	case *taskNode:
+		if to.id == t.id {
+			_, p, errno := to.place()
+			if errno != 0 {
+				return errno
+			}
+			return t.m.renameVolume(t.id, src, from, name, dst, p, newName, flags)
+		}
+		if name != allocdir.TaskLocal || newName != allocdir.TaskLocal || to.name() != t.name() {
+			return syscall.EXDEV
+		}
+		return t.m.adoptVolume(t.id, to.id, t.name()+"/"+allocdir.TaskLocal, flags)
+	case *sharedLayout:
+		if to.id == t.id {
+			return t.m.renameVolume(t.id, src, from, name, dst, layout.Place{Kind: layout.Shared, Key: record.SharedVolume, View: to.view}, newName, flags)
+		}
 	}
-	return t.m.adoptVolume(t.id, to.id, t.task+"/"+allocdir.TaskLocal, flags)
+	return syscall.EXDEV
 }

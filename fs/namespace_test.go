@@ -72,9 +72,16 @@ func TestMountMkdirMakesAllocationsAndTasks(t *testing.T) {
 	}
 	// The task's view shows the same attribute.
 	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	if got := names(t, filepath.Join(a, "web")); len(got) != 0 {
+		t.Errorf("a new task directory holds %v, want nothing, as a new directory", got)
+	}
+	// Nomad makes the task's directories itself; a chroot task's alloc/
+	// view too.
+	nomadTaskDirs(t, filepath.Join(a, "web"))
+	must(t, os.Mkdir(filepath.Join(a, "web/alloc"), 0o777))
 	for _, d := range []string{"web/local", "web/tmp", "web/secrets", "web/private", "web/alloc/data"} {
 		if fi, err := os.Stat(filepath.Join(a, d)); err != nil || !fi.IsDir() {
-			t.Errorf("%s after the mkdir of the task: %v", d, err)
+			t.Errorf("%s after Nomad's mkdirs in the task: %v", d, err)
 		}
 	}
 	if st := lstatT(t, filepath.Join(a, "web/alloc")); st.Mode&0o7777 != 0o751 {
@@ -140,6 +147,7 @@ func TestMountRemoveAllDestroys(t *testing.T) {
 	a := filepath.Join(tm.dir, "a1")
 	must(t, os.Mkdir(a, 0o755))
 	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	nomadTaskDirs(t, filepath.Join(a, "web"))
 	must(t, os.WriteFile(filepath.Join(a, "alloc/data/f"), []byte("data"), 0o644))
 	must(t, os.WriteFile(filepath.Join(a, "web/local/l"), []byte("local"), 0o644))
 	must(t, os.WriteFile(filepath.Join(a, "web/secrets/token"), []byte("s3cret"), 0o600))
@@ -191,6 +199,7 @@ func newAllocs(t *testing.T, dir string, tasks ...string) (prev, next string) {
 		must(t, os.Mkdir(a, 0o755))
 		for _, task := range tasks {
 			must(t, os.Mkdir(filepath.Join(a, task), 0o777))
+			nomadTaskDirs(t, filepath.Join(a, task))
 		}
 	}
 	return prev, next
@@ -262,12 +271,14 @@ func TestMountMoveIsARemap(t *testing.T) {
 	}
 }
 
-// TestMountRefusedRenames: every rename of a layout directory but the
-// Move is refused with the errno of a mount point, or ext4's for a
-// non-empty target, and changes nothing.
+// TestMountRefusedRenames: a rename of a layout directory between
+// allocations other than the Move, between views of alloc/, of or onto a
+// memory volume or an alloc/ view, is refused with the errno of a mount
+// point, ext4's for a non-empty target, and changes nothing.
 func TestMountRefusedRenames(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := newAllocs(t, tm.dir, "web")
+	must(t, os.Mkdir(filepath.Join(prev, "web/alloc"), 0o777))
 	must(t, os.WriteFile(filepath.Join(next, "alloc/data/there"), []byte("x"), 0o644))
 	must(t, os.WriteFile(filepath.Join(prev, "alloc/data/f"), []byte("x"), 0o644))
 	before := records(t, tm.store)
@@ -281,11 +292,16 @@ func TestMountRefusedRenames(t *testing.T) {
 		{"prev/alloc/data", "new/alloc/data", 0, syscall.ENOTEMPTY},
 		{"prev/alloc/data", "new/alloc/data", unix.RENAME_NOREPLACE, syscall.EEXIST},
 		{"prev/alloc/data", "new/alloc/data", unix.RENAME_EXCHANGE, syscall.EXDEV},
-		{"prev/alloc/data", "prev/alloc/logs", 0, syscall.EBUSY},
-		{"prev/alloc/data", "prev/web/local", 0, syscall.EXDEV},
+		{"prev/alloc/data", "prev/alloc/logs", unix.RENAME_NOREPLACE, syscall.EEXIST},
+		{"prev/alloc/data", "prev/web/local", unix.RENAME_EXCHANGE, syscall.EBUSY},
+		{"prev/alloc/data", "prev/web/secrets", 0, syscall.EBUSY},
 		{"prev/alloc/data", "new/alloc/other", 0, syscall.EXDEV},
+		{"prev/alloc/logs", "prev/web/alloc/l2", 0, syscall.EXDEV},
 		{"prev/web/local", "new/web/tmp", 0, syscall.EXDEV},
-		{"prev/web/local", "prev/web/other", 0, syscall.EBUSY},
+		{"prev/web/local", "prev/web/private", 0, syscall.EBUSY},
+		{"prev/web/local", "prev/web/alloc", 0, syscall.EBUSY},
+		{"prev/web/secrets", "prev/web/s2", 0, syscall.EBUSY},
+		{"prev/web/local", "prev/x", 0, syscall.EXDEV},
 		{"prev/web/secrets", "new/web/secrets", 0, syscall.EXDEV},
 		{"prev/web", "new/web2", 0, syscall.EXDEV},
 		{"prev/web", "prev/web2", 0, syscall.EBUSY},
@@ -301,6 +317,174 @@ func TestMountRefusedRenames(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(prev, "alloc/data/f")); err != nil || string(got) != "x" {
 		t.Errorf("prev's data after the refused renames: %q, %v", got, err)
+	}
+}
+
+// TestMountTaskDirectoryRenames: a directory made at an allocation's root
+// is a task's, and renames as a directory does on ext4 while it holds
+// nothing of Nomad's making (no secrets/, private/ or chroot): its entries
+// and inode number go with it, an empty one is replaced, and a directory
+// handle opened before keeps working. What a plain directory could not
+// do here is refused with the errno of docs/design/nomad-client.md, and
+// changes nothing.
+func TestMountTaskDirectoryRenames(t *testing.T) {
+	tm := newTestMount(t)
+	a := filepath.Join(tm.dir, "a1")
+	must(t, os.Mkdir(a, 0o755))
+	for _, d := range []string{"t1", "empty", "full", "nomads", "own/sub"} {
+		must(t, os.MkdirAll(filepath.Join(a, d), 0o755))
+	}
+	must(t, os.WriteFile(filepath.Join(a, "t1/f"), []byte("one"), 0o644))
+	must(t, os.Mkdir(filepath.Join(a, "t1/local"), 0o777))
+	must(t, os.WriteFile(filepath.Join(a, "t1/local/l"), []byte("local"), 0o644))
+	must(t, os.WriteFile(filepath.Join(a, "full/f"), []byte("x"), 0o644))
+	must(t, os.WriteFile(filepath.Join(a, "file"), []byte("x"), 0o644))
+	// No task can have this name: a directory of the allocation's own
+	// volume.
+	must(t, os.Mkdir(filepath.Join(a, "plain\nd"), 0o755))
+	nomadTaskDirs(t, filepath.Join(a, "nomads"))
+	ino := lstatT(t, filepath.Join(a, "t1")).Ino
+	dir, err := os.Open(filepath.Join(a, "t1"))
+	must(t, err)
+	defer dir.Close()
+
+	before := records(t, tm.store)
+	for _, c := range []struct {
+		from, to string
+		flags    uint
+		want     syscall.Errno
+	}{
+		{"t1", "full", 0, syscall.ENOTEMPTY},
+		{"t1", "empty", unix.RENAME_NOREPLACE, syscall.EEXIST},
+		{"t1", "empty", unix.RENAME_EXCHANGE, syscall.EBUSY},
+		{"t1", "own", 0, syscall.ENOTEMPTY},
+		{"t1", "own/sub/t1", 0, syscall.EXDEV},
+		{"t1", "file", 0, syscall.ENOTDIR},
+		{"t1", "plain\\nd", 0, syscall.EXDEV},
+		{"t1", "alloc", 0, syscall.EBUSY},
+		{"t1", "alloc/data/t1", 0, syscall.EXDEV},
+		{"t1", "with\nnewline", 0, syscall.EXDEV},
+		{"nomads", "n2", 0, syscall.EBUSY},
+		{"alloc", "a2", 0, syscall.EBUSY},
+	} {
+		to := strings.ReplaceAll(c.to, "\\n", "\n")
+		err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(a, c.from), unix.AT_FDCWD, filepath.Join(a, to), c.flags)
+		wantErrno(t, fmt.Sprintf("rename %s %q (flags %#x)", c.from, to, c.flags), err, c.want)
+	}
+	if after := records(t, tm.store); after != before {
+		t.Errorf("refused renames changed the store:\n%s\nwant\n%s", after, before)
+	}
+
+	must(t, os.Rename(filepath.Join(a, "t1"), filepath.Join(a, "t2")))
+	wantErrno(t, "stat t1 after its rename", errOnly(os.Lstat(filepath.Join(a, "t1"))), syscall.ENOENT)
+	for p, want := range map[string]string{"t2/f": "one", "t2/local/l": "local"} {
+		if got, err := os.ReadFile(filepath.Join(a, p)); err != nil || string(got) != want {
+			t.Errorf("%s after the rename: %q, %v; want %q", p, got, err, want)
+		}
+	}
+	if got := lstatT(t, filepath.Join(a, "t2")).Ino; got != ino {
+		t.Errorf("t2's inode number %#x, want t1's %#x: a rename keeps the directory", got, ino)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), "f", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		t.Errorf("a handle of the directory opened before its rename: %v", err)
+	}
+	rec := mustState(t, tm.store, "a1")
+	if rec.TaskIndex("t1") >= 0 || rec.TaskIndex("t2") < 0 || rec.Volumes["t2/local"] == nil || rec.Volumes["t1/local"] != nil {
+		t.Errorf("the record after the rename: %+v", rec)
+	}
+	// Onto an empty directory, which goes with its layer.
+	emptyLayer := rec.Volumes["empty"].Upper
+	must(t, unix.Rename(filepath.Join(a, "t2"), filepath.Join(a, "empty")))
+	if got, err := os.ReadFile(filepath.Join(a, "empty/f")); err != nil || string(got) != "one" {
+		t.Errorf("empty/f after the rename over it: %q, %v", got, err)
+	}
+	if _, err := os.Lstat(tm.store.LayerPath(emptyLayer)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the layer of the directory a rename replaced: %v, want it gone", err)
+	}
+	// The renamed task is Nomad's as any other: a mkdir makes its layout.
+	must(t, os.Mkdir(filepath.Join(a, "empty/secrets"), 0o777))
+	if rec := mustState(t, tm.store, "a1"); rec.IsGone("empty/secrets") || len(rec.Tasks) != 4 {
+		t.Errorf("the record after secrets/ was made in the renamed task: %+v", rec)
+	}
+	must(t, os.RemoveAll(a))
+}
+
+// TestMountVolumeRenames: data/, logs/ and tmp/ of alloc/, and a task's
+// local/ and tmp/, rename inside their allocation as directories do on
+// ext4 (mv alloc/data alloc/d2): the same layers under the new name, open
+// files go on, an empty one is replaced, the layout's directory can be
+// made again, the read side and the record follow, and rm -rf takes all
+// of it.
+func TestMountVolumeRenames(t *testing.T) {
+	tm := newTestMount(t)
+	a := filepath.Join(tm.dir, "a1")
+	must(t, os.Mkdir(a, 0o755))
+	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	nomadTaskDirs(t, filepath.Join(a, "web"))
+	must(t, os.Mkdir(filepath.Join(a, "web/alloc"), 0o777))
+	must(t, os.WriteFile(filepath.Join(a, "web/local/l"), []byte("local"), 0o644))
+	f, err := os.OpenFile(filepath.Join(a, "alloc/data/f"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	must(t, err)
+	defer f.Close()
+	must(t, errOnly(f.WriteString("before ")))
+	data := mustState(t, tm.store, "a1").Volumes["alloc/data"].Upper
+	ino := lstatT(t, filepath.Join(a, "alloc/data")).Ino
+
+	must(t, unix.Rename(filepath.Join(a, "alloc/data"), filepath.Join(a, "alloc/d2")))
+	must(t, errOnly(f.WriteString("after")))
+	if got, err := os.ReadFile(filepath.Join(a, "alloc/d2/f")); err != nil || string(got) != "before after" {
+		t.Errorf("alloc/d2/f: %q, %v", got, err)
+	}
+	wantErrno(t, "stat alloc/data after its rename", errOnly(os.Lstat(filepath.Join(a, "alloc/data"))), syscall.ENOENT)
+	if got := lstatT(t, filepath.Join(a, "alloc/d2")).Ino; got != ino {
+		t.Errorf("alloc/d2's inode number %#x, want alloc/data's %#x", got, ino)
+	}
+	if got := names(t, filepath.Join(a, "web/alloc")); strings.Join(got, " ") != "d2 logs tmp" {
+		t.Errorf("the task's view of alloc/: %v, want d2 logs tmp", got)
+	}
+	if v := mustState(t, tm.store, "a1").Volumes["alloc/d2"]; v == nil || v.Upper != data {
+		t.Errorf("the record's alloc/d2: %+v, want alloc/data's layer %s", v, data)
+	}
+	ad := NewAllocDir(tm.mount.logger, tm.store, tm.mount, tm.dir, "a1")
+	if _, err := ad.Stat("alloc/d2/f"); err != nil {
+		t.Errorf("the read side's Stat(alloc/d2/f): %v", err)
+	}
+	// The layout's own directory is made again, empty.
+	must(t, os.Mkdir(filepath.Join(a, "alloc/data"), 0o777))
+	if got := names(t, filepath.Join(a, "alloc/data")); len(got) != 0 {
+		t.Errorf("alloc/data made again holds %v", got)
+	}
+	// A file cannot take a renamed volume's name.
+	wantErrno(t, "create alloc/d2", errOnly(os.OpenFile(filepath.Join(a, "alloc/d2"), os.O_CREATE|os.O_EXCL, 0o644)), syscall.EEXIST)
+
+	// Into a task's directory and back, and over an empty volume.
+	must(t, unix.Rename(filepath.Join(a, "alloc/d2"), filepath.Join(a, "web/d3")))
+	must(t, unix.Rename(filepath.Join(a, "web/local"), filepath.Join(a, "web/l2")))
+	must(t, unix.Rename(filepath.Join(a, "web/l2"), filepath.Join(a, "web/tmp")))
+	for p, want := range map[string]string{"web/d3/f": "before after", "web/tmp/l": "local"} {
+		if got, err := os.ReadFile(filepath.Join(a, p)); err != nil || string(got) != want {
+			t.Errorf("%s: %q, %v; want %q", p, got, err, want)
+		}
+	}
+	if got := names(t, filepath.Join(a, "web")); strings.Join(got, " ") != "alloc d3 private secrets tmp" {
+		t.Errorf("web/ after the renames: %v", got)
+	}
+	// Onto a non-empty one, or a plain directory: refused, nothing
+	// changed.
+	must(t, os.Mkdir(filepath.Join(a, "web/plain"), 0o755))
+	before := records(t, tm.store)
+	wantErrno(t, "rename web/d3 web/tmp", unix.Rename(filepath.Join(a, "web/d3"), filepath.Join(a, "web/tmp")), syscall.ENOTEMPTY)
+	wantErrno(t, "rename web/d3 web/plain", unix.Rename(filepath.Join(a, "web/d3"), filepath.Join(a, "web/plain")), syscall.EXDEV)
+	if after := records(t, tm.store); after != before {
+		t.Errorf("refused renames changed the store")
+	}
+	layers := layerDirs(t, tm.store)
+	must(t, os.RemoveAll(a))
+	for _, l := range layers {
+		if _, err := os.Lstat(filepath.Join(tm.store.DataDir(), "layers", l)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("layer %s outlived its allocation: %v", l, err)
+		}
 	}
 }
 
@@ -347,6 +531,7 @@ func TestMountsOnTopSurviveChanges(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(secrets, unix.MNT_DETACH) })
 	must(t, os.WriteFile(filepath.Join(secrets, "token"), []byte("t"), 0o600))
 	view := filepath.Join(next, "web/alloc")
+	must(t, os.Mkdir(view, 0o777))
 	must(t, unix.Mount(filepath.Join(next, "alloc"), view, "", unix.MS_BIND, ""))
 	t.Cleanup(func() { unix.Unmount(view, unix.MNT_DETACH) })
 	// An exec task's executor mounts dev/ and proc/ in the task's own

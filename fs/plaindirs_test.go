@@ -30,6 +30,8 @@ func TestMountLayoutDirectoriesArePlain(t *testing.T) {
 	a := filepath.Join(tm.dir, "a1")
 	must(t, os.Mkdir(a, 0o755))
 	must(t, os.Mkdir(filepath.Join(a, "web"), 0o777))
+	nomadTaskDirs(t, filepath.Join(a, "web"))
+	must(t, os.Mkdir(filepath.Join(a, "web/alloc"), 0o777))
 	for _, dir := range []string{a, filepath.Join(a, "alloc")} {
 		// A mkdir in the allocation's root makes a task: its entries
 		// go in the root itself.

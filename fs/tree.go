@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -134,7 +135,7 @@ func (m *Mount) layoutInode(ctx context.Context, parent *gofs.Inode, st *record.
 		if m.hasHostLayer(st, p.Key) {
 			view = taskRootView + uint64(p.Task)
 		}
-		return m.volumeInode(ctx, parent, st, p.Key, view, &taskNode{m: m, id: st.ID, task: p.Key}, 0, out)
+		return m.volumeInode(ctx, parent, st, p.Key, view, newTaskNode(m, st.ID, p.Key), 0, out)
 	case layout.Volume:
 		return m.volumeInode(ctx, parent, st, p.Key, p.View, nil, 0, out)
 	case layout.Memory:
@@ -179,14 +180,21 @@ type sharedLayout struct {
 
 var _ volume.Layout = (*sharedLayout)(nil)
 
-// Reserved reports whether name is data/, logs/ or tmp/.
+// Reserved reports whether name is data/, logs/ or tmp/, or a volume
+// renamed into alloc/.
 func (s *sharedLayout) Reserved(name string) bool {
-	return slices.Contains(allocdir.SharedAllocDirs, name)
+	if slices.Contains(allocdir.SharedAllocDirs, name) {
+		return true
+	}
+	st, err := s.m.store.View(s.id)
+	return err == nil && st.Volumes[allocdir.SharedAllocName+"/"+name] != nil
 }
 
 // MakesChild reports whether a mkdir of name makes data/, logs/ or tmp/
 // again; any other is a directory of alloc/'s volume.
-func (s *sharedLayout) MakesChild(name string) bool { return s.Reserved(name) }
+func (s *sharedLayout) MakesChild(name string) bool {
+	return slices.Contains(allocdir.SharedAllocDirs, name)
+}
 
 // Names lists the volumes of alloc/ the allocation has now.
 func (s *sharedLayout) Names() ([]string, syscall.Errno) {
@@ -213,16 +221,37 @@ func (s *sharedLayout) Chowned(*volume.Node, uint32) syscall.Errno { return 0 }
 // tmp/, secrets/, private/ and the alloc/ view) over the task directory's
 // own volume, whose root volume.Node consults it first.
 type taskNode struct {
-	m    *Mount
-	id   string
-	task string
+	m  *Mount
+	id string
+	// task is the task's name, which a rename of its directory changes
+	// while the kernel holds the node (rename).
+	task atomic.Pointer[string]
 }
+
+func newTaskNode(m *Mount, id, task string) *taskNode {
+	t := &taskNode{m: m, id: id}
+	t.task.Store(&task)
+	return t
+}
+
+// name is the task's name now.
+func (t *taskNode) name() string { return *t.task.Load() }
+
+// rename follows a rename of the task's directory to task.
+func (t *taskNode) rename(task string) { t.task.Store(&task) }
 
 var _ volume.Layout = (*taskNode)(nil)
 
 // Reserved reports whether name is one of a task directory's layout
-// children, which the task directory's volume never shows.
-func (t *taskNode) Reserved(name string) bool { return slices.Contains(layout.TaskChildren, name) }
+// children, which the task directory's volume never shows, or a volume
+// renamed into it.
+func (t *taskNode) Reserved(name string) bool {
+	if slices.Contains(layout.TaskChildren, name) {
+		return true
+	}
+	st, err := t.m.store.View(t.id)
+	return err == nil && st.Volumes[t.name()+"/"+name] != nil
+}
 
 // place returns the allocation's committed record and the task
 // directory's place in its layout.
@@ -231,16 +260,16 @@ func (t *taskNode) place() (*record.State, layout.Place, syscall.Errno) {
 	if err != nil {
 		return nil, layout.Place{}, volume.ToErrno(t.m.logger, err)
 	}
-	i := st.TaskIndex(t.task)
+	i := st.TaskIndex(t.name())
 	if i < 0 {
 		return nil, layout.Place{}, syscall.ENOENT
 	}
-	return st, layout.Place{Kind: layout.Task, Key: t.task, Task: i}, 0
+	return st, layout.Place{Kind: layout.Task, Key: t.name(), Task: i}, 0
 }
 
 // MakesChild reports whether a mkdir of name makes a layout child of the
 // task directory again.
-func (t *taskNode) MakesChild(name string) bool { return t.Reserved(name) }
+func (t *taskNode) MakesChild(name string) bool { return slices.Contains(layout.TaskChildren, name) }
 
 // Names lists the layout children the task directory has now.
 func (t *taskNode) Names() ([]string, syscall.Errno) {
@@ -308,15 +337,18 @@ func (m *Mount) limitStatfs(id string, out *fuse.StatfsOut) {
 }
 
 // Chowned turns on the host layer of the task root n when the chown in
-// of the SETATTR is the first step of Nomad's chroot build: the still
-// empty directory of a task Nomad made, given to root.
+// of the SETATTR is the first step of Nomad's chroot build: the directory
+// of a task Nomad made, holding nothing of its own yet but the local/
+// Nomad made first, given to root.
 func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
 	m := t.m
 	if uid != 0 || m.chroot == nil || n.Stack().Host == nil {
 		return 0
 	}
 	st, err := m.store.View(t.id)
-	if err != nil || st.IsChroot(t.task) {
+	if err != nil || st.IsChroot(t.name()) || st.Volumes[t.name()+"/"+allocdir.TaskLocal] == nil {
+		// Nomad makes local/ before it embeds the chroot; a directory
+		// without it is a plain one given to root.
 		return 0
 	}
 	entries, err := n.Stack().List("", []int{0})
@@ -327,13 +359,13 @@ func (t *taskNode) Chowned(n *volume.Node, uid uint32) syscall.Errno {
 		return 0
 	}
 	err = m.handlerChange([]string{t.id}, func() error {
-		_, err := m.store.SetChroot(t.id, t.task, true)
+		_, err := m.store.SetChroot(t.id, t.name(), true)
 		return err
 	})
 	if err != nil {
 		return volume.ToErrno(m.logger, err)
 	}
-	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", t.id, "task", t.task)
+	m.logger.Info("Nomad builds a chroot in a task directory: it shows the chroot environment", "alloc_id", t.id, "task", t.name())
 	return 0
 }
 

@@ -11,9 +11,14 @@
 //	    ├── local/ tmp/       Volume  "<task>/<name>", view 0
 //	    └── secrets/ private/ Memory
 //
+// A volume renamed inside its allocation (mv alloc/data alloc/d2, as on
+// a local filesystem) keeps its layers under its new key ("alloc/d2"),
+// and is a Volume child of its new directory.
+//
 // Any other name of one of these directories is an entry of its own
 // volume (VolumeOf), as any name is in a plain directory: libcontainer
-// keeps its state in alloc/container, jobs render templates into alloc/. The layout is computed from the allocation's record
-// (record.State) alone: a volume the record no longer has, or a directory
-// it says is gone, is no child.
+// keeps its state in alloc/container, jobs render templates into
+// alloc/. The layout is computed from the allocation's record
+// (record.State) alone: a volume the record no longer has, or a
+// directory it says is gone, is no child.
 package layout

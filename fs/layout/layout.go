@@ -3,6 +3,7 @@ package layout
 import (
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store/record"
@@ -71,11 +72,8 @@ func Child(st *record.State, parent Place, name string) Place {
 			return Place{Kind: Task, Key: name, Task: i}
 		}
 	case Shared:
-		if slices.Contains(allocdir.SharedAllocDirs, name) {
-			key := allocdir.SharedAllocName + "/" + name
-			if st.Volumes[key] == nil {
-				return Place{}
-			}
+		// data/, logs/, tmp/, or one of them renamed in the allocation.
+		if key := allocdir.SharedAllocName + "/" + name; st.Volumes[key] != nil {
 			return Place{Kind: Volume, Key: key, View: parent.View}
 		}
 	case Task:
@@ -97,6 +95,10 @@ func Child(st *record.State, parent Place, name string) Place {
 			}
 			return Place{Kind: Memory, Task: parent.Task, Name: name}
 		}
+		// A volume renamed into the task's directory.
+		if st.Volumes[task+"/"+name] != nil {
+			return Place{Kind: Volume, Key: task + "/" + name}
+		}
 	}
 	return Place{}
 }
@@ -112,11 +114,42 @@ func Names(st *record.State, parent Place) []string {
 			names = append(names, t.Name)
 		}
 	case Shared:
-		names = append(names, allocdir.SharedAllocDirs...)
+		names = append(names, volumesIn(st, allocdir.SharedAllocName)...)
 	case Task:
 		names = append(names, TaskChildren...)
+		for _, n := range volumesIn(st, st.Tasks[parent.Task].Name) {
+			if !slices.Contains(TaskChildren, n) {
+				names = append(names, n)
+			}
+		}
 	}
 	names = slices.DeleteFunc(names, func(n string) bool { return Child(st, parent, n).Kind == None })
 	sort.Strings(names)
 	return names
+}
+
+// volumesIn are the names of the volumes whose roots are entries of the
+// layout directory dir ("alloc" or a task's name): those of the layout,
+// and any a rename put there.
+func volumesIn(st *record.State, dir string) []string {
+	var names []string
+	for key := range st.Volumes {
+		if name, ok := strings.CutPrefix(key, dir+"/"); ok && !strings.Contains(name, "/") {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// Renamable reports whether a volume may be renamed to name in the
+// layout directory parent: a name the layout keeps for a directory of
+// another kind (a task's secrets/, private/, alloc/) may not be one.
+func Renamable(parent Place, name string) bool {
+	switch parent.Kind {
+	case Shared:
+		return true
+	case Task:
+		return name == allocdir.TaskLocal || name == allocdir.TmpDirName || !slices.Contains(TaskChildren, name)
+	}
+	return false
 }

@@ -466,6 +466,26 @@ func crashOps() []crashOp {
 			run:   func(s *Store) error { return s.DropTask("a", "web") },
 		},
 		{
+			// A rename of a task's directory over an empty one: the
+			// task's volumes under the new name, the replaced task's
+			// layers gone.
+			name: "mount-rename-task",
+			setup: func(t *testing.T, s *Store) {
+				mustCreate(t, s, "a", "web")
+				putFile(t, s, "a", "web/local", "l.txt", "local")
+				if _, err := s.AddTask("a", "db", 0o777, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+			},
+			run: func(s *Store) error { return s.RenameTask("a", "web", "db", true) },
+			check: func(t *testing.T, s *Store, after bool) {
+				inWeb, inDB := volumeHas(s, "a", "web/local", "l.txt"), volumeHas(s, "a", "db/local", "l.txt")
+				if inWeb == inDB || inDB != after {
+					t.Errorf("local/ is web's: %v, db's: %v; want exactly one, db's after the change", inWeb, inDB)
+				}
+			},
+		},
+		{
 			name: "mount-rmdir-shared",
 			setup: func(t *testing.T, s *Store) {
 				mustCreate(t, s, "a", "web")

@@ -78,10 +78,13 @@ func (s *Store) CreateFromMount(id string, mode, uid, gid uint32) (*record.State
 	return s.Get(id)
 }
 
-// AddTask adds the task name to allocation id with fresh layers for its
-// directory, local/ and tmp/, the directory's root of mode and owned by
-// uid and gid (a mkdir in the allocation's root). It fails with ErrExists
-// for a task the allocation has.
+// AddTask adds the task name to allocation id with a fresh layer for its
+// directory, whose root is of mode and owned by uid and gid (a mkdir in
+// the allocation's root). The directory starts empty, as a new directory
+// does on a local filesystem: Nomad makes local/, tmp/, secrets/,
+// private/ and (for a chroot) alloc/ in it itself, and each such mkdir
+// makes that layout directory (AddVolume, SetGone). It fails with
+// ErrExists for a task the allocation has.
 func (s *Store) AddTask(id, name string, mode, uid, gid uint32) (*record.State, error) {
 	if err := record.ValidTaskName(name); err != nil {
 		return nil, fmt.Errorf("failed to add task to allocation %q: %w", id, err)
@@ -96,7 +99,11 @@ func (s *Store) AddTask(id, name string, mode, uid, gid uint32) (*record.State, 
 		return nil, fmt.Errorf("failed to add task %q to allocation %q: %w", name, id, ErrExists)
 	}
 	st.Tasks = append(st.Tasks, allocdir.Task{Name: name})
-	specs := record.TaskVolumes(name)
+	for _, d := range record.TaskGoneDirs {
+		st.Gone = append(st.Gone, name+"/"+d)
+	}
+	slices.Sort(st.Gone)
+	specs := record.TaskVolumes(name)[:1]
 	specs[0].Mode = fileMode(mode)
 	if os.Geteuid() == 0 {
 		specs[0].Owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
@@ -164,18 +171,110 @@ func (s *Store) DropVolume(id, key string) error {
 // every layer of them no other allocation stacks.
 func (s *Store) DropTask(id, name string) error {
 	return s.dropLayers(id, name, "drop task", func(st *record.State) error {
-		i := st.TaskIndex(name)
-		if i < 0 {
+		if st.TaskIndex(name) < 0 {
 			return fmt.Errorf("allocation %q has no task %q: %w", id, name, iofs.ErrNotExist)
 		}
-		st.Tasks = slices.Delete(st.Tasks, i, i+1)
-		for _, v := range record.TaskVolumes(name) {
-			delete(st.Volumes, v.Key)
-		}
-		st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return strings.HasPrefix(d, name+"/") })
-		st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == name })
+		dropTaskOf(st, name)
 		return nil
 	})
+}
+
+// RenameTask renames the task from of allocation id to to, a rename of
+// its directory inside the allocation's own: its volumes and what State
+// says of its layout directories go with it, each volume on the same
+// layers. replace names a task to, empty, that the rename replaces as a
+// rename replaces an empty directory; its layers go. The caller refuses a
+// task whose memory volumes or chroot are live, which the name keys
+// outside the record.
+func (s *Store) RenameTask(id, from, to string, replace bool) error {
+	return s.dropLayers(id, to, "rename task", func(st *record.State) error {
+		if err := record.ValidTaskName(to); err != nil {
+			return err
+		}
+		i := st.TaskIndex(from)
+		if i < 0 {
+			return fmt.Errorf("no task %q: %w", from, iofs.ErrNotExist)
+		}
+		if j := st.TaskIndex(to); j >= 0 {
+			if !replace {
+				return fmt.Errorf("task %q: %w", to, ErrExists)
+			}
+			dropTaskOf(st, to)
+			i = st.TaskIndex(from)
+		}
+		st.Tasks[i].Name = to
+		moved := func(k string) (string, bool) {
+			if k == from {
+				return to, true
+			}
+			if rest, ok := strings.CutPrefix(k, from+"/"); ok {
+				return to + "/" + rest, true
+			}
+			return k, false
+		}
+		vols := make(map[string]*record.Volume, len(st.Volumes))
+		for k, v := range st.Volumes {
+			k, _ = moved(k)
+			vols[k] = v
+		}
+		st.Volumes = vols
+		for j, d := range st.Gone {
+			st.Gone[j], _ = moved(d)
+		}
+		slices.Sort(st.Gone)
+		for j, t := range st.Chroots {
+			st.Chroots[j], _ = moved(t)
+		}
+		slices.Sort(st.Chroots)
+		return nil
+	})
+}
+
+// RenameVolume renames the volume from of allocation id to to, a rename
+// of its root inside the allocation ("alloc/data" to "alloc/d2", or into a
+// task's directory): the same layers under the new key. Both keys name a
+// directory of the layout (alloc/ or a task's) and an entry of it.
+// replace names a volume to, empty, that the rename replaces as a rename
+// replaces an empty directory; its layers go.
+func (s *Store) RenameVolume(id, from, to string, replace bool) error {
+	return s.dropLayers(id, to, "rename volume", func(st *record.State) error {
+		if st.Volumes[from] == nil || !volumeKeyIn(st, from) {
+			return fmt.Errorf("no volume %q to rename: %w", from, iofs.ErrNotExist)
+		}
+		if !volumeKeyIn(st, to) {
+			return fmt.Errorf("%w: %q is no entry of a layout directory", allocdir.ErrInvalidName, to)
+		}
+		if st.Volumes[to] != nil && !replace {
+			return fmt.Errorf("volume %q: %w", to, ErrExists)
+		}
+		st.Volumes[to] = st.Volumes[from]
+		delete(st.Volumes, from)
+		return nil
+	})
+}
+
+// volumeKeyIn reports whether key names an entry of alloc/ or of a task's
+// directory of st, where a volume may be.
+func volumeKeyIn(st *record.State, key string) bool {
+	dir, name, ok := strings.Cut(key, "/")
+	if !ok || allocdir.ValidName(name) != nil {
+		return false
+	}
+	return dir == record.SharedVolume || st.TaskIndex(dir) >= 0
+}
+
+// dropTaskOf removes the task name, its volumes and what State says of
+// its layout directories from st.
+func dropTaskOf(st *record.State, name string) {
+	i := st.TaskIndex(name)
+	st.Tasks = slices.Delete(st.Tasks, i, i+1)
+	for k := range st.Volumes {
+		if k == name || strings.HasPrefix(k, name+"/") {
+			delete(st.Volumes, k)
+		}
+	}
+	st.Gone = slices.DeleteFunc(st.Gone, func(d string) bool { return strings.HasPrefix(d, name+"/") })
+	st.Chroots = slices.DeleteFunc(st.Chroots, func(t string) bool { return t == name })
 }
 
 // dropLayers applies edit to a copy of allocation id's record, journals

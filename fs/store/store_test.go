@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -756,5 +757,48 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	defer s.Close()
 	if after := layerSet(t, dir); !reflect.DeepEqual(before, after) {
 		t.Errorf("a second open changed the layers: %v, then %v", before, after)
+	}
+}
+
+// TestRenameTaskRefusals: a rename of a task the allocation lacks, onto
+// a name no task can have, or onto a task without replace changes
+// nothing; a rename keeps the layers and survives a reopen.
+func TestRenameTaskRefusals(t *testing.T) {
+	s := openTestStore(t, filepath.Join(t.TempDir(), "data"))
+	mustCreate(t, s, "a", "web", "db")
+	records := func() string {
+		b, err := json.Marshal(s.List())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := records()
+	for _, c := range []struct {
+		from, to string
+		replace  bool
+		want     error
+	}{
+		{"nope", "x", false, iofs.ErrNotExist},
+		{"web", "db", false, ErrExists},
+		{"web", "alloc", false, allocdir.ErrInvalidName},
+		{"web", "a/b", false, allocdir.ErrInvalidName},
+		{"web", "bad\nname", false, allocdir.ErrInvalidName},
+	} {
+		if err := s.RenameTask("a", c.from, c.to, c.replace); !errors.Is(err, c.want) {
+			t.Errorf("RenameTask(%q, %q, %v): %v, want %v", c.from, c.to, c.replace, err, c.want)
+		}
+	}
+	if after := records(); after != before {
+		t.Errorf("refused renames changed the records:\n%s\nwant\n%s", after, before)
+	}
+	web := mustState(t, s, "a").Volumes["web/local"].Upper
+	if err := s.RenameTask("a", "web", "front", false); err != nil {
+		t.Fatal(err)
+	}
+	s = reopenStore(t, s)
+	st := mustState(t, s, "a")
+	if st.TaskIndex("web") >= 0 || st.TaskIndex("front") < 0 || st.Volumes["front/local"] == nil || st.Volumes["front/local"].Upper != web || st.Volumes["web/local"] != nil {
+		t.Errorf("the record after the rename and a reopen: %+v", st)
 	}
 }

@@ -70,8 +70,9 @@ type Layout interface {
 	// fails with EEXIST where the volume holds an entry of that name.
 	Mkdir(ctx context.Context, root *Node, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno)
 	Rmdir(name string) syscall.Errno
-	// Rename renames the layout child name into dst as newName.
-	Rename(name string, dst *Node, newName string, flags uint32) syscall.Errno
+	// Rename renames the layout child name of src, the volume's root,
+	// into dst as newName.
+	Rename(src *Node, name string, dst *Node, newName string, flags uint32) syscall.Errno
 	// Chowned is told of a chown of the directory to uid, which may
 	// start Nomad's chroot build in a task directory.
 	Chowned(root *Node, uid uint32) syscall.Errno

@@ -85,8 +85,9 @@ type Node struct {
 	task Layout
 	// key and view are set on a volume's root: the volume it is
 	// (record.State.Volumes) and the view it shows it in, which a change
-	// of the record compares it with (Mount.invalidateVolumes).
-	key  string
+	// of the record compares it with (Mount.invalidateVolumes). A rename
+	// of a task's directory changes key (SetKey).
+	key  atomic.Pointer[string]
 	view uint64
 	// recorded is set when the node's file, unlinked while open, has a
 	// record for a daemon taking over (unlinkedrec.go). Guarded by mu.
@@ -135,7 +136,10 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 		p.logger.Error("layer of volume is missing", "alloc_id", r.Alloc, "volume", r.Key, "layer", filepath.Base(r.Stack.Roots[0]), "error", err)
 		return nil, syscall.EIO
 	}
-	node := &Node{p: p, st: r.Stack, slot: r.Slot, alloc: r.Alloc, task: r.Layout, layers: []int{0}, key: r.Key, view: r.View}
+	node := &Node{p: p, st: r.Stack, slot: r.Slot, alloc: r.Alloc, task: r.Layout, layers: []int{0}, view: r.View}
+	if r.Key != "" {
+		node.SetKey(r.Key)
+	}
 	node.vroot = node.EmbeddedInode()
 	ino := rst.Ino
 	if !r.Memory {
@@ -159,7 +163,16 @@ func (p *Plane) NewRoot(ctx context.Context, parent *gofs.Inode, r Root, out *fu
 
 // Key is the volume whose root n is; "" below a root and on a memory
 // volume's root.
-func (n *Node) Key() string { return n.key }
+func (n *Node) Key() string {
+	if k := n.key.Load(); k != nil {
+		return *k
+	}
+	return ""
+}
+
+// SetKey makes key the volume the root n is: its directory was renamed
+// (a task's, and with it the volumes below it), the layers stay.
+func (n *Node) SetKey(key string) { n.key.Store(&key) }
 
 // View is the view the volume root n is shown in.
 func (n *Node) View() uint64 { return n.view }
@@ -401,7 +414,7 @@ func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		if !ok {
 			return syscall.EXDEV
 		}
-		return n.task.Rename(name, dst, newName, flags)
+		return n.task.Rename(n, name, dst, newName, flags)
 	}
 	if errno := n.refuse(name, false); errno != 0 {
 		return errno

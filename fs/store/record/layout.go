@@ -182,9 +182,9 @@ const (
 	DirShared = allocdir.SharedAllocName
 )
 
-// goneDirs are the names, in a task directory, of the layout directories
+// TaskGoneDirs are the names, in a task directory, of the layout directories
 // that State.Gone can hold besides alloc/ itself.
-var goneDirs = []string{allocdir.SharedAllocName, allocdir.TaskSecrets, allocdir.TaskPrivate}
+var TaskGoneDirs = []string{allocdir.SharedAllocName, allocdir.TaskSecrets, allocdir.TaskPrivate}
 
 // IsGone reports whether the layout directory dir ("<task>/alloc",
 // "<task>/secrets", "<task>/private"; "alloc" in records of earlier
@@ -199,7 +199,7 @@ func (s *State) ValidGone(dir string) error {
 		return nil
 	}
 	task, name, ok := strings.Cut(dir, "/")
-	if ok && s.TaskIndex(task) >= 0 && slices.Contains(goneDirs, name) {
+	if ok && s.TaskIndex(task) >= 0 && slices.Contains(TaskGoneDirs, name) {
 		return nil
 	}
 	return fmt.Errorf("%w: %q is not a removable layout directory", allocdir.ErrInvalidName, dir)
