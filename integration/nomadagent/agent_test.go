@@ -251,7 +251,6 @@ func TestStopAndGC(t *testing.T) {
 // made in it and allocfs's record of it are gone.
 func (n *node) collect(t *testing.T, id string) {
 	t.Helper()
-	dir := n.path(id)
 	n.cli(t, "system", "gc")
 	n.mustDo(t, http.MethodPut, "/v1/client/gc", nil, nil)
 	start := time.Now()
@@ -262,10 +261,21 @@ func (n *node) collect(t *testing.T, id string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("the allocation's directory went %v after the client's GC", time.Since(start).Round(time.Millisecond))
+	n.wantGone(t, id)
+}
+
+// wantGone fails the test unless the node's alloc_dir has no directory
+// of id, no mount below it, and allocfs no record of it.
+func (n *node) wantGone(t *testing.T, id string) {
+	t.Helper()
+	dir := n.path(id)
+	if n.exists(t, id) {
+		t.Errorf("%s is still in %s", id, n.allocDir)
+	}
 	if got := mountsBelow(t, dir); len(got) != 0 {
-		t.Errorf("mounts left below %s after the GC: %v", dir, got)
+		t.Errorf("mounts left below %s: %v", dir, got)
 	}
 	if n.serve != nil && n.storeHas(t, id) {
-		t.Errorf("allocfs still has a record of %s after Nomad collected it", id)
+		t.Errorf("allocfs still has a record of %s", id)
 	}
 }

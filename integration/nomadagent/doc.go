@@ -24,7 +24,10 @@
 // Each test starts its own node: `allocfs serve` (integration/harness)
 // with the client's chroot_env as --chroot-env, and `nomad agent -dev`
 // on free ports of 127.0.0.1 with data_dir, alloc_dir (the mount) and
-// alloc_mounts_dir in the test's temporary directory. The docker test
+// alloc_mounts_dir in the test's temporary directory. The test of a
+// migration between nodes starts a cluster instead: a server agent alone
+// and two client agents, each with a serve, a mount, a data_dir and ports
+// of its own. The docker test
 // starts a dockerd of its own (no iptables, no bridge, its own data
 // root and socket) and imports an image made of the host's static
 // busybox; nothing is pulled. The java test builds its jar with the
@@ -45,6 +48,7 @@
 //	TestDocker                a container writing local/, alloc/data and alloc/ through Nomad's binds
 //	TestTemplatesAndArtifact  templates into local/, secrets/ and ${NOMAD_ALLOC_DIR}; a tar.gz unpacked
 //	TestStickyMigrate         a changed job's replacement takes the sticky disk over (serve: op=remap)
+//	TestMigrateBetweenNodes   a drained node's allocation moves with its disk to another node's mount
 //	TestStopAndGC             stop, `nomad system gc` and the client's GC leave no directory, mount or record
 //	TestRestarts              `alloc logs -f` across `alloc restart`; the agent killed and started again
 //

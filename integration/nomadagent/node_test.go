@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -123,24 +124,37 @@ type nodeOpts struct {
 	// data_dir instead of a dev agent, whose server forgets its jobs when
 	// it stops: what a test that restarts the agent needs.
 	persistent bool
+	// join makes the agent a client alone, one of the nodes of the server
+	// agent join (startServer): what a test of more than one node needs.
+	join *node
+	// name is the agent's node name, which the clients of one server
+	// need each of their own; "": the host's name.
+	name string
 }
 
 // node is one Nomad agent (server and client, -dev) whose alloc_dir is an
-// allocfs mount, or a plain directory.
+// allocfs mount, or a plain directory; or a client alone (nodeOpts.join),
+// or a server alone (startServer), which has no alloc_dir.
 type node struct {
 	top                 string
 	allocDir, mountsDir string
 	serve               *harness.Daemon // nil on a plain directory
 	socket              string
 	nomad, addr         string
-	nodeID              string
+	// rpc is the agent's RPC address, where the clients of a server
+	// agent find it.
+	rpc    string
+	name   string
+	nodeID string // "" on a server alone
 
 	agent     *exec.Cmd
 	agentArgs []string
 	agentDone chan struct{}
 	agentOut  *allocdirtest.SyncBuffer
 	hc        *http.Client
-	jobs      map[string]bool
+	// jobs are the jobs to purge before the agent stops; the agents of
+	// one cluster share them, whichever of them a job was run through.
+	jobs map[string]bool
 	// orphans are what agents killed by restartAgent had started: the
 	// next agent takes them over without becoming their parent.
 	orphans []proc
@@ -153,25 +167,16 @@ type node struct {
 // the directories, whether the test passed or not.
 func startNode(t *testing.T, opts nodeOpts) *node {
 	t.Helper()
-	requireAgentTests(t)
-	n := &node{nomad: nomadBinary(t), hc: &http.Client{Timeout: 30 * time.Second}, jobs: map[string]bool{}}
+	n := newNode(t, opts)
+	if opts.join != nil {
+		n.jobs = opts.join.jobs
+	}
 	if opts.chrootEnv == nil {
 		opts.chrootEnv = shellChrootEnv(t)
 	}
-	top, err := os.MkdirTemp("", "allocfs-nomad-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	top, _ = filepath.EvalSymlinks(top)
-	// Chroot tasks run as nobody and dockerd's containers as whoever their
-	// image says: the way to alloc_dir must be open to them.
-	if err := os.Chmod(top, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	n.top = top
+	top := n.top
 	n.allocDir = filepath.Join(top, "alloc")
 	n.mountsDir = filepath.Join(top, "mounts")
-	t.Cleanup(func() { removeTop(t, top) })
 	if onMount() {
 		n.socket = filepath.Join(top, "allocfs.sock")
 		n.serve = harness.StartDaemon(t, &harness.Daemon{
@@ -187,6 +192,41 @@ func startNode(t *testing.T, opts nodeOpts) *node {
 	n.startAgent(t)
 	t.Cleanup(func() { n.shutdown(t) })
 	n.waitReady(t, opts.drivers)
+	return n
+}
+
+// startServer starts a Nomad agent that is a server alone, with no
+// client and no alloc_dir, and waits until it leads; nodes join it with
+// nodeOpts.join. It is started before its clients, so that its cleanup
+// runs after theirs: the jobs are purged and the clients stopped while
+// it still answers.
+func startServer(t *testing.T) *node {
+	t.Helper()
+	n := newNode(t, nodeOpts{})
+	n.configureAgent(t, nodeOpts{})
+	n.startAgent(t)
+	t.Cleanup(func() { n.shutdown(t) })
+	n.waitLeader(t)
+	return n
+}
+
+// newNode makes the test's directory of an agent, which cleanup removes.
+func newNode(t *testing.T, opts nodeOpts) *node {
+	t.Helper()
+	requireAgentTests(t)
+	n := &node{nomad: nomadBinary(t), name: opts.name, hc: &http.Client{Timeout: 30 * time.Second}, jobs: map[string]bool{}}
+	top, err := os.MkdirTemp("", "allocfs-nomad-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, _ = filepath.EvalSymlinks(top)
+	// Chroot tasks run as nobody and dockerd's containers as whoever their
+	// image says: the way to alloc_dir must be open to them.
+	if err := os.Chmod(top, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n.top = top
+	t.Cleanup(func() { removeTop(t, top) })
 	return n
 }
 
@@ -223,17 +263,34 @@ func freePorts(t *testing.T, n int) []int {
 }
 
 // agentConfig is the agent's HCL: a dev agent (server and client in one)
-// on 127.0.0.1 only, its state in the test's directory.
+// on 127.0.0.1 only, its state in the test's directory; or a server, a
+// client, or both, outside dev mode (nodeOpts.persistent, nodeOpts.join,
+// startServer).
 func (n *node) agentConfig(opts nodeOpts, ports []int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "data_dir = %q\nbind_addr = \"127.0.0.1\"\ndisable_update_check = true\nlog_level = \"DEBUG\"\n", filepath.Join(n.top, "nomad"))
 	fmt.Fprintf(&b, "ports {\n  http = %d\n  rpc = %d\n  serf = %d\n}\n", ports[0], ports[1], ports[2])
-	if opts.persistent {
+	if n.name != "" {
+		fmt.Fprintf(&b, "name = %q\n", n.name)
+	}
+	server, client, dev := n.roles(opts)
+	if !dev {
 		// Outside dev mode the agent will not advertise a loopback
 		// address unless told to.
 		b.WriteString("advertise {\n  http = \"127.0.0.1\"\n  rpc = \"127.0.0.1\"\n  serf = \"127.0.0.1\"\n}\n")
-		b.WriteString("server {\n  enabled = true\n  bootstrap_expect = 1\n}\n")
-		fmt.Fprintf(&b, "client {\n  enabled = true\n  servers = [\"127.0.0.1:%d\"]\n  network_interface = \"lo\"\n}\n", ports[1])
+		if server {
+			b.WriteString("server {\n  enabled = true\n  bootstrap_expect = 1\n}\n")
+		}
+	}
+	if !client {
+		return b.String()
+	}
+	if !dev {
+		rpc := n.rpc
+		if opts.join != nil {
+			rpc = opts.join.rpc
+		}
+		fmt.Fprintf(&b, "client {\n  enabled = true\n  servers = [%q]\n  network_interface = \"lo\"\n}\n", rpc)
 	}
 	fmt.Fprintf(&b, "client {\n  alloc_dir = %q\n  alloc_mounts_dir = %q\n", n.allocDir, n.mountsDir)
 	// The cloud fingerprinters would ask a metadata service off this
@@ -258,18 +315,27 @@ func (n *node) agentConfig(opts nodeOpts, ports []int) string {
 	return b.String()
 }
 
+// roles says what the agent runs: a server unless it joins another's, a
+// client unless it is a server alone (startServer), and both in one -dev
+// agent unless it must keep its state (nodeOpts.persistent).
+func (n *node) roles(opts nodeOpts) (server, client, dev bool) {
+	server, client = opts.join == nil, n.allocDir != ""
+	return server, client, server && client && !opts.persistent
+}
+
 // configureAgent writes the agent's configuration, on ports it keeps
 // across restarts.
 func (n *node) configureAgent(t *testing.T, opts nodeOpts) {
 	t.Helper()
 	ports := freePorts(t, 3)
 	n.addr = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	n.rpc = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	cfg := filepath.Join(n.top, "agent.hcl")
 	if err := os.WriteFile(cfg, []byte(n.agentConfig(opts, ports)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	n.agentArgs = []string{"agent", "-config", cfg}
-	if !opts.persistent {
+	if _, _, dev := n.roles(opts); dev {
 		n.agentArgs = []string{"agent", "-dev", "-config", cfg}
 	}
 	n.agentOut = &allocdirtest.SyncBuffer{}
@@ -316,9 +382,14 @@ func (n *node) waitReady(t *testing.T, drivers []string) {
 		default:
 		}
 		var nodes []struct {
-			ID, Status string
+			ID, Name, Status string
 		}
-		if code, body := n.get(t, "/v1/nodes", &nodes); code != http.StatusOK || len(nodes) != 1 || nodes[0].Status != "ready" {
+		code, body := n.get(t, "/v1/nodes", &nodes)
+		if n.name != "" {
+			// The other clients of the server are on its list too.
+			nodes = slices.DeleteFunc(nodes, func(nd struct{ ID, Name, Status string }) bool { return nd.Name != n.name })
+		}
+		if code != http.StatusOK || len(nodes) != 1 || nodes[0].Status != "ready" {
 			last = fmt.Sprintf("/v1/nodes: %d %s", code, body)
 			continue
 		}
@@ -348,6 +419,27 @@ func (n *node) waitReady(t *testing.T, drivers []string) {
 	t.Fatalf("the Nomad agent not ready within 90s: %s\n%s", last, n.agentOut)
 }
 
+// waitLeader waits until the agent's server has been elected leader.
+func (n *node) waitLeader(t *testing.T) {
+	t.Helper()
+	start := time.Now()
+	var code int
+	var body string
+	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		select {
+		case <-n.agentDone:
+			t.Fatalf("the Nomad server agent exited early: %v\n%s", n.agent.ProcessState, n.agentOut)
+		default:
+		}
+		var leader string
+		if code, body = n.get(t, "/v1/status/leader", &leader); code == http.StatusOK && leader != "" {
+			t.Logf("the Nomad server agent led in %v", time.Since(start).Round(time.Millisecond))
+			return
+		}
+	}
+	t.Fatalf("the Nomad server agent has no leader within 90s: /v1/status/leader: %d %s\n%s", code, body, n.agentOut)
+}
+
 // shutdown stops every job the test ran and waits for their allocations
 // to stop, kills the agent and every process it started (executors,
 // logmon, tasks: they outlive an agent on purpose), then detaches what
@@ -371,18 +463,25 @@ func (n *node) shutdown(t *testing.T) {
 		n.agent.Process.Kill()
 		<-n.agentDone
 	}
-	detachBelow(t, n.allocDir, n.mountsDir)
+	if n.allocDir != "" {
+		detachBelow(t, n.allocDir, n.mountsDir)
+	}
 	if t.Failed() {
 		t.Logf("Nomad agent output:\n%s", n.agentOut)
 	}
 }
 
-// waitAllStopped waits until no allocation on the node runs any more.
+// waitAllStopped waits until no allocation on the node runs any more:
+// those of the other clients of its server are theirs to wait for, and a
+// server alone has none.
 func (n *node) waitAllStopped(t *testing.T, limit time.Duration) {
+	if n.nodeID == "" {
+		return
+	}
 	var running []string
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		var allocs []allocStub
-		if code, _ := n.get(t, "/v1/allocations", &allocs); code != http.StatusOK {
+		if code, _ := n.get(t, "/v1/node/"+n.nodeID+"/allocations", &allocs); code != http.StatusOK {
 			return
 		}
 		running = running[:0]
@@ -565,9 +664,9 @@ func (n *node) runJob(t *testing.T, hcl string) string {
 
 // allocStub is what the tests read of an allocation.
 type allocStub struct {
-	ID, Name, ClientStatus, DesiredStatus string
-	PreviousAllocation                    string
-	TaskStates                            map[string]struct {
+	ID, Name, NodeID, ClientStatus, DesiredStatus string
+	PreviousAllocation                            string
+	TaskStates                                    map[string]struct {
 		State     string
 		Failed    bool
 		Restarts  int
