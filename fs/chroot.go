@@ -254,6 +254,15 @@ func (m *Mount) hostPaths(st *record.State, view, ino uint64) [][]string {
 	switch {
 	case n == 0:
 		p, err = openByIno(m.store.DataDir(), ino)
+	case n <= uint64(len(m.chroot.entries)) && !m.chroot.entries[n-1].Dir:
+		// A file's entry shows that file alone, and a handle is opened
+		// from a directory: its own inode number says whether it is
+		// the one.
+		p = m.chroot.entries[n-1].Source
+		var st unix.Stat_t
+		if err = unix.Stat(p, &st); err == nil && st.Ino != raw {
+			err = fmt.Errorf("the chroot entry %s is inode %d now, not %d", p, st.Ino, raw)
+		}
 	case n <= uint64(len(m.chroot.entries)):
 		p, err = openByIno(m.chroot.entries[n-1].Source, raw)
 	default:

@@ -570,3 +570,28 @@ func TestMountChrootRemovalLeavesNoWhiteouts(t *testing.T) {
 		t.Error("the host tree changed")
 	}
 }
+
+// TestChrootNodesResolveForATakeover: a daemon taking the mount over
+// finds, from the node IDs the kernel holds, the host files a chroot
+// task directory shows: below a directory entry, and a file entry itself
+// (a lone binary as /bin/sh: the exe of the task's shell, executed again
+// for every applet it runs).
+func TestChrootNodesResolveForATakeover(t *testing.T) {
+	h := hostTree(t)
+	tm := chrootMount(t, h)
+	box := nomadTask(t, tm, "box")
+	must(t, os.Chown(box, 0, 0))
+	for _, rel := range []string{"bin/tool", "run/resolvconf/resolv.conf"} {
+		var st unix.Stat_t
+		must(t, unix.Stat(filepath.Join(box, rel), &st))
+		paths, errno := tm.mount.pathsOfNode(st.Ino)
+		want := strings.Join(append([]string{"a1", "box"}, strings.Split(rel, "/")...), "/")
+		found := false
+		for _, p := range paths {
+			found = found || strings.Join(p, "/") == want
+		}
+		if errno != 0 || !found {
+			t.Errorf("the node of box/%s (%#x): %v, %v; want %s among them", rel, st.Ino, paths, errno, want)
+		}
+	}
+}

@@ -300,6 +300,35 @@ func (d *Daemon) Restart(t testing.TB) {
 	d.start(t)
 }
 
+// Upgrade starts a second serve on the same directories and flags while
+// this one runs, as an upgrade of the binary does: the new one takes the
+// live mount over and the old one exits. It returns the old one's exit
+// code. The Daemon is the new one from then on, so that the cleanup
+// StartDaemon registered, in its place among the test's cleanups, stops
+// it; should the new one fail, it is the old one again.
+func (d *Daemon) Upgrade(t testing.TB) int {
+	t.Helper()
+	old, oldDone := d.cmd, d.done
+	upgraded := false
+	defer func() {
+		if !upgraded {
+			d.Kill()
+			d.cmd, d.done = old, oldDone
+		}
+	}()
+	d.start(t)
+	// The old daemon answers on the socket until it hands over: start's
+	// wait may end before the new one serves, the old one's exit does
+	// not.
+	select {
+	case <-oldDone:
+	case <-time.After(Timeout):
+		t.Fatalf("allocfs serve did not hand its mount over within %v:\n%s", Timeout, d.Out)
+	}
+	upgraded = true
+	return old.ProcessState.ExitCode()
+}
+
 // MountsAt counts the allocfs mounts at dir.
 func MountsAt(t testing.TB, dir string) int {
 	t.Helper()

@@ -51,6 +51,8 @@
 //	TestMigrateBetweenNodes   a drained node's allocation moves with its disk to another node's mount
 //	TestStopAndGC             stop, `nomad system gc` and the client's GC leave no directory, mount or record
 //	TestRestarts              `alloc logs -f` across `alloc restart`; the agent killed and started again
+//	TestServeUpgradeAndKill   an exec task writing files and stdout while serve is upgraded, then killed -9 and started
+//	TestManyFilesInAlloc      10,000 files in ${NOMAD_ALLOC_DIR}: listed, counted in alloc/'s usage, collected
 //
 // Each asserts what a plain alloc_dir gives: a failure on the mount is a
 // difference between the mount and the disk Nomad was written for.
