@@ -23,17 +23,20 @@ import (
 // skeleton reads its intent from them (docs/design/nomad-client.md):
 //
 //	mkdir <mount>/<id>                    an allocation (store.CreateFromMount)
-//	mkdir <id>/<task>                     a task, with its layout
-//	mkdir of a layout directory removed   that directory again
+//	mkdir <id>/<task>                     a task, its directory empty
+//	mkdir <task>/local, tmp, secrets, ... that layout directory
 //	rmdir of an empty layout directory    it goes: a volume and its layers,
 //	                                      secrets/, a task, the allocation
 //	rename <prev>/alloc/data <new>/...    the volume handed over in place
 //	rename <prev>/<task>/local <new>/...  (store.AdoptVolume): a remap
-//	chmod, chown, utimes of <id>, alloc/  kept in the record
+//	rename inside an allocation           a task or a volume renamed
+//	chmod, chown, utimes of <id>, alloc/  on the layer roots
 //
-// Every other rename of a layout directory is refused: EBUSY inside its
-// allocation, EXDEV across allocations, as for mount points. Each change
-// is one journaled change of the store, so a restart shows it.
+// Other renames of a layout directory between allocations are EXDEV, as
+// between mounts; inside one, of a memory volume or an alloc/ view, or of
+// a task whose secrets/, private/ or chroot are live, EBUSY, as of a
+// mount point. Each change is one journaled change of the store, so a
+// restart shows it.
 //
 // A change made from a request handler must not wait for the kernel: the
 // store's OnChange hook would invalidate entries while the kernel holds

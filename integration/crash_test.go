@@ -335,6 +335,7 @@ func TestKillMidChrootRemoval(t *testing.T) {
 		func() error { return os.Mkdir(alloc, 0o755) },
 		func() error { return os.Mkdir(box, 0o777) },
 		func() error { return os.Chown(box, 65534, 65534) },
+		func() error { return os.Mkdir(filepath.Join(box, "local"), 0o777) },
 		func() error { return os.Chown(box, 0, 0) }, // Nomad's chroot build starts
 	} {
 		if err := step(); err != nil {
