@@ -157,6 +157,29 @@ scale:
 	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
 	ALLOCFS_BIN=$(CURDIR)/bin/allocfs bash scripts/scale.sh
 
+# chaos runs tasks' I/O on CHAOS_ALLOCS allocations of a default `allocfs
+# serve` while the daemon is killed with SIGKILL and started again, or
+# upgraded (a second serve takes the mount over), CHAOS_ROUNDS times
+# (CHAOS_UPGRADES of them upgrades) every 3-6 s, and reports what the tasks
+# noticed: writes acknowledged, lost and duplicated, every failed system
+# call, and the writers' pause per event against their own gaps
+# (integration/chaos, docs/benchmarks.md "Chaos"). It fails when a task
+# noticed anything. The data dir is made in CHAOS_DIR (the host's disk);
+# CHAOS_EXT4=1 puts it on a fresh ext4 image instead (scripts/benchfs.sh).
+# CHAOS_FLAGS adds flags (bin/chaos -h). Needs root and /dev/fuse.
+CHAOS_ALLOCS   ?= 16
+CHAOS_ROUNDS   ?= 20
+CHAOS_UPGRADES ?= 3
+CHAOS_DIR      ?= /var/tmp
+CHAOS_EXT4     ?=
+CHAOS_FLAGS    ?=
+.PHONY: chaos
+chaos:
+	$(GO) build $(LDFLAGS) -o bin/allocfs ./cmd/allocfs
+	$(GO) build -o bin/chaos ./integration/chaos
+	$(if $(CHAOS_EXT4),BENCH_IMG_SIZE=4G bash scripts/benchfs.sh,ALLOCFS_BENCH_DIR=$(CHAOS_DIR)) sh -c '\
+	./bin/chaos --allocfs bin/allocfs --dir "$$ALLOCFS_BENCH_DIR" --allocs $(CHAOS_ALLOCS) --rounds $(CHAOS_ROUNDS) --upgrades $(CHAOS_UPGRADES) $(CHAOS_FLAGS)'
+
 tools:
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 

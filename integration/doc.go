@@ -56,6 +56,13 @@
 // a few POSIX checks of our own (posixExtra) where posixtest has none or
 // excuses a failure with a skip of its own.
 //
+// # Chaos
+//
+// integration/chaos, a command of its own (`make chaos`), is no test:
+// tasks' writes, renames and listings on many allocations while serve is
+// killed and upgraded round after round, for minutes, with the figures it
+// reports (docs/benchmarks.md "Chaos"). `make test` never runs it.
+//
 // # Known gaps
 //
 // A check that fails because allocfs itself is wrong stays in the table:

@@ -357,3 +357,49 @@ func TestSecretsWhenTheHolderDies(t *testing.T) {
 	}
 	n.stop(t)
 }
+
+// alarms are the lines of a daemon's log at WARN or ERROR.
+func alarms(log string) []string {
+	var found []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "[WARN]") || strings.Contains(l, "[ERROR]") {
+			found = append(found, l)
+		}
+	}
+	return found
+}
+
+// TestHolderQuietWithoutTrouble: an upgrade while no memory volume has
+// been made finds the holder keeping none, which is no failure; a full
+// stop, whose unmount ends the holder with the connection before the
+// mount lets its memory volumes go, has nothing left to drop from it.
+// Neither logs a warning or an error.
+func TestHolderQuietWithoutTrouble(t *testing.T) {
+	fstest.RequireFUSE(t)
+	n := startNode(t)
+	n.mustCLI(t, "alloc", "create", "a1", "--task", "web")
+	if got := n.askHolder(t, "names"); got != "" {
+		t.Fatalf("the holder keeps %q before any secrets/ was made, want nothing", got)
+	}
+	if code := n.Upgrade(t); code != 0 {
+		t.Errorf("the daemon that handed over exited %d, want 0", code)
+	}
+	waitLog(t, n.Daemon, "took the mount over")
+	if a := alarms(n.Out.String()); len(a) > 0 {
+		t.Errorf("an upgrade with no memory volume logged:\n%s", strings.Join(a, "\n"))
+	}
+
+	for _, p := range []string{"a1/web/secrets/token", "a1/web/private/key"} {
+		if err := os.WriteFile(filepath.Join(n.mnt, p), []byte("s3cr3t"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := n.askHolder(t, "names"); !strings.Contains(got, "a1%2Fweb%2Fsecrets") || !strings.Contains(got, "a1%2Fweb%2Fprivate") {
+		t.Fatalf("the holder keeps %q, want a1/web/secrets and a1/web/private", got)
+	}
+	before := len(n.Out.String())
+	n.stop(t)
+	if a := alarms(n.Out.String()[before:]); len(a) > 0 {
+		t.Errorf("a full stop with memory volumes logged:\n%s", strings.Join(a, "\n"))
+	}
+}

@@ -2,6 +2,7 @@ package restart
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -127,7 +128,7 @@ func (b *BackingIDs) load(f *os.File) error {
 			}
 		}
 		off += int64(n)
-		if err == io.EOF || n == 0 {
+		if errors.Is(err, io.EOF) || n == 0 {
 			return nil
 		}
 		if err != nil {

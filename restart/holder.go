@@ -41,7 +41,7 @@ import (
 //	keep KEY    sent with a descriptor: it keeps it under KEY (closing
 //	            one it kept there before); "ok"
 //	drop KEY    it closes what it keeps under KEY; "ok"
-//	names       the keys it keeps, one per line
+//	names       the keys it keeps, one per line (none: the stream ends)
 //	get KEY     "ok", with the descriptor kept under KEY; "none" if none
 //	stop        "ok", and it exits: a full stop whose unmount had to be
 //	            lazy ends the connection so, for the files still open
@@ -271,10 +271,15 @@ func askHolderWith(socket, request string, send int) (string, int, error) {
 			}
 		}
 		answer = append(answer, buf[:n]...)
-		if err == io.EOF || n == 0 && err == nil {
+		// The end of the stream comes wrapped in a *net.OpError: an
+		// answer may be empty ("names" of a holder that keeps nothing).
+		if errors.Is(err, io.EOF) || n == 0 && err == nil {
 			return string(answer), fd, nil
 		}
 		if err != nil {
+			// What the holder said stands: Linux ends the stream with
+			// ECONNRESET rather than EOF when the holder closed with
+			// part of the request unread.
 			if len(answer) > 0 {
 				return string(answer), fd, nil
 			}

@@ -5,6 +5,7 @@ package restart
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -36,6 +37,11 @@ func (k HolderKeeper) Keep(key string, fd int) error {
 
 func (k HolderKeeper) Drop(key string) error {
 	answer, _, err := askHolderWith(k.Socket, "drop "+url.PathEscape(key), -1)
+	if holderGone(err) {
+		// What a holder keeps ends with it; at a full stop it ends with
+		// the connection, before the mount drops its volumes.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("the holder did not drop memory volume %s: %w", key, err)
 	}
@@ -43,6 +49,13 @@ func (k HolderKeeper) Drop(key string) error {
 		return fmt.Errorf("the holder refused to drop memory volume %s: %s", key, a)
 	}
 	return nil
+}
+
+// holderGone reports whether err, of a request to a holder, says that
+// none listens on its socket: the socket is gone (a holder removes it as
+// it exits) or nothing accepts on it (a holder killed).
+func holderGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED)
 }
 
 // HeldMemory takes a copy of every memory volume the holder at socket
