@@ -369,14 +369,14 @@ func (r *diffRun) setup() {
 	r.allocs = nil
 	switch r.shape {
 	case "plain":
-		if _, err := r.tm.store.Create(id, web); err != nil {
+		if _, err := r.tm.store.Create(id, web, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, id)
 		r.populate(filepath.Join(r.tm.dir, id, "alloc/data"))
 	default:
 		prev := id + "-prev"
-		if _, err := r.tm.store.Create(prev, web); err != nil {
+		if _, err := r.tm.store.Create(prev, web, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, prev)
@@ -384,7 +384,11 @@ func (r *diffRun) setup() {
 		if _, err := r.tm.store.Stop(prev); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := r.tm.store.CreateMigrated(id, web, prev, r.shape == "snapshot"); err != nil {
+		kind := store.MigrationAdopt
+		if r.shape == "snapshot" {
+			kind = store.MigrationSnapshot
+		}
+		if _, err := r.tm.store.Create(id, web, store.CreateOptions{Previous: prev, Migration: kind}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, id)

@@ -102,14 +102,14 @@ func buildChain(t *testing.T, tm *testMount) []string {
 	for i := 0; i <= chainLen; i++ {
 		id := chainID(i)
 		if i == 0 {
-			if _, err := tm.store.Create(id, web); err != nil {
+			if _, err := tm.store.Create(id, web, store.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		} else {
 			if _, err := tm.store.Stop(chainID(i - 1)); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := tm.store.CreateMigrated(id, web, chainID(i-1), true); err != nil {
+			if _, err := tm.store.Create(id, web, store.CreateOptions{Previous: chainID(i - 1), Migration: store.MigrationSnapshot}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -152,7 +152,7 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	// The allocation, and a file only the held lookup will find, are
 	// made before any daemon runs.
 	s0 := storeAt(t, dataDir)
-	st, err := s0.Create("a1", []allocdir.Task{{Name: "web"}})
+	st, err := s0.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -403,7 +403,7 @@ func TestStoreConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 10 {
 				id := fmt.Sprintf("w%d-%d", w, i)
-				if _, err := s.Create(id, tasks("web")); err != nil {
+				if _, err := s.Create(id, tasks("web"), CreateOptions{}); err != nil {
 					t.Error(err)
 					return
 				}

@@ -334,7 +334,7 @@ func crashOps() []crashOp {
 			name:  "create",
 			setup: func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") },
 			run: func(s *Store) error {
-				_, err := s.Create("n", []allocdir.Task{{Name: "web"}, {Name: "db"}})
+				_, err := s.Create("n", []allocdir.Task{{Name: "web"}, {Name: "db"}}, CreateOptions{})
 				return err
 			},
 		},
@@ -367,7 +367,7 @@ func crashOps() []crashOp {
 			name:  "create-adopt",
 			setup: stoppedWithData(false),
 			run: func(s *Store) error {
-				_, _, err := s.CreateMigrated("b", web, "a", false)
+				_, err := s.Create("b", web, CreateOptions{Previous: "a", Migration: MigrationAdopt})
 				return err
 			},
 			check: dataWith(false),
@@ -376,7 +376,7 @@ func crashOps() []crashOp {
 			name:  "create-seal",
 			setup: stoppedWithData(false),
 			run: func(s *Store) error {
-				_, _, err := s.CreateMigrated("b", web, "a", true)
+				_, err := s.Create("b", web, CreateOptions{Previous: "a", Migration: MigrationSnapshot})
 				return err
 			},
 			check: dataWith(true),
@@ -385,7 +385,7 @@ func crashOps() []crashOp {
 			name:  "remap",
 			setup: stoppedWithData(true),
 			run: func(s *Store) error {
-				_, err := s.Remap("a", "b", []string{"alloc/data", "web/local"})
+				_, err := s.Migrate("a", "b", []string{"alloc/data", "web/local"}, MigrationAdopt)
 				return err
 			},
 			check: dataWith(false),
@@ -394,7 +394,7 @@ func crashOps() []crashOp {
 			name:  "seal",
 			setup: stoppedWithData(true),
 			run: func(s *Store) error {
-				_, err := s.Seal("a", "b", []string{"alloc/data", "web/local"})
+				_, err := s.Migrate("a", "b", []string{"alloc/data", "web/local"}, MigrationSnapshot)
 				return err
 			},
 			check: dataWith(true),
@@ -415,10 +415,10 @@ func crashOps() []crashOp {
 						return err
 					}
 				}
-				_, err := s.CreateImported("b", web, "remote", map[string]string{
+				_, err := s.Create("b", web, CreateOptions{Previous: "remote", Migration: MigrationRemote, Imported: map[string]string{
 					"alloc/data": filepath.Join(dir, "alloc/data"),
 					"web/local":  filepath.Join(dir, "web/local"),
-				})
+				}})
 				return err
 			},
 			check: func(t *testing.T, s *Store, after bool) {
@@ -517,7 +517,7 @@ func crashOps() []crashOp {
 			name: "destroy",
 			setup: func(t *testing.T, s *Store) {
 				stoppedWithData(false)(t, s)
-				if _, _, err := s.CreateMigrated("b", web, "a", true); err != nil {
+				if _, err := s.Create("b", web, CreateOptions{Previous: "a", Migration: MigrationSnapshot}); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -561,7 +561,7 @@ func crashOps() []crashOp {
 					// bound.
 					id := fmt.Sprintf("c%d", i)
 					mustCreate(t, s, id, "web")
-					if _, err := s.Seal(prev, id, []string{"alloc/data"}); err != nil {
+					if _, err := s.Migrate(prev, id, []string{"alloc/data"}, MigrationSnapshot); err != nil {
 						t.Fatal(err)
 					}
 					must(t, s.Destroy(prev))

@@ -53,10 +53,10 @@ func layeredChain(t *testing.T) (*Store, []string) {
 	for i := 0; i <= chainLen; i++ {
 		id := chainID(i)
 		if i == 0 {
-			must(t, errOnly(s.Create(id, tasks("web"))))
+			must(t, errOnly(s.Create(id, tasks("web"), CreateOptions{})))
 		} else {
 			must(t, errOnly(s.Stop(chainID(i-1))))
-			if _, _, err := s.CreateMigrated(id, tasks("web"), chainID(i-1), true); err != nil {
+			if _, err := s.Create(id, tasks("web"), CreateOptions{Previous: chainID(i - 1), Migration: MigrationSnapshot}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -351,10 +351,10 @@ func mustLayer(t *testing.T, s *Store) string {
 func TestFlattenNeedsCollection(t *testing.T) {
 	s := openTestStore(t, filepath.Join(t.TempDir(), "data"))
 	web := []allocdir.Task{{Name: "web"}}
-	must(t, errOnly(s.Create("c0", web)))
+	must(t, errOnly(s.Create("c0", web, CreateOptions{})))
 	for i := 1; i <= chainLen; i++ {
 		must(t, errOnly(s.Stop(fmt.Sprintf("c%d", i-1))))
-		if _, _, err := s.CreateMigrated(fmt.Sprintf("c%d", i), web, fmt.Sprintf("c%d", i-1), true); err != nil {
+		if _, err := s.Create(fmt.Sprintf("c%d", i), web, CreateOptions{Previous: fmt.Sprintf("c%d", i-1), Migration: MigrationSnapshot}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -53,7 +53,7 @@ func usageOf(t *testing.T, s *Store, id string) Usage {
 func TestQuotaLimitsAnAllocation(t *testing.T) {
 	s := openQuotaStore(t, Options{})
 	const limit = 24 << 20
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: limit}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 
 	// A second allocation takes the next group; destroying the first
 	// removes its group.
-	st2, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: limit})
+	st2, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: limit}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 
 func TestQuotaRefusals(t *testing.T) {
 	plain := openTestStore(t, t.TempDir())
-	_, err := plain.CreateSized("a1", tasks("web"), record.Limit{Bytes: 1 << 20})
+	_, err := plain.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 1 << 20}})
 	if !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("a limit on a store without quotas: %v, want ErrNoQuota", err)
 	}
@@ -127,7 +127,7 @@ func TestQuotaRefusals(t *testing.T) {
 
 	s := openQuotaStore(t, Options{})
 	for _, lim := range []record.Limit{{Inodes: 100}, {Bytes: -1}} {
-		if _, err := s.CreateSized("a1", tasks("web"), lim); !errors.Is(err, record.ErrBadLimit) {
+		if _, err := s.Create("a1", tasks("web"), CreateOptions{Limit: lim}); !errors.Is(err, record.ErrBadLimit) {
 			t.Fatalf("limit %+v: %v, want record.ErrBadLimit", lim, err)
 		}
 	}
@@ -148,14 +148,14 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 	if err := btrfs.CreateQgroup(s.layersDir(), btrfs.Qgroup(1, 7000)); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Disk.Group != 7001 {
 		t.Fatalf("group %d, want 7001 (7000 is the host's)", st.Disk.Group)
 	}
-	if _, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: 8 << 20}); err == nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}}); err == nil {
 		t.Fatal("a create past the end of the group range")
 	}
 	if _, err := s.Get("a2"); err == nil {
@@ -165,7 +165,7 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 
 func TestQuotaMigrations(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	if _, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "db", 12<<20); err != nil {
@@ -178,7 +178,7 @@ func TestQuotaMigrations(t *testing.T) {
 	must(t, errOnly(s.Stop("a1")))
 
 	// Adopt: the data's usage moves to a2, the logs' stays with a1.
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a1", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	u1, u2 := usageOf(t, s, "a1"), usageOf(t, s, "a2")
@@ -188,7 +188,7 @@ func TestQuotaMigrations(t *testing.T) {
 
 	// Snapshot: a3 stacks a2's layers and pays only for what it writes.
 	must(t, errOnly(s.Stop("a2")))
-	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a3", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a2", Migration: MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	if u3 := usageOf(t, s, "a3"); u3.Bytes > 1<<20 {
@@ -208,7 +208,7 @@ func TestQuotaMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, errOnly(s.Stop("a3")))
-	if _, _, err := s.CreateMigratedSized("a4", tasks("web"), "a3", false, record.Limit{Bytes: 1 << 20}); err != nil {
+	if _, err := s.Create("a4", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 1 << 20}, Previous: "a3", Migration: MigrationAdopt}); err != nil {
 		t.Fatalf("adopt onto a smaller limit: %v", err)
 	}
 	if u4 := usageOf(t, s, "a4"); u4.Bytes <= u4.Limit.Bytes {
@@ -225,7 +225,7 @@ func TestQuotaMigrations(t *testing.T) {
 // the store opens.
 func TestQuotaSettlesAtOpen(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,14 +288,14 @@ func TestQuotaImport(t *testing.T) {
 		return map[string]string{"alloc/data": data}
 	}
 	before := layerDirs(t, s)
-	_, err := s.CreateImportedSized("big", tasks("web"), "prev", stage(4<<20), record.Limit{Bytes: 2 << 20})
+	_, err := s.Create("big", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 2 << 20}, Previous: "prev", Migration: MigrationRemote, Imported: stage(4 << 20)})
 	if !errors.Is(err, ErrTooBig) {
 		t.Fatalf("an import past the limit: %v, want ErrTooBig", err)
 	}
 	if _, err := s.Get("big"); err == nil || !slices.Equal(layerDirs(t, s), before) {
 		t.Fatalf("a refused import left a record or layers: %v", layerDirs(t, s))
 	}
-	st, err := s.CreateImportedSized("fits", tasks("web"), "prev", stage(1<<20), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("fits", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}, Previous: "prev", Migration: MigrationRemote, Imported: stage(1 << 20)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestQuotaTagsAreNeverReused(t *testing.T) {
 	for _, tag := range before.Tags {
 		seen[tag] = true
 	}
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{}); err != nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{}, Previous: "a1", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	after := mustState(t, s, "a1")

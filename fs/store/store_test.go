@@ -101,7 +101,7 @@ func stateFiles(t *testing.T, s *Store) []string {
 
 func mustCreate(t *testing.T, s *Store, id string, names ...string) *record.State {
 	t.Helper()
-	st, err := s.Create(id, tasks(names...))
+	st, err := s.Create(id, tasks(names...), CreateOptions{})
 	if err != nil {
 		t.Fatalf("Create(%q, %v): %v", id, names, err)
 	}
@@ -276,7 +276,7 @@ func TestStoreCreateInvalid(t *testing.T) {
 	s := openTestStore(t, t.TempDir())
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			st, err := s.Create(c.id, c.tasks)
+			st, err := s.Create(c.id, c.tasks, CreateOptions{})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("Create(%q, %v): got %v, want %v", c.id, c.tasks, err, c.want)
 			}
@@ -309,7 +309,7 @@ func TestStoreCreateExists(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = s.Create("x", tasks("other"))
+	_, err = s.Create("x", tasks("other"), CreateOptions{})
 	if !errors.Is(err, ErrExists) {
 		t.Fatalf("second Create: got %v, want %v", err, ErrExists)
 	}
@@ -325,6 +325,56 @@ func TestStoreCreateExists(t *testing.T) {
 	}
 	if got, _ := s.Get("x"); !reflect.DeepEqual(got, want) {
 		t.Errorf("Get: got %+v, want %+v", got, want)
+	}
+}
+
+// TestCreateOptionsRefused checks that options that contradict
+// themselves are refused before anything changes, the previous
+// allocation included, and that Migrate takes only the local kinds.
+func TestCreateOptionsRefused(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, t.TempDir())
+	mustCreate(t, s, "prev", "web")
+	must(t, errOnly(s.Stop("prev")))
+	prev := mustState(t, s, "prev")
+	layers := layerDirs(t, s)
+	staged := map[string]string{"alloc/data": filepath.Join(s.StagingDir(), "fetch", "alloc/data")}
+	for _, c := range []struct {
+		name string
+		opts CreateOptions
+	}{
+		{"previous without a migration", CreateOptions{Previous: "prev"}},
+		{"adopt without a previous", CreateOptions{Migration: MigrationAdopt}},
+		{"snapshot without a previous", CreateOptions{Migration: MigrationSnapshot}},
+		{"remote without a previous", CreateOptions{Migration: MigrationRemote, Imported: staged}},
+		{"imported without a migration", CreateOptions{Imported: staged}},
+		{"imported into an adopt", CreateOptions{Previous: "prev", Migration: MigrationAdopt, Imported: staged}},
+		{"imported into a snapshot", CreateOptions{Previous: "prev", Migration: MigrationSnapshot, Imported: map[string]string{}}},
+		{"unknown migration", CreateOptions{Previous: "prev", Migration: "copy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if st, err := s.Create("next", tasks("web"), c.opts); !errors.Is(err, ErrBadOptions) || st != nil {
+				t.Fatalf("Create(%+v) = %v, %v; want ErrBadOptions", c.opts, st, err)
+			}
+			if _, err := s.Get("next"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+				t.Errorf("the refused allocation exists: %v", err)
+			}
+			if got := layerDirs(t, s); !reflect.DeepEqual(got, layers) {
+				t.Errorf("layers: got %v, want %v", got, layers)
+			}
+			if got := mustState(t, s, "prev"); !reflect.DeepEqual(got, prev) {
+				t.Errorf("the previous allocation changed: %+v, want %+v", got, prev)
+			}
+		})
+	}
+	mustCreate(t, s, "next", "web")
+	for _, kind := range []MigrationKind{"", MigrationRemote, "copy"} {
+		if n, err := s.Migrate("prev", "next", []string{"alloc/data"}, kind); !errors.Is(err, ErrBadOptions) || n != 0 {
+			t.Errorf("Migrate(%q) = %d, %v; want ErrBadOptions", kind, n, err)
+		}
+	}
+	if got := mustState(t, s, "prev"); !reflect.DeepEqual(got, prev) {
+		t.Errorf("a refused Migrate changed the previous allocation: %+v, want %+v", got, prev)
 	}
 }
 
@@ -349,7 +399,7 @@ func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 				}
 				return nil
 			})
-			_, err := s.Create("x", tasks("web", "db"))
+			_, err := s.Create("x", tasks("web", "db"), CreateOptions{})
 			if !errors.Is(err, syscall.ENOSPC) {
 				t.Fatalf("Create: got %v, want %v", err, syscall.ENOSPC)
 			}
@@ -547,7 +597,7 @@ func TestStoreOnChange(t *testing.T) {
 	heard("a")
 	mustCreate(t, s, "b", "web")
 	heard("b")
-	if _, err := s.Remap("a", "b", []string{"alloc/data"}); err != nil {
+	if _, err := s.Migrate("a", "b", []string{"alloc/data"}, MigrationAdopt); err != nil {
 		t.Fatal(err)
 	}
 	heard("a", "b") // one change of both records
@@ -555,7 +605,7 @@ func TestStoreOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	heard("a")
-	if _, err := s.Create("a", nil); err == nil {
+	if _, err := s.Create("a", nil, CreateOptions{}); err == nil {
 		t.Fatal("Create without tasks succeeded")
 	}
 	heard() // a refused change is not a change

@@ -24,7 +24,7 @@ func newStore(t *testing.T, ids, stop []string) *store.Store {
 	s := storetest.Value[*store.Store](t)(store.Open(allocdirtest.Logger(t), filepath.Join(t.TempDir(), "data")))
 	t.Cleanup(func() { storetest.Must(t, s.Close()) })
 	for _, id := range ids {
-		storetest.Must(t, storetest.ErrOnly(s.Create(id, storetest.Tasks("web"))))
+		storetest.Must(t, storetest.ErrOnly(s.Create(id, storetest.Tasks("web"), store.CreateOptions{})))
 	}
 	for _, id := range stop {
 		storetest.Must(t, storetest.ErrOnly(s.Stop(id)))
@@ -195,7 +195,7 @@ func TestCollectorFlattens(t *testing.T) {
 	for i := 1; i <= chainLen; i++ {
 		storetest.Must(t, storetest.ErrOnly(s.Stop(id(i-1))))
 		time.Sleep(2 * time.Millisecond) // distinct stop times: oldest first
-		if _, _, err := s.CreateMigrated(id(i), storetest.Tasks("web"), id(i-1), true); err != nil {
+		if _, err := s.Create(id(i), storetest.Tasks("web"), store.CreateOptions{Previous: id(i - 1), Migration: store.MigrationSnapshot}); err != nil {
 			t.Fatal(err)
 		}
 	}
