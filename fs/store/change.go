@@ -298,12 +298,12 @@ func (s *Store) Update(id string, fn func(*record.State) error) (*record.State, 
 			return nil, fmt.Errorf("failed to update allocation %q: layer %s: %w", id, l, err)
 		}
 	}
-	// The record journaled is not handed out again: return a copy.
-	out := st.Clone()
 	if err := s.commit("update", st); err != nil {
 		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
-	return out, nil
+	// Not st, which the store keeps, nor a copy taken before the change,
+	// which lacks the tags it gave new layers: Get's, while writeMu holds.
+	return s.Get(id)
 }
 
 // Destroy removes an allocation and every layer it references that no
