@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/fs/difftest"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 	"golang.org/x/sys/unix"
 )
 
@@ -136,7 +137,7 @@ func TestDifferential(t *testing.T) {
 	}
 	// With every store on btrfs (scripts/test-btrfs.sh) the reference
 	// is a btrfs directory beside the data dir.
-	onBtrfs := os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" && sfs.Type == unix.BTRFS_SUPER_MAGIC
+	onBtrfs := storetest.Subvolumes() && sfs.Type == unix.BTRFS_SUPER_MAGIC
 	if sfs.Type != unix.EXT4_SUPER_MAGIC && !onBtrfs {
 		if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
 			t.Fatalf("the reference directory %s is on a file system with magic %#x, not ext4", refBase, sfs.Type)

@@ -19,6 +19,7 @@ import (
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/disk"
 	"github.com/allocfs/allocfs/fs/store/record"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -549,7 +550,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 // disk limits (ALLOCFS_TEST_DATA_FS=btrfs): there layers are subvolumes,
 // which link(2) cannot merge, and Flatten leaves them (store.Flatten).
 func skipFlattenWithLimits(t *testing.T) {
-	if os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" {
+	if storetest.Subvolumes() {
 		t.Skip("flatten does not run on a store with disk limits (layers are btrfs subvolumes)")
 	}
 }

@@ -20,7 +20,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 	t.Helper()
 	dir := fstest.ProjectQuotaDir(t)
 	opts.Quotas = true
-	s, err := OpenWith(testLogger(t), filepath.Join(dir, "data"), opts)
+	s, err := openStore(t, testLogger(t), filepath.Join(dir, "data"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +22,7 @@ func openQuotaStore(t *testing.T, opts Options) *Store {
 	t.Helper()
 	mnt := fstest.Image(t, "btrfs", 400, "")
 	opts.Quotas = true
-	s, err := OpenWith(testLogger(t), filepath.Join(mnt, "data"), opts)
+	s, err := openStore(t, testLogger(t), filepath.Join(mnt, "data"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,8 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 }
 
 func TestQuotaRefusals(t *testing.T) {
-	plain := openTestStore(t, t.TempDir())
+	plain := storetest.Value[*Store](t)(openPlainStore(t, testLogger(t), t.TempDir(), Options{}))
+	t.Cleanup(func() { plain.Close() })
 	_, err := plain.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 1 << 20}})
 	if !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("a limit on a store without quotas: %v, want ErrNoQuota", err)
@@ -121,7 +123,7 @@ func TestQuotaRefusals(t *testing.T) {
 	if r := plain.Quota(); r.Enforced() || r.Filesystem == "unknown" || !strings.Contains(r.Why, "--enable-quotas") || !strings.Contains(r.Why, r.Filesystem) {
 		t.Fatalf("Quota() of a plain store = %+v", r)
 	}
-	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: record.Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
+	if _, err := openPlainStore(t, testLogger(t), t.TempDir(), Options{DefaultLimit: record.Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("open with a default limit it cannot enforce: %v, want ErrNoQuota", err)
 	}
 
@@ -135,7 +137,7 @@ func TestQuotaRefusals(t *testing.T) {
 		t.Fatalf("a refused create left %v and layers %v", files, layerDirs(t, s))
 	}
 	for _, g := range [][2]uint64{{5, 4}, {0, 0x10}, {1, 1 << 48}} {
-		if _, err := OpenWith(testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, record.ErrBadLimit) {
+		if _, err := openStore(t, testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, record.ErrBadLimit) {
 			t.Fatalf("group range %v: %v", g, err)
 		}
 	}
@@ -251,7 +253,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = OpenWith(testLogger(t), s.DataDir(), Options{Quotas: true})
+	s, err = openStore(t, testLogger(t), s.DataDir(), Options{Quotas: true})
 	if err != nil {
 		t.Fatal(err)
 	}

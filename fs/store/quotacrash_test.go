@@ -118,7 +118,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 				if d != nil {
 					opts.Disk, opts.quotaStep = d, d.step
 				}
-				s, err := OpenWith(hclog.NewNullLogger(), dir, opts)
+				s, err := openStore(t, hclog.NewNullLogger(), dir, opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -168,7 +168,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 // groups of range g are the records' (see TestQuotaCrashAtEveryStep).
 func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 	t.Helper()
-	s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Groups: g})
+	s, err := openPlainStore(t, hclog.NewNullLogger(), dir, Options{Groups: g})
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
@@ -240,7 +240,7 @@ func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 // checkProjectsAgree is checkQuotaAgrees for project quotas.
 func checkProjectsAgree(t *testing.T, dir string, g [2]uint64, where string) {
 	t.Helper()
-	s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Groups: g})
+	s, err := openPlainStore(t, hclog.NewNullLogger(), dir, Options{Groups: g})
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}

@@ -47,7 +47,13 @@ func mustState(t *testing.T, s *Store, id string) *record.State {
 // closes it when the test ends.
 func openTestStore(t *testing.T, dir string) *Store {
 	t.Helper()
-	s, err := Open(testLogger(t), dir)
+	return openTestStoreWith(t, dir, Options{})
+}
+
+// openTestStoreWith is openTestStore with opts.
+func openTestStoreWith(t *testing.T, dir string, opts Options) *Store {
+	t.Helper()
+	s, err := openStore(t, testLogger(t), dir, opts)
 	if err != nil {
 		t.Fatalf("Open(%q): %v", dir, err)
 	}
@@ -59,15 +65,39 @@ func openTestStore(t *testing.T, dir string) *Store {
 	return s
 }
 
+// openStore is how every test of the store opens one: through
+// storetest.Open, which puts it on btrfs subvolumes under make
+// test-btrfs. The caller closes it, or kills it as a crash test does.
+// Unless opts takes the quota's steps itself, they go to the fault
+// setFault installs, as the disk's do.
+func openStore(t testing.TB, logger hclog.Logger, dir string, opts Options) (*Store, error) {
+	t.Helper()
+	var s *Store
+	if opts.quotaStep == nil {
+		opts.quotaStep = func(op, p string) error { return quotaFault(s, op, p) }
+	}
+	var err error
+	s, err = storetest.Open(t, func(limits bool) (*Store, error) {
+		opts.Quotas = opts.Quotas || limits
+		return OpenWith(logger, dir, opts)
+	})
+	return s, err
+}
+
+// openPlainStore is openStore for the tests of a store without disk
+// limits, whatever the run asks.
+func openPlainStore(t testing.TB, logger hclog.Logger, dir string, opts Options) (*Store, error) {
+	t.Helper()
+	return storetest.OpenPlain(t, func(bool) (*Store, error) { return OpenWith(logger, dir, opts) })
+}
+
 // restartView opens a copy of s's data dir as it is now: what a daemon
 // killed at this instant (kill -9: the page cache survives) would find on
 // its next start. s goes on untouched.
 func restartView(t *testing.T, s *Store) *Store {
 	t.Helper()
 	cp := filepath.Join(t.TempDir(), "data")
-	if out, err := exec.Command("cp", "-a", s.DataDir(), cp).CombinedOutput(); err != nil {
-		t.Fatalf("cp -a %s: %v: %s", s.DataDir(), err, out)
-	}
+	storetest.CopyDataDir(t, s.DataDir(), cp)
 	return openTestStore(t, cp)
 }
 
@@ -383,14 +413,18 @@ func TestCreateOptionsRefused(t *testing.T) {
 func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 	t.Parallel()
 	for _, step := range []struct {
-		op string
-		n  int // fail the n-th call of op
+		op string // "mkdir": the making of a layer's root (layerRootOp)
+		n  int    // fail the n-th call of op
 	}{{"mkdir", 1}, {"mkdir", 4}, {"mkdir", 7}, {"append", 1}} {
 		t.Run(fmt.Sprintf("%s#%d", step.op, step.n), func(t *testing.T) {
 			s := openTestStore(t, t.TempDir())
+			want := step.op
+			if want == "mkdir" {
+				want = layerRootOp(s)
+			}
 			calls := 0
 			setFault(s, func(op, _ string) error {
-				if op != step.op {
+				if op != want {
 					return nil
 				}
 				calls++
@@ -458,7 +492,7 @@ func TestStoreOpenBadState(t *testing.T) {
 				t.Fatal(err)
 			}
 			bad := c.setup(t, stateDir)
-			s, err := Open(testLogger(t), dir)
+			s, err := openStore(t, testLogger(t), dir, Options{})
 			if err == nil {
 				t.Fatalf("Open: got a store, want an error naming %q", bad)
 			}
@@ -492,7 +526,7 @@ func TestStoreOpenMissingLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, s.Close())
-	_, err := Open(testLogger(t), dir)
+	_, err := openStore(t, testLogger(t), dir, Options{})
 	if !errors.Is(err, iofs.ErrNotExist) {
 		t.Fatalf("Open: got %v, want %v", err, iofs.ErrNotExist)
 	}
@@ -526,7 +560,7 @@ func TestStoreOpenCleansUp(t *testing.T) {
 	var logs bytes.Buffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
 	must(t, s.Close())
-	s2, err := Open(logger, dir)
+	s2, err := openStore(t, logger, dir, Options{})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -638,7 +672,7 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dir, "state")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(testLogger(t), dir); err == nil {
+	if _, err := openStore(t, testLogger(t), dir, Options{}); err == nil {
 		t.Fatal("Open with state/ a symlink: got nil error, want one")
 	}
 }
@@ -733,7 +767,7 @@ func TestOnChangeRunsUnlocked(t *testing.T) {
 func TestOpenUpgradesRecords(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	s, err := Open(hclog.NewNullLogger(), dir)
+	s, err := openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	mustCreate(t, s, "a", "web")
 	mustCreate(t, s, "b", "web")
@@ -762,7 +796,7 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	})))
 	must(t, s.Close())
 
-	s, err = Open(hclog.NewNullLogger(), dir)
+	s, err = openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	a, err := s.Get("a")
 	must(t, err)
@@ -802,7 +836,7 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	must(t, s.Close())
 
 	before := layerSet(t, dir)
-	s, err = Open(hclog.NewNullLogger(), dir)
+	s, err = openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	defer s.Close()
 	if after := layerSet(t, dir); !reflect.DeepEqual(before, after) {
