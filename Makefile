@@ -48,10 +48,13 @@ fuzz:
 
 # test-btrfs runs the tree's tests (./fs/...) again with every store on a
 # btrfs image with disk limits on: layers as subvolumes, inode numbers
-# tagged by layer (scripts/test-btrfs.sh). Needs root, loop devices and
-# btrfs-progs; .ci/run runs it after make test.
+# tagged by layer (scripts/test-btrfs.sh). BTRFS_PKGS=./fs/store/... runs
+# some of them; BTRFS_TESTFLAGS=-v shows what each test's stores are on.
+# Needs root, loop devices and btrfs-progs; .ci/run runs it after make test.
+BTRFS_PKGS      ?= ./fs/...
+BTRFS_TESTFLAGS ?=
 test-btrfs:
-	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) bash scripts/test-btrfs.sh
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) BTRFS_PKGS="$(BTRFS_PKGS)" BTRFS_TESTFLAGS="$(BTRFS_TESTFLAGS)" bash scripts/test-btrfs.sh
 
 lint: tools darwin
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi

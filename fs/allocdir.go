@@ -122,7 +122,7 @@ func (a *AllocDir) Move(other allocdir.Interface, tasks []string) error {
 			}
 		}
 	}
-	moved, err := a.store.Remap(prev.id, a.id, keys)
+	moved, err := a.store.Migrate(prev.id, a.id, keys, store.MigrationAdopt)
 	if err != nil {
 		return fmt.Errorf("failed to remap %s into %s: %w", prev.id, a.id, err)
 	}

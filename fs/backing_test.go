@@ -17,6 +17,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/allocdir/snapshot"
 	"github.com/allocfs/allocfs/fs/fstest"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ import (
 // every operation under the name fails.
 func TestMountNeverFollowsPlantedSymlink(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	d := filepath.Join(tm.dir, "a", "alloc", "data", "d")
@@ -136,7 +137,7 @@ func TestMountTmpfileLink(t *testing.T) {
 // deep file, and the snapshot a migration streams, which carries it.
 func TestReadSideBeyondPathMax(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir, err := unix.Open(filepath.Join(tm.dir, "a", "alloc", "data"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -220,7 +221,7 @@ func openFds(t *testing.T) int {
 // descriptor behind in the daemon.
 func TestMountCreateBehindStaleNegativeEntry(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	viewA := filepath.Join(tm.dir, "a", "alloc", "data")
@@ -270,7 +271,7 @@ func TestMountCreateBehindStaleNegativeEntry(t *testing.T) {
 // does.
 func TestMountTmpfileInSetgidDirectory(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	sg := filepath.Join(tm.dir, "a", "alloc", "data", "sg")

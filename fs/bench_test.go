@@ -217,7 +217,7 @@ func newBenchEnv(b *testing.B, cfg benchConfig) *benchEnv {
 			b.Errorf("unmount: %v", err)
 		}
 	})
-	st, err := s.Create("bench", []allocdir.Task{{Name: "web"}})
+	st, err := s.Create("bench", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -691,19 +691,19 @@ func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), 
 		_, err := writeSeq(filepath.Join(dir, "lower"), size, block)
 		return err
 	}})
-	store := env.mount.store
+	st := env.mount.store
 	web := []allocdir.Task{{Name: "web"}}
-	prev, err := store.Create("lowersrc", web)
+	prev, err := st.Create("lowersrc", web, store.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := writeSeq(filepath.Join(store.LayerPath(prev.Volumes["alloc/data"].Upper), "lower"), size, block); err != nil {
+	if _, err := writeSeq(filepath.Join(st.LayerPath(prev.Volumes["alloc/data"].Upper), "lower"), size, block); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := store.Stop("lowersrc"); err != nil {
+	if _, err := st.Stop("lowersrc"); err != nil {
 		b.Fatal(err)
 	}
-	if _, _, err := store.CreateMigrated("lower", web, "lowersrc", true); err != nil {
+	if _, err := st.Create("lower", web, store.CreateOptions{Previous: "lowersrc", Migration: store.MigrationSnapshot}); err != nil {
 		b.Fatal(err)
 	}
 	mnt := filepath.Dir(filepath.Dir(filepath.Dir(env.vol)))

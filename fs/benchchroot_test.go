@@ -56,7 +56,7 @@ func BenchmarkChrootEmbed(b *testing.B) {
 			dir = filepath.Join(mnt, id, "box")
 			must(b, os.Mkdir(dir, 0o777))
 		case "copy":
-			if _, err := s.Create(id, []allocdir.Task{{Name: "box"}}); err != nil {
+			if _, err := s.Create(id, []allocdir.Task{{Name: "box"}}, store.CreateOptions{}); err != nil {
 				b.Fatal(err)
 			}
 			dir = filepath.Join(mnt, id, "box")

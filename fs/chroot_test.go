@@ -204,7 +204,7 @@ func TestMountChrootOnlyWhereNomadBuildsOne(t *testing.T) {
 	}
 
 	// An allocation made through the API never shows it.
-	if _, err := tm.store.Create("api", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("api", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	web := filepath.Join(tm.dir, "api/web")
@@ -287,7 +287,7 @@ func TestMountExecsLowerFiles(t *testing.T) {
 
 	prev, next := migrationFixture(t, tm)
 	must(t, os.WriteFile(filepath.Join(tm.dir, prev, "alloc/data/run.sh"), []byte("#!/bin/sh\necho migrated\n"), 0o755))
-	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
+	if n, err := tm.store.Migrate(prev, next, migratedKeys, store.MigrationSnapshot); err != nil || n != 2 {
 		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
 	}
 	for _, id := range []string{prev, next} {

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // snapshotVolume makes allocation "old", lets fill write its alloc/data
@@ -18,14 +19,14 @@ import (
 func snapshotVolume(t *testing.T, tm *testMount, fill func(data string)) string {
 	t.Helper()
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("old", web); err != nil {
+	if _, err := tm.store.Create("old", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	fill(filepath.Join(tm.dir, "old/alloc/data"))
 	if _, err := tm.store.Stop("old"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("new", web, "old", true); err != nil {
+	if _, err := tm.store.Create("new", web, store.CreateOptions{Previous: "old", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(tm.dir, "new/alloc/data")

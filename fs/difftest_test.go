@@ -15,6 +15,7 @@ import (
 	"github.com/allocfs/allocfs/fs/difftest"
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 	"golang.org/x/sys/unix"
 )
 
@@ -136,7 +137,7 @@ func TestDifferential(t *testing.T) {
 	}
 	// With every store on btrfs (scripts/test-btrfs.sh) the reference
 	// is a btrfs directory beside the data dir.
-	onBtrfs := os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" && sfs.Type == unix.BTRFS_SUPER_MAGIC
+	onBtrfs := storetest.Subvolumes() && sfs.Type == unix.BTRFS_SUPER_MAGIC
 	if sfs.Type != unix.EXT4_SUPER_MAGIC && !onBtrfs {
 		if os.Getenv("ALLOCFS_REQUIRE_FUSE") == "1" {
 			t.Fatalf("the reference directory %s is on a file system with magic %#x, not ext4", refBase, sfs.Type)
@@ -369,14 +370,14 @@ func (r *diffRun) setup() {
 	r.allocs = nil
 	switch r.shape {
 	case "plain":
-		if _, err := r.tm.store.Create(id, web); err != nil {
+		if _, err := r.tm.store.Create(id, web, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, id)
 		r.populate(filepath.Join(r.tm.dir, id, "alloc/data"))
 	default:
 		prev := id + "-prev"
-		if _, err := r.tm.store.Create(prev, web); err != nil {
+		if _, err := r.tm.store.Create(prev, web, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, prev)
@@ -384,7 +385,11 @@ func (r *diffRun) setup() {
 		if _, err := r.tm.store.Stop(prev); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := r.tm.store.CreateMigrated(id, web, prev, r.shape == "snapshot"); err != nil {
+		kind := store.MigrationAdopt
+		if r.shape == "snapshot" {
+			kind = store.MigrationSnapshot
+		}
+		if _, err := r.tm.store.Create(id, web, store.CreateOptions{Previous: prev, Migration: kind}); err != nil {
 			t.Fatal(err)
 		}
 		r.allocs = append(r.allocs, id)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,14 +49,14 @@ func rawEntries(t *testing.T, dir string) map[string]uint64 {
 // its parent, as a local filesystem does.
 func TestListingsHaveDots(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	must(t, os.MkdirAll(filepath.Join(tm.dir, "a", "alloc", "data", "d"), 0o755))
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("b", []allocdir.Task{{Name: "web"}}, "a", true); err != nil {
+	if _, err := tm.store.Create("b", []allocdir.Task{{Name: "web"}}, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	for _, rel := range []string{

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -64,7 +65,7 @@ func fifoTimesChange(t *testing.T, dir string, io func(p string)) (mtime, ctime 
 // this reason.
 func TestFIFOTimesAreTheKernels(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	vol := filepath.Join(tm.dir, "a", "alloc", "data")

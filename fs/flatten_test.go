@@ -19,6 +19,7 @@ import (
 	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/store/disk"
 	"github.com/allocfs/allocfs/fs/store/record"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -102,14 +103,14 @@ func buildChain(t *testing.T, tm *testMount) []string {
 	for i := 0; i <= chainLen; i++ {
 		id := chainID(i)
 		if i == 0 {
-			if _, err := tm.store.Create(id, web); err != nil {
+			if _, err := tm.store.Create(id, web, store.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		} else {
 			if _, err := tm.store.Stop(chainID(i - 1)); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := tm.store.CreateMigrated(id, web, chainID(i-1), true); err != nil {
+			if _, err := tm.store.Create(id, web, store.CreateOptions{Previous: chainID(i - 1), Migration: store.MigrationSnapshot}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -549,7 +550,7 @@ func TestFlattenMergeMatchesOverlay(t *testing.T) {
 // disk limits (ALLOCFS_TEST_DATA_FS=btrfs): there layers are subvolumes,
 // which link(2) cannot merge, and Flatten leaves them (store.Flatten).
 func skipFlattenWithLimits(t *testing.T) {
-	if os.Getenv("ALLOCFS_TEST_DATA_FS") == "btrfs" {
+	if storetest.Subvolumes() {
 		t.Skip("flatten does not run on a store with disk limits (layers are btrfs subvolumes)")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // walkMount lists every entry under dir, in the mount, as path, type and
@@ -62,7 +63,7 @@ func walkMount(t *testing.T, dir string) []string {
 func TestMountSharedLayersKeepTheirOwnNodes(t *testing.T) {
 	tm := newTestMount(t)
 	tasks := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("g0", tasks); err != nil {
+	if _, err := tm.store.Create("g0", tasks, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := func(id string) string { return filepath.Join(tm.dir, id, "alloc", "data") }
@@ -85,7 +86,7 @@ func TestMountSharedLayersKeepTheirOwnNodes(t *testing.T) {
 		if _, err := tm.store.Stop(prev); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := tm.store.CreateMigrated(id, tasks, prev, true); err != nil {
+		if _, err := tm.store.Create(id, tasks, store.CreateOptions{Previous: prev, Migration: store.MigrationSnapshot}); err != nil {
 			t.Fatalf("CreateMigrated %s from %s: %v", id, prev, err)
 		}
 		mustWrite(filepath.Join(data(id), "d/"+id+".txt"), "new in "+id)

@@ -27,7 +27,7 @@ func setidSides(t *testing.T) (tm *testMount, vol, native string) {
 func setidSidesTuned(t *testing.T, tune func(*MountOptions)) (tm *testMount, vol, native string) {
 	t.Helper()
 	tm = newTestMountTuned(t, store.Options{}, tune)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	vol = filepath.Join(tm.dir, "a", "alloc", "data")

@@ -492,7 +492,7 @@ func waitMemUsed(t *testing.T, dir string, bytes int64) (int64, int64) {
 // task's.
 func TestMemVolumeUnlinkedFileKeepsItsCharge(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")
@@ -551,7 +551,7 @@ func TestMemVolumeFreesAFileClosedBeforeItsUnlink(t *testing.T) {
 			return &lateReleases{RawFileSystem: h, delay: 50 * time.Millisecond}
 		}
 	})
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")

@@ -80,7 +80,7 @@ func memBackends(t *testing.T) []memBackend {
 		{name: "allocfs", fresh: func(t *testing.T) string {
 			next++
 			id := fmt.Sprintf("v%d", next)
-			if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web", SecretsMB: memTestSize >> 20}}); err != nil {
+			if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web", SecretsMB: memTestSize >> 20}}, store.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			return filepath.Join(tm.dir, id, "web", allocdir.TaskSecrets)
@@ -433,7 +433,7 @@ func TestMemVolumeLikeTmpfs(t *testing.T) {
 // allocfs's secrets/, whatever the kernel's tmpfs does later.
 func TestMemVolumeXattrErrnos(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")
@@ -518,7 +518,7 @@ func TestMemVolumeDataCap(t *testing.T) {
 // caps, so that no operation leaks budget (or hands out more than it took).
 func TestMemVolumeReturnsWhatItCharged(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")
@@ -608,7 +608,7 @@ const heapNoise = 4 << 20
 func TestMemVolumeManyEntries(t *testing.T) {
 	tm := newTestMount(t)
 	task := allocdir.Task{Name: "web", SecretsMB: 64}
-	if _, err := tm.store.Create("a1", []allocdir.Task{task}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{task}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")
@@ -674,7 +674,7 @@ func TestMemVolumeManyEntries(t *testing.T) {
 // on a tmpfs detached while in use.
 func TestMemVolumeAfterDestroy(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/secrets")

@@ -88,7 +88,7 @@ func mountTestStore(t *testing.T, s *store.Store, tune func(*MountOptions)) *tes
 // volume's layer on the backing store.
 func TestMountLayout(t *testing.T) {
 	tm := newTestMount(t)
-	st, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}})
+	st, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestMountLayout(t *testing.T) {
 // that the size cap is enforced with ENOSPC.
 func TestMountSecretsStayInMemory(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	secret := filepath.Join(tm.dir, "a1/web/secrets/token")
@@ -182,7 +182,7 @@ func TestMountSecretsStayInMemory(t *testing.T) {
 // numbers, at the root and inside a volume.
 func TestMountStatfs(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	want, err := tm.store.Statfs()
@@ -210,7 +210,7 @@ func TestMountSeesStoreChangesAtOnce(t *testing.T) {
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Fatalf("stat before create: got %v, want not-exist", err)
 	}
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(p, "web/local")); err != nil {
@@ -232,7 +232,7 @@ func TestMountPassthroughServesData(t *testing.T) {
 	if !tm.mount.vol.PassthroughNegotiated() {
 		fstest.Lacks(t, "the kernel did not offer passthrough (needs Linux 6.9+ and root)")
 	}
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(tm.dir, "a1/alloc/data/f")
@@ -257,7 +257,7 @@ func TestMountPassthroughServesData(t *testing.T) {
 // as on a local filesystem, whoever creates them.
 func TestMountSetgidDirectory(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/alloc/data/shared")
@@ -302,7 +302,7 @@ func TestMountSetgidDirectory(t *testing.T) {
 // mount: create, rename, unlink, mkdir and rmdir.
 func TestMountCachedListingsStayCurrent(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a1/web/local")
@@ -346,7 +346,7 @@ func TestMountCachedListingsStayCurrent(t *testing.T) {
 // between two volumes is EXDEV (mv then copies).
 func TestMountFileKinds(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(tm.dir, "a1/alloc/data")
@@ -489,7 +489,7 @@ func TestMountServers(t *testing.T) {
 			if want := opts.IOUring && !c.goFuse && fuseOverIOUringOn(); m.ioUring != want {
 				t.Errorf("requests over io_uring: %v, want %v", m.ioUring, want)
 			}
-			if _, err := s.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+			if _, err := s.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			p := filepath.Join(dir, "a", "alloc", "data", "f")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 )
 
 // TestRequestCounts checks that the mount counts the requests the kernel
@@ -20,7 +21,7 @@ import (
 // file costs no FLUSH.
 func TestRequestCounts(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	d := filepath.Join(tm.dir, "a", "alloc", "data", "d")

@@ -81,7 +81,7 @@ func treeOf(t *testing.T, root string) string {
 // empty, and a renamed directory brings its lower content along.
 func TestMountOverlay(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(tm.dir, "a1/alloc/data")
@@ -249,7 +249,7 @@ func TestMountOverlay(t *testing.T) {
 // directory that must be copied up first.
 func TestMountOverlayPosix(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(tm.dir, "a1/alloc/data")
@@ -277,7 +277,7 @@ func TestMountOverlayPosix(t *testing.T) {
 // the copied-up file, and the lower layer stays as it was.
 func TestMountOverlayCopyUpWhileOpen(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(tm.dir, "a1/alloc/data/f")

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
@@ -66,7 +67,7 @@ func TestMountPathMax(t *testing.T) {
 		t.Fatalf("snapshot volume's lower layer is %s, want the seeded %s", got, lower)
 	}
 	prev, next := migrationFixture(t, tm)
-	if n, err := tm.store.Remap(prev, next, migratedKeys); err != nil || n != len(migratedKeys) {
+	if n, err := tm.store.Migrate(prev, next, migratedKeys, store.MigrationAdopt); err != nil || n != len(migratedKeys) {
 		t.Fatalf("Remap: %d volumes, %v; want %d", n, err, len(migratedKeys))
 	}
 	lowerBefore := treeAt(t, lower)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"github.com/allocfs/allocfs/fs/volume"
 	"golang.org/x/sys/unix"
 )
@@ -25,7 +26,7 @@ import (
 func TestListingFirstBatchAttributes(t *testing.T) {
 	tm := newTestMount(t)
 	for _, id := range []string{"plain", "stacked"} {
-		if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web"}}); err != nil {
+		if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +112,7 @@ func TestListingFirstBatchAttributes(t *testing.T) {
 // the layout's children and the layer's entries (listDir).
 func TestListingSeek(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(tm.dir, "a", "alloc", "data", "d")
@@ -260,7 +261,7 @@ func dropCachesForTest(t *testing.T) {
 // that stops early does.
 func TestListingManyBatches(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := tm.store.Get("a")

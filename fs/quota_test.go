@@ -41,10 +41,10 @@ func newQuotaMount(t *testing.T) *testMount {
 func TestQuotaThroughTheMount(t *testing.T) {
 	tm := newQuotaMount(t)
 	const limit = 32 << 20
-	if _, err := tm.store.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit}); err != nil {
+	if _, err := tm.store.Create("a1", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: limit}}); err != nil {
 		t.Fatal(err)
 	}
-	must(t, errOnly(tm.store.Create("a2", tasks("web"))))
+	must(t, errOnly(tm.store.Create("a2", tasks("web"), store.CreateOptions{})))
 	data := filepath.Join(tm.dir, "a1", "alloc", "data")
 
 	n, err := fstest.WriteUntil(filepath.Join(data, "dd"), 0o644, 2*limit)
@@ -143,7 +143,7 @@ func TestQuotaThroughTheMount(t *testing.T) {
 // volumes' files and two layers' files apart.
 func TestQuotaKeepsLayersApart(t *testing.T) {
 	tm := newQuotaMount(t)
-	if _, err := tm.store.CreateSized("a1", tasks("web"), record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := tm.store.Create("a1", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: 64 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	seen := make(map[uint64]string)
@@ -184,7 +184,7 @@ func TestQuotaKeepsLayersApart(t *testing.T) {
 	// of each, both the first of their subvolume, stay two files, and a
 	// copy-up keeps the lower file's number.
 	must(t, errOnly(tm.store.Stop("a1")))
-	if _, _, err := tm.store.CreateMigratedSized("a2", tasks("web"), "a1", true, record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := tm.store.Create("a2", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a1", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(tm.dir, "a2", "alloc", "data")
@@ -228,7 +228,7 @@ func TestQuotaKeepsLayersApart(t *testing.T) {
 // every later listing misses it.
 func TestMountListingOpenedBeforeACreate(t *testing.T) {
 	tm := newQuotaMount(t)
-	must(t, errOnly(tm.store.Create("a1", tasks("web"))))
+	must(t, errOnly(tm.store.Create("a1", tasks("web"), store.CreateOptions{})))
 	dir := filepath.Join(tm.dir, "a1", "alloc", "data")
 	for i := range 3 {
 		d, err := os.Open(dir)
@@ -268,7 +268,7 @@ func TestQuotaUsageMatchesDu(t *testing.T) {
 		fstest.Lacks(t, "du is needed: %v", err)
 	}
 	tm := newQuotaMount(t)
-	if _, err := tm.store.CreateSized("a1", tasks("web"), record.Limit{Bytes: 400 << 20}); err != nil {
+	if _, err := tm.store.Create("a1", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: 400 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	seed := time.Now().UnixNano()
@@ -344,7 +344,7 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 	}
 	mnt := mountTestStore(t, s, nil).dir
 	const limit = 32 << 20
-	if _, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit, Inodes: 500}); err != nil {
+	if _, err := s.Create("a1", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: limit, Inodes: 500}}); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(mnt, "a1", "alloc", "data")
@@ -385,7 +385,7 @@ func TestProjectQuotaThroughTheMount(t *testing.T) {
 func TestQuotaCountsTheAllocationsOwnDirectories(t *testing.T) {
 	tm := newQuotaMount(t)
 	const limit = 16 << 20
-	if _, err := tm.store.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit}); err != nil {
+	if _, err := tm.store.Create("a1", tasks("web"), store.CreateOptions{Limit: record.Limit{Bytes: limit}}); err != nil {
 		t.Fatal(err)
 	}
 	must(t, os.Mkdir(filepath.Join(tm.dir, "a1", "alloc", "container"), 0o711))

@@ -20,7 +20,7 @@ import (
 func migrationFixture(t *testing.T, tm *testMount) (prev, next string) {
 	t.Helper()
 	for _, id := range []string{"prev", "next"} {
-		if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web"}}); err != nil {
+		if _, err := tm.store.Create(id, []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,7 +74,7 @@ var migratedKeys = []string{"alloc/data", "web/local"}
 func TestMountAdopt(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := migrationFixture(t, tm)
-	n, err := tm.store.Remap(prev, next, migratedKeys)
+	n, err := tm.store.Migrate(prev, next, migratedKeys, store.MigrationAdopt)
 	if err != nil || n != 2 {
 		t.Fatalf("Remap: %d volumes, %v; want 2", n, err)
 	}
@@ -119,7 +119,7 @@ func TestMountSeal(t *testing.T) {
 	tm := newTestMount(t)
 	prev, next := migrationFixture(t, tm)
 	held := holdOpen(t, tm, "prev/web/local")
-	if n, err := tm.store.Seal(prev, next, migratedKeys); err != nil || n != 2 {
+	if n, err := tm.store.Migrate(prev, next, migratedKeys, store.MigrationSnapshot); err != nil || n != 2 {
 		t.Fatalf("Seal: %d volumes, %v; want 2", n, err)
 	}
 	f, err := os.OpenFile(filepath.Join(tm.dir, "next/alloc/data/test.txt"), os.O_APPEND|os.O_WRONLY, 0)
@@ -181,7 +181,7 @@ func TestMountSealOutlivesAStaleRecord(t *testing.T) {
 	prev, next := migrationFixture(t, tm)
 	held := holdOpen(t, tm, "prev/web/local")
 	stale := mustState(t, tm.store, prev)
-	if _, err := tm.store.Seal(prev, next, migratedKeys); err != nil {
+	if _, err := tm.store.Migrate(prev, next, migratedKeys, store.MigrationSnapshot); err != nil {
 		t.Fatal(err)
 	}
 	tm.mount.invalidateVolumes(prev, stale)
@@ -199,18 +199,22 @@ func TestMountSealOutlivesAStaleRecord(t *testing.T) {
 func TestMigrateTwiceRefused(t *testing.T) {
 	s := openTestStore(t, t.TempDir(), store.Options{})
 	for _, snapshot := range []bool{false, true} {
+		kind := store.MigrationAdopt
+		if snapshot {
+			kind = store.MigrationSnapshot
+		}
 		prev := fmt.Sprintf("prev-%v", snapshot)
-		if _, err := s.Create(prev, tasks("web")); err != nil {
+		if _, err := s.Create(prev, tasks("web"), store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Stop(prev); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := s.CreateMigrated(prev+"-b", tasks("web"), prev, snapshot); err != nil {
+		if _, err := s.Create(prev+"-b", tasks("web"), store.CreateOptions{Previous: prev, Migration: kind}); err != nil {
 			t.Fatal(err)
 		}
 		before, _ := s.Get(prev)
-		_, _, err := s.CreateMigrated(prev+"-c", tasks("web"), prev, snapshot)
+		_, err := s.Create(prev+"-c", tasks("web"), store.CreateOptions{Previous: prev, Migration: kind})
 		if !errors.Is(err, store.ErrExists) {
 			t.Errorf("snapshot=%v: second migration from %s: %v, want ErrExists", snapshot, prev, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestOverlayRenameFailuresChangeNothing(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	native := filepath.Join(filepath.Dir(tm.store.DataDir()), "native")
@@ -36,7 +37,7 @@ func TestOverlayRenameFailuresChangeNothing(t *testing.T) {
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	st, _, err := tm.store.CreateMigrated("b", web, "a", true)
+	st, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot})
 	must(t, err)
 	vol := filepath.Join(tm.dir, "b", "alloc", "data")
 	upper := tm.store.LayerPath(st.Volumes["alloc/data"].Upper)
@@ -88,7 +89,7 @@ func TestOverlayRenameFailuresChangeNothing(t *testing.T) {
 func TestLowerFileCacheAfterCopyUp(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	old := strings.Repeat("old-", 4096)
@@ -96,7 +97,7 @@ func TestLowerFileCacheAfterCopyUp(t *testing.T) {
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+	if _, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(tm.dir, "b", "alloc", "data", "f")
@@ -124,7 +125,7 @@ func TestLowerFileCacheAfterCopyUp(t *testing.T) {
 func TestCopyUpKeepsHoles(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	const size = 1 << 30
@@ -139,7 +140,7 @@ func TestCopyUpKeepsHoles(t *testing.T) {
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	st, _, err := tm.store.CreateMigrated("b", web, "a", true)
+	st, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot})
 	must(t, err)
 	p := filepath.Join(tm.dir, "b", "alloc", "data", "sparse")
 	g, err := os.OpenFile(p, os.O_WRONLY, 0) // copies it up
@@ -174,14 +175,14 @@ func TestCopyUpKeepsHoles(t *testing.T) {
 func TestLowerFileUnlinkedWhileOpen(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	must(t, os.WriteFile(filepath.Join(tm.dir, "a", "alloc", "data", "f"), []byte("hello"), 0o644))
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+	if _, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(tm.dir, "b", "alloc", "data", "f")

@@ -109,7 +109,7 @@ func TestTakeoverHelper(t *testing.T) {
 	dataDir, mnt, _ := strings.Cut(env, " ")
 	const sock = 3
 	logger := hclog.New(&hclog.LoggerOptions{Name: "helper", Level: hclog.Warn, Output: os.Stderr})
-	s, err := store.Open(logger, dataDir)
+	s, err := openStore(t, logger, dataDir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestAdoptMountAfterKill(t *testing.T) {
 	// The allocation, and a file only the held lookup will find, are
 	// made before any daemon runs.
 	s0 := storeAt(t, dataDir)
-	st, err := s0.Create("a1", []allocdir.Task{{Name: "web"}})
+	st, err := s0.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestAdoptMountAfterKill(t *testing.T) {
 // storeAt opens the store in dataDir, for a test that closes it itself.
 func storeAt(t *testing.T, dataDir string) *store.Store {
 	t.Helper()
-	s, err := store.Open(testLogger(t), dataDir)
+	s, err := openStore(t, testLogger(t), dataDir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

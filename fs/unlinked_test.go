@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/allocdir"
+	"github.com/allocfs/allocfs/fs/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,7 +19,7 @@ import (
 // kernel serves itself, are checked.
 func TestMountOpenUnlinkedFiles(t *testing.T) {
 	tm := newTestMount(t)
-	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}); err != nil {
+	if _, err := tm.store.Create("a", []allocdir.Task{{Name: "web"}}, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(tm.dir, "a/alloc/data")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/allocfs/allocfs/fs/layer"
+	"github.com/allocfs/allocfs/fs/store"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"golang.org/x/sys/unix"
@@ -31,7 +32,7 @@ func mountedXattrs(t *testing.T, p string) []string {
 func TestXattrsSurviveCopyUp(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := func(id string) string { return filepath.Join(tm.dir, id, "alloc", "data") }
@@ -44,7 +45,7 @@ func TestXattrsSurviveCopyUp(t *testing.T) {
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+	if _, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"trusted.mine", "user.note"}
@@ -79,7 +80,7 @@ func TestXattrsSurviveCopyUp(t *testing.T) {
 func TestTaskOverlayXattrsRoundTrip(t *testing.T) {
 	tm := newTestMount(t)
 	web := []allocdir.Task{{Name: "web"}}
-	if _, err := tm.store.Create("a", web); err != nil {
+	if _, err := tm.store.Create("a", web, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	data := func(id string) string { return filepath.Join(tm.dir, id, "alloc", "data") }
@@ -88,7 +89,7 @@ func TestTaskOverlayXattrsRoundTrip(t *testing.T) {
 	if _, err := tm.store.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tm.store.CreateMigrated("b", web, "a", true); err != nil {
+	if _, err := tm.store.Create("b", web, store.CreateOptions{Previous: "a", Migration: store.MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	d := filepath.Join(data("b"), "d")

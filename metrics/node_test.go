@@ -65,7 +65,7 @@ func until(t *testing.T, m *Metrics, what string, cond func(families) bool) fami
 // destroyed allocation not at all.
 func TestNodeSeries(t *testing.T) {
 	s := openStore(t)
-	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}})
+	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	must(t, err)
 	data := layerOf(t, s, "a1", "alloc/data")
 	must(t, os.WriteFile(filepath.Join(data, "f"), []byte("hello"), 0o644))
@@ -124,7 +124,7 @@ func TestNodeSeries(t *testing.T) {
 
 	_, err = s.Stop("a1")
 	must(t, err)
-	_, _, err = s.CreateMigrated("a2", []allocdir.Task{{Name: "web"}}, "a1", true)
+	_, err = s.Create("a2", []allocdir.Task{{Name: "web"}}, store.CreateOptions{Previous: "a1", Migration: store.MigrationSnapshot})
 	must(t, err)
 	fams = until(t, m, "a snapshot migration's layers", func(f families) bool {
 		return f.value("allocfs_alloc_bytes", map[string]string{"alloc_id": "a2", "volume": "alloc/data", "layer": "lower"}) == 11
@@ -194,7 +194,7 @@ func TestWalkLayer(t *testing.T) {
 // and walks never overlap.
 func TestScrapeDoesNotWaitForAWalk(t *testing.T) {
 	s := openStore(t)
-	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}})
+	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	must(t, err)
 	m := New(testLogger(t))
 	u := newUsageCache(m.logger, s, time.Millisecond)
@@ -250,7 +250,7 @@ func TestUsageWalkEndsWithItsContext(t *testing.T) {
 	s, err := store.Open(testLogger(t), t.TempDir())
 	must(t, err)
 	t.Cleanup(func() { s.Close() })
-	_, err = s.Create("a1", []allocdir.Task{{Name: "web"}})
+	_, err = s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	must(t, err)
 	u := newUsageCache(testLogger(t), s, time.Hour)
 	u.walk = func(ctx context.Context, root string) (usage, error) {
@@ -278,7 +278,7 @@ func mustGet(t *testing.T, s *store.Store, id string) *record.State {
 // failure, and as empty.
 func TestUsageFailuresCounted(t *testing.T) {
 	s := openStore(t)
-	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}})
+	_, err := s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	must(t, err)
 	u := newUsageCache(testLogger(t), s, time.Hour)
 	u.walk = func(context.Context, string) (usage, error) { return usage{bytes: 1}, syscall.EIO }

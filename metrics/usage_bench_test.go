@@ -38,7 +38,7 @@ func BenchmarkAllocUsage(b *testing.B) {
 	b.Cleanup(func() { s.Close() })
 	for _, n := range counts {
 		id := fmt.Sprintf("files-%d", n)
-		st, err := s.CreateSized(id, []allocdir.Task{{Name: "web"}}, record.Limit{Bytes: 4 << 30})
+		st, err := s.Create(id, []allocdir.Task{{Name: "web"}}, store.CreateOptions{Limit: record.Limit{Bytes: 4 << 30}})
 		if err != nil {
 			b.Fatal(err)
 		}

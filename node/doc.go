@@ -14,12 +14,14 @@
 // What a migration does, by the previous allocation's place and policy:
 //
 //	no previous, or policy none   a fresh allocation
-//	previous here, sticky/migrate store.CreateMigrated: its layers are
+//	previous here, sticky/migrate store.Create with MigrationAdopt or
+//	                              MigrationSnapshot: its layers are
 //	                              adopted or sealed under a new upper,
 //	                              O(1), no byte copied
 //	previous on another node      migrate.Fetch streams its snapshot into
-//	                              staging, checked; store.CreateImported
-//	                              takes the staged directories as layers
+//	                              staging, checked; store.Create with
+//	                              MigrationRemote takes the staged
+//	                              directories as layers
 //
 // Errors leave the service marked with the api kind that decides their
 // status code (api.Kind): a caller over HTTP and a caller in process see

@@ -41,7 +41,7 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 		if policy != migrate.PolicyNone {
 			return nil, api.Kind(api.ErrBadRequest, fmt.Errorf("migrate %q needs a previous allocation", policy))
 		}
-		return s.store.CreateSized(req.ID, tasks, lim)
+		return s.store.Create(req.ID, tasks, store.CreateOptions{Limit: lim})
 	}
 	if req.From != "" {
 		if !policy.Remote() {
@@ -50,14 +50,19 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 		return s.createRemote(ctx, req, tasks, progress)
 	}
 	if !policy.Local() {
-		st, err := s.store.CreateSized(req.ID, tasks, lim)
+		st, err := s.store.Create(req.ID, tasks, store.CreateOptions{Limit: lim})
 		if err == nil {
 			s.logger.Info("migration skipped", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "reason", "policy none: the replacement starts empty")
 		}
 		return st, err
 	}
+	kind := store.MigrationAdopt
+	if mode == migrate.ModeSnapshot {
+		kind = store.MigrationSnapshot
+	}
+	volumes := s.handedOver(req.Previous, tasks)
 	start := time.Now()
-	st, volumes, err := s.store.CreateMigratedSized(req.ID, tasks, req.Previous, mode == migrate.ModeSnapshot, lim)
+	st, err := s.store.Create(req.ID, tasks, store.CreateOptions{Limit: lim, Previous: req.Previous, Migration: kind})
 	if err != nil {
 		s.logger.Warn("migration refused", "previous_alloc_id", req.Previous, "alloc_id", req.ID, "mode", mode, "error", err)
 		return nil, err
@@ -71,6 +76,34 @@ func (s *Service) create(ctx context.Context, req api.CreateAllocRequest, tasks 
 		s.logMigration(st, req.Previous, mode, volumes, elapsed)
 	}()
 	return st, nil
+}
+
+// handedOver counts the volumes a local migration from prevID hands to a
+// new allocation of tasks, for the log line: the migrated volumes that
+// prevID has, as the store counts them. The store's Create returns the
+// record alone; prevID is read before the change, so that the count does
+// not depend on a collector that may destroy it once it has handed its
+// data over.
+func (s *Service) handedOver(prevID string, tasks []allocdir.Task) int {
+	prev, err := s.store.Get(prevID)
+	if err != nil {
+		return 0
+	}
+	names := make([]string, 0, len(tasks))
+	for _, t := range tasks {
+		names = append(names, t.Name)
+	}
+	keys, err := allocdir.MigratedDirs(names)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, key := range keys {
+		if _, ok := prev.Volumes[key]; ok {
+			n++
+		}
+	}
+	return n
 }
 
 // logMigration writes the one line that records a local migration, with
@@ -147,7 +180,7 @@ func (s *Service) createRemote(ctx context.Context, req api.CreateAllocRequest, 
 			dirs[key] = filepath.Join(fetched.Dir, key)
 		}
 	}
-	st, err := s.store.CreateImportedSized(req.ID, tasks, req.Previous, dirs, limitOf(req))
+	st, err := s.store.Create(req.ID, tasks, store.CreateOptions{Limit: limitOf(req), Previous: req.Previous, Migration: store.MigrationRemote, Imported: dirs})
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the tree's tests (package fs and below) with every store on a
-# btrfs image with disk limits on (ALLOCFS_TEST_DATA_FS=btrfs): layers are
-# subvolumes, inode numbers carry layer tags, and each allocation is
-# limited. Needs root, loop devices and btrfs-progs.
+# Runs the tree's tests (package fs and below; BTRFS_PKGS others) with
+# every store on a btrfs image with disk limits on
+# (ALLOCFS_TEST_DATA_FS=btrfs, which every test's store honours through
+# storetest.Open): layers are subvolumes and inode numbers carry layer
+# tags. BTRFS_TESTFLAGS adds flags to go test: with -v each test says what
+# its stores' layers are on. Needs root, loop devices and btrfs-progs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -19,4 +21,4 @@ chmod 0755 "$work"
 mount -o loop "$work/btrfs.img" "$work/mnt"
 chmod 0755 "$work" "$work/mnt"
 mkdir -m 1777 "$work/mnt/tmp"
-TMPDIR="$work/mnt/tmp" ALLOCFS_TEST_DATA_FS=btrfs $GO test -race -count=1 -timeout "${TEST_TIMEOUT:-10m}" ./fs/...
+TMPDIR="$work/mnt/tmp" ALLOCFS_TEST_DATA_FS=btrfs $GO test -race -count=1 -timeout "${TEST_TIMEOUT:-10m}" ${BTRFS_TESTFLAGS:-} ${BTRFS_PKGS:-./fs/...}

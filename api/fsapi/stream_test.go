@@ -48,16 +48,16 @@ func newStoreServer(t *testing.T, wrap func(allocdir.FS) allocdir.FS) *storeServ
 // between the handler and the allocation's read side.
 func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.FS) (string, *store.Store, *record.State, allocdir.FS, *Handler) {
 	t.Helper()
-	store, err := store.Open(hclog.NewNullLogger(), t.TempDir())
+	s, err := store.Open(hclog.NewNullLogger(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	st, err := store.Create("a1", []allocdir.Task{{Name: "web"}})
+	t.Cleanup(func() { s.Close() })
+	st, err := s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsys := allocdir.FS(fs.NewAllocDir(hclog.NewNullLogger(), store, nil, "/mnt", "a1"))
+	fsys := allocdir.FS(fs.NewAllocDir(hclog.NewNullLogger(), s, nil, "/mnt", "a1"))
 	if wrap != nil {
 		fsys = wrap(fsys)
 	}
@@ -69,7 +69,7 @@ func serveA1(t *testing.T, logger hclog.Logger, wrap func(allocdir.FS) allocdir.
 	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return srv.URL, store, st, fsys, h
+	return srv.URL, s, st, fsys, h
 }
 
 // frameStream reads the frames of one request in the background.

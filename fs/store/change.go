@@ -3,66 +3,192 @@ package store
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/store/record"
 )
 
-// Create records a new allocation with one fresh layer per volume:
-// alloc/data, alloc/logs and alloc/tmp, and each task's local/ and tmp/.
-// It either succeeds completely or leaves nothing behind: no layer, no
-// state file, no entry.
-func (s *Store) Create(id string, tasks []allocdir.Task) (*record.State, error) {
-	if len(tasks) == 0 {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
-	}
-	return s.create(id, tasks, record.Limit{})
+// CreateOptions says what a new allocation starts with besides its tasks.
+// The zero value is an allocation with the store's default limit whose
+// volumes all start empty.
+type CreateOptions struct {
+	// Limit is the allocation's disk limit: its volumes' bytes count
+	// against it, and a write past it fails with EDQUOT. Zero gives the
+	// store's default (Options.DefaultLimit). A store whose data dir
+	// cannot enforce a limit refuses one (ErrNoQuota).
+	Limit record.Limit
+	// Previous is the allocation whose data the new one takes, and
+	// Migration how; either both are set or neither is.
+	//
+	// MigrationAdopt and MigrationSnapshot take it from a terminal
+	// allocation of this store, as Migrate does, for alloc/data and the
+	// local/ of each task both have; the previous allocation's change is
+	// part of the intent that creates the new one. An adopt onto a limit
+	// smaller than the data it takes over is carried out: the data is
+	// the task's, and refusing would lose it for the new allocation,
+	// which starts over its limit, gets EDQUOT for every write until it
+	// deletes enough, and is logged with a warning.
+	//
+	// MigrationRemote takes it from Imported, what was received of
+	// Previous, an allocation of another node.
+	Previous  string
+	Migration MigrationKind
+	// Imported maps volume keys ("alloc/data", "<task>/local") to
+	// directories inside the staging dir, fully received and checked:
+	// the data of a MigrationRemote, and of nothing else. They are
+	// synced, measured against the limit (ErrTooBig, with nothing
+	// created, when they do not fit) and each becomes the volume's layer
+	// by one rename. Keys for tasks the new allocation does not have are
+	// left in staging; on failure the layers made of the others are
+	// removed.
+	Imported map[string]string
 }
 
-// CreateSized is Create of an allocation with disk limit lim: its
-// volumes' bytes count against it, and a write past it fails with
-// EDQUOT. A zero lim gives the store's default (Options.DefaultLimit).
-// A store whose data dir cannot enforce a limit refuses one
-// (ErrNoQuota).
-func (s *Store) CreateSized(id string, tasks []allocdir.Task, lim record.Limit) (*record.State, error) {
+// ErrBadOptions: CreateOptions that contradict themselves, or a
+// MigrationKind a call cannot carry out.
+var ErrBadOptions = errors.New("invalid migration options")
+
+// check refuses options that contradict themselves: the caller is
+// mistaken, and guessing what it meant could lose data.
+func (o CreateOptions) check() error {
+	switch o.Migration {
+	case "":
+		if o.Previous != "" {
+			return fmt.Errorf("%w: previous allocation %q, and no Migration says how its data comes", ErrBadOptions, o.Previous)
+		}
+		if o.Imported != nil {
+			return fmt.Errorf("%w: imported directories without a %s migration", ErrBadOptions, MigrationRemote)
+		}
+		return nil
+	case MigrationAdopt, MigrationSnapshot:
+		if o.Imported != nil {
+			return fmt.Errorf("%w: imported directories are a %s migration's, not %s", ErrBadOptions, MigrationRemote, o.Migration)
+		}
+	case MigrationRemote:
+	default:
+		return fmt.Errorf("%w: unknown migration %q", ErrBadOptions, o.Migration)
+	}
+	if o.Previous == "" {
+		return fmt.Errorf("%w: a %s migration needs the previous allocation", ErrBadOptions, o.Migration)
+	}
+	return nil
+}
+
+// Create records a new allocation of tasks (at least one) with a fresh
+// layer for each volume its previous allocation (opts) does not give it:
+// alloc/data, alloc/logs and alloc/tmp, and each task's local/ and tmp/.
+// It is one journaled intent, which changes the previous allocation's
+// record too where it hands its data over: it either succeeds completely
+// or leaves nothing behind (no layer, no state file, no entry, and the
+// previous allocation as it was).
+func (s *Store) Create(id string, tasks []allocdir.Task, opts CreateOptions) (_ *record.State, err error) {
+	if err := opts.check(); err != nil {
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
+	}
+	if opts.Migration != "" {
+		defer s.observeMigration(opts.Migration, time.Now(), &err)
+	}
 	if len(tasks) == 0 {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
 	}
-	return s.create(id, tasks, lim)
+	return s.create(id, tasks, opts, nil)
 }
 
 // Build makes sure allocation id exists, creating it with its alloc-level
 // volumes and no tasks if it does not: the allocdir contract builds an
 // allocation before its tasks. An existing allocation is returned as is.
 func (s *Store) Build(id string) (*record.State, error) {
-	st, err := s.create(id, nil, record.Limit{})
+	st, err := s.create(id, nil, CreateOptions{}, nil)
 	if errors.Is(err, ErrExists) {
 		return s.Get(id)
 	}
 	return st, err
 }
 
-func (s *Store) create(id string, tasks []allocdir.Task, lim record.Limit) (*record.State, error) {
+// create makes every new allocation, Create's, Build's and
+// CreateFromMount's (root set), after the checks all of them need: a
+// valid ID the store does not hold, valid tasks, a limit the store can
+// keep, and a previous allocation able to hand its data over.
+func (s *Store) create(id string, tasks []allocdir.Task, opts CreateOptions, root *mountRoot) (*record.State, error) {
 	st, err := s.newState(id, tasks)
 	if err != nil {
 		return nil, err
+	}
+	specs := st.VolumeSpecs()
+	if root != nil {
+		st.Origin = record.OriginMount
+		root.apply(specs)
+	}
+	local := opts.Migration.local()
+	var keys []string
+	if local {
+		if keys, err = allocdir.MigratedDirs(taskNames(tasks)); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Migration == MigrationRemote {
+		// Outside writeMu: the sync takes what the received data takes.
+		if err := s.syncStaged(opts.Imported); err != nil {
+			return nil, err
+		}
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if err := s.absent(id); err != nil {
 		return nil, err
 	}
-	if err := s.sizeNew(st, lim); err != nil {
+	var prev *record.State
+	if local {
+		if prev, err = s.previous(opts.Previous, id, true); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.sizeNew(st, opts.Limit); err != nil {
 		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
-	fresh, err := s.freshVolumes(st)
+	in := &intent{Op: opts.Migration.op(), Records: map[string]*record.State{id: st}}
+	// imported are the layers made of received trees; over, the fresh
+	// ones a store with subvolumes stacks on them.
+	var imported []string
+	var over []freshLayer
+	switch {
+	case local:
+		in.Records[prev.ID] = prev
+		in.Fresh, _, err = s.handover(prev, st, keys, opts.Migration)
+	case opts.Migration == MigrationRemote:
+		imported, over, err = s.importInto(st, opts.Imported)
+		in.Fresh = over
+		st.Previous = opts.Previous
+	}
 	if err == nil {
-		err = s.change(&intent{Op: "create", Records: map[string]*record.State{id: st}, Fresh: fresh})
+		var fresh []freshLayer
+		fresh, err = s.freshVolumes(st, specs)
+		in.Fresh = append(in.Fresh, fresh...)
+	}
+	if err == nil {
+		err = s.change(in)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh)))
+		err = errors.Join(err, s.removeFresh(in.Fresh), s.removeImported(imported))
+		if local {
+			return nil, fmt.Errorf("failed to hand %s's data to %s: %w", prev.ID, id, err)
+		}
+		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
 	}
-	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks))
+	log := []any{"alloc_id", id, "tasks", len(tasks)}
+	switch {
+	case root != nil:
+		log = append(log, "origin", record.OriginMount)
+	case opts.Migration == MigrationRemote:
+		log = append(log, "previous_alloc_id", opts.Previous, "op", in.Op, "imported_layers", len(imported)+len(over))
+	case local:
+		log = append(log, "previous_alloc_id", opts.Previous, "op", in.Op)
+	}
+	s.logger.Info("created allocation", log...)
+	if local {
+		s.warnOverLimit(id)
+	}
 	return s.Get(id)
 }
 
@@ -172,12 +298,12 @@ func (s *Store) Update(id string, fn func(*record.State) error) (*record.State, 
 			return nil, fmt.Errorf("failed to update allocation %q: layer %s: %w", id, l, err)
 		}
 	}
-	// The record journaled is not handed out again: return a copy.
-	out := st.Clone()
 	if err := s.commit("update", st); err != nil {
 		return nil, fmt.Errorf("failed to update allocation %q: %w", id, err)
 	}
-	return out, nil
+	// Not st, which the store keeps, nor a copy taken before the change,
+	// which lacks the tags it gave new layers: Get's, while writeMu holds.
+	return s.Get(id)
 }
 
 // Destroy removes an allocation and every layer it references that no

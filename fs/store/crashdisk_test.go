@@ -4,7 +4,6 @@ import (
 	"errors"
 	iofs "io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/allocfs/allocfs/fs/layer"
 	"github.com/allocfs/allocfs/fs/store/disk"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 )
 
 // errDead is the failure of every step from the one a crash falls on.
@@ -91,9 +91,7 @@ func (d *crashDisk) capture() {
 		return
 	}
 	img := filepath.Join(d.t.TempDir(), "image")
-	if out, err := exec.Command("cp", "-a", d.dataDir, img).CombinedOutput(); err != nil {
-		d.t.Fatalf("image of %s: %v: %s", d.dataDir, err, out)
-	}
+	storetest.CopyDataDir(d.t, d.dataDir, img)
 	err := filepath.WalkDir(d.dataDir, func(p string, e iofs.DirEntry, err error) error {
 		if err != nil || !e.Type().IsRegular() {
 			return err

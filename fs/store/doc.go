@@ -76,13 +76,18 @@
 // # Migration and collection
 //
 // Migration between two allocations of one store changes two records and
-// nothing else: Remap (adopt) gives the new allocation the previous one's
-// layers and leaves the previous one a read-only MIGRATED-TO note; Seal
-// (snapshot) freezes the previous volumes and stacks a fresh writable
-// layer over them for the new one; CreateMigrated makes the new
-// allocation and hands it the data in the same intent. A remote snapshot
-// is extracted into staging/, synced, and becomes layers by rename
-// (CreateImported). Destroy only removes layers no other allocation
+// nothing else: adopt (MigrationAdopt, the remap) gives the new allocation
+// the previous one's layers and leaves the previous one a read-only
+// MIGRATED-TO note; snapshot (MigrationSnapshot, the seal) freezes the
+// previous volumes and stacks a fresh writable layer over them for the
+// new one. Create, told the previous allocation and the kind by its
+// CreateOptions, makes the new allocation and hands it the data in the
+// same intent; Migrate hands it to an allocation that exists already (the
+// allocdir contract's Move). A remote snapshot is extracted into
+// staging/, synced, and becomes layers by rename (Create with
+// MigrationRemote and the received directories). Both share one set of
+// checks: a previous allocation that has not handed its data over yet
+// and, for Create, is terminal. Destroy only removes layers no other allocation
 // references, so layers stacked under a live allocation survive their
 // owner; Pin keeps an allocation whose snapshot is streaming from being
 // destroyed. The collector (package gc), the node's only one, decides

@@ -44,38 +44,25 @@ var (
 // of mode and owned by uid and gid (the caller of the mkdir). It fails
 // with ErrExists for an ID the store holds.
 func (s *Store) CreateFromMount(id string, mode, uid, gid uint32) (*record.State, error) {
-	st, err := s.newState(id, nil)
-	if err != nil {
-		return nil, err
-	}
-	st.Origin = record.OriginMount
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	if err := s.absent(id); err != nil {
-		return nil, err
-	}
-	if err := s.sizeNew(st, record.Limit{}); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
-	}
-	specs := st.VolumeSpecs()
+	return s.create(id, nil, CreateOptions{}, &mountRoot{mode: mode, uid: uid, gid: gid})
+}
+
+// mountRoot is an allocation's own directory as a mkdir at the mount root
+// makes it.
+type mountRoot struct{ mode, uid, gid uint32 }
+
+// apply gives the root volume of specs the mkdir's mode and, where the
+// daemon may chown, its caller as owner, rather than the agent's.
+func (r mountRoot) apply(specs []record.VolumeSpec) {
 	for i := range specs {
 		if specs[i].Key == record.RootVolume {
-			specs[i].Mode = fileMode(mode)
+			specs[i].Mode = fileMode(r.mode)
 			specs[i].Agent = false
 			if os.Geteuid() == 0 {
-				specs[i].Owner = &allocdir.Owner{UID: int(uid), GID: int(gid)}
+				specs[i].Owner = &allocdir.Owner{UID: int(r.uid), GID: int(r.gid)}
 			}
 		}
 	}
-	fresh, err := s.freshVolumesOf(st, specs)
-	if err == nil {
-		err = s.change(&intent{Op: "create", Records: map[string]*record.State{id: st}, Fresh: fresh})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh)))
-	}
-	s.logger.Info("created allocation", "alloc_id", id, "tasks", 0, "origin", record.OriginMount)
-	return s.Get(id)
 }
 
 // AddTask adds the task name to allocation id with a fresh layer for its

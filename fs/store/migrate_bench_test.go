@@ -99,7 +99,7 @@ func benchLocalMigration(b *testing.B, populate func(dir string) (string, error)
 	b.Cleanup(func() { store.Close() })
 	tasks := []allocdir.Task{{Name: "web"}}
 	cur := "prev"
-	st, err := store.Create(cur, tasks)
+	st, err := store.Create(cur, tasks, CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func benchLocalMigration(b *testing.B, populate func(dir string) (string, error)
 		if _, err := store.Stop(cur); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := store.Create(next, tasks); err != nil {
+		if _, err := store.Create(next, tasks, CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		unix.Sync()
@@ -142,9 +142,9 @@ func benchLocalMigration(b *testing.B, populate func(dir string) (string, error)
 		start := time.Now()
 		var n int
 		if seal {
-			n, err = store.Seal(cur, next, migBenchKeys)
+			n, err = store.Migrate(cur, next, migBenchKeys, MigrationSnapshot)
 		} else {
-			n, err = store.Remap(cur, next, migBenchKeys)
+			n, err = store.Migrate(cur, next, migBenchKeys, MigrationAdopt)
 		}
 		took := time.Since(start)
 		b.StopTimer()

@@ -24,17 +24,20 @@ type Observer interface {
 	CollectorPass(p CollectorPass)
 }
 
-// MigrationKind is how a new allocation got a previous one's data.
+// MigrationKind is how a new allocation gets a previous one's data: what
+// CreateOptions.Migration and Migrate ask for, and what an Observer is
+// told of.
 type MigrationKind string
 
 const (
-	// MigrationAdopt took the previous allocation's layers over (Remap).
+	// MigrationAdopt takes the previous allocation's layers over (the
+	// remap): they are written in place from then on.
 	MigrationAdopt MigrationKind = "adopt"
-	// MigrationSnapshot stacked a writable layer over the previous
-	// allocation's frozen ones (Seal).
+	// MigrationSnapshot stacks a writable layer over the previous
+	// allocation's layers, which it freezes (the seal).
 	MigrationSnapshot MigrationKind = "snapshot"
-	// MigrationRemote imported a snapshot fetched from another node
-	// (CreateImported).
+	// MigrationRemote imports a snapshot fetched from another node
+	// (CreateOptions.Imported).
 	MigrationRemote MigrationKind = "remote"
 )
 

@@ -43,26 +43,26 @@ func TestObserverMigrations(t *testing.T) {
 	s.SetObserver(obs)
 	web := []allocdir.Task{{Name: "web"}}
 	mustCreate(t, s, "a", "web")
-	if _, _, err := s.CreateMigrated("b", web, "a", false); !errors.Is(err, ErrNotTerminal) {
+	if _, err := s.Create("b", web, CreateOptions{Previous: "a", Migration: MigrationAdopt}); !errors.Is(err, ErrNotTerminal) {
 		t.Fatalf("migration from a running allocation: %v, want ErrNotTerminal", err)
 	}
 	if _, err := s.Stop("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.CreateMigrated("b", web, "a", true); err != nil {
+	if _, err := s.Create("b", web, CreateOptions{Previous: "a", Migration: MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Stop("b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.CreateMigrated("c", web, "b", false); err != nil {
+	if _, err := s.Create("c", web, CreateOptions{Previous: "b", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(s.StagingDir(), "fetch-1", "alloc/data")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CreateImported("d", web, "remote", map[string]string{"alloc/data": dir}); err != nil {
+	if _, err := s.Create("d", web, CreateOptions{Previous: "remote", Migration: MigrationRemote, Imported: map[string]string{"alloc/data": dir}}); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"adopt/error", "snapshot/ok", "adopt/ok", "remote/ok"}

@@ -20,7 +20,7 @@ func openProjectStore(t *testing.T, opts Options) *Store {
 	t.Helper()
 	dir := fstest.ProjectQuotaDir(t)
 	opts.Quotas = true
-	s, err := OpenWith(testLogger(t), filepath.Join(dir, "data"), opts)
+	s, err := openStore(t, testLogger(t), filepath.Join(dir, "data"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestProjectQuota(t *testing.T) {
 	if err := projquota.Limit(s.layersDir(), 5000, 1<<30, 0); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 16 << 20, Inodes: 64})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 16 << 20, Inodes: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestProjectQuota(t *testing.T) {
 	// a2's project, and a2's writes fail until it deletes.
 	must(t, errOnly(s.Stop("a1")))
 	dataLayer := mustState(t, s, "a1").Volumes["alloc/data"].Upper
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{Bytes: 4 << 20}); err != nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 4 << 20}, Previous: "a1", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	st2 := mustState(t, s, "a2")
@@ -139,7 +139,7 @@ func TestProjectQuota(t *testing.T) {
 
 	// Snapshot: a3's fresh upper is a3's.
 	must(t, errOnly(s.Stop("a2")))
-	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, record.Limit{Bytes: 32 << 20}); err != nil {
+	if _, err := s.Create("a3", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 32 << 20}, Previous: "a2", Migration: MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	st3 := mustState(t, s, "a3")

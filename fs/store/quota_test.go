@@ -12,6 +12,7 @@ import (
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store/quota"
 	"github.com/allocfs/allocfs/fs/store/record"
+	"github.com/allocfs/allocfs/fs/store/storetest"
 	"github.com/allocfs/allocfs/internal/btrfs"
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +22,7 @@ func openQuotaStore(t *testing.T, opts Options) *Store {
 	t.Helper()
 	mnt := fstest.Image(t, "btrfs", 400, "")
 	opts.Quotas = true
-	s, err := OpenWith(testLogger(t), filepath.Join(mnt, "data"), opts)
+	s, err := openStore(t, testLogger(t), filepath.Join(mnt, "data"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func usageOf(t *testing.T, s *Store, id string) Usage {
 func TestQuotaLimitsAnAllocation(t *testing.T) {
 	s := openQuotaStore(t, Options{})
 	const limit = 24 << 20
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: limit})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: limit}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 
 	// A second allocation takes the next group; destroying the first
 	// removes its group.
-	st2, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: limit})
+	st2, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: limit}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +111,9 @@ func TestQuotaLimitsAnAllocation(t *testing.T) {
 }
 
 func TestQuotaRefusals(t *testing.T) {
-	plain := openTestStore(t, t.TempDir())
-	_, err := plain.CreateSized("a1", tasks("web"), record.Limit{Bytes: 1 << 20})
+	plain := storetest.Value[*Store](t)(openPlainStore(t, testLogger(t), t.TempDir(), Options{}))
+	t.Cleanup(func() { plain.Close() })
+	_, err := plain.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 1 << 20}})
 	if !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("a limit on a store without quotas: %v, want ErrNoQuota", err)
 	}
@@ -121,13 +123,13 @@ func TestQuotaRefusals(t *testing.T) {
 	if r := plain.Quota(); r.Enforced() || r.Filesystem == "unknown" || !strings.Contains(r.Why, "--enable-quotas") || !strings.Contains(r.Why, r.Filesystem) {
 		t.Fatalf("Quota() of a plain store = %+v", r)
 	}
-	if _, err := OpenWith(testLogger(t), t.TempDir(), Options{DefaultLimit: record.Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
+	if _, err := openPlainStore(t, testLogger(t), t.TempDir(), Options{DefaultLimit: record.Limit{Bytes: 1 << 20}}); !errors.Is(err, ErrNoQuota) {
 		t.Fatalf("open with a default limit it cannot enforce: %v, want ErrNoQuota", err)
 	}
 
 	s := openQuotaStore(t, Options{})
 	for _, lim := range []record.Limit{{Inodes: 100}, {Bytes: -1}} {
-		if _, err := s.CreateSized("a1", tasks("web"), lim); !errors.Is(err, record.ErrBadLimit) {
+		if _, err := s.Create("a1", tasks("web"), CreateOptions{Limit: lim}); !errors.Is(err, record.ErrBadLimit) {
 			t.Fatalf("limit %+v: %v, want record.ErrBadLimit", lim, err)
 		}
 	}
@@ -135,7 +137,7 @@ func TestQuotaRefusals(t *testing.T) {
 		t.Fatalf("a refused create left %v and layers %v", files, layerDirs(t, s))
 	}
 	for _, g := range [][2]uint64{{5, 4}, {0, 0x10}, {1, 1 << 48}} {
-		if _, err := OpenWith(testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, record.ErrBadLimit) {
+		if _, err := openStore(t, testLogger(t), t.TempDir(), Options{Groups: g}); !errors.Is(err, record.ErrBadLimit) {
 			t.Fatalf("group range %v: %v", g, err)
 		}
 	}
@@ -148,14 +150,14 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 	if err := btrfs.CreateQgroup(s.layersDir(), btrfs.Qgroup(1, 7000)); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Disk.Group != 7001 {
 		t.Fatalf("group %d, want 7001 (7000 is the host's)", st.Disk.Group)
 	}
-	if _, err := s.CreateSized("a2", tasks("web"), record.Limit{Bytes: 8 << 20}); err == nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}}); err == nil {
 		t.Fatal("a create past the end of the group range")
 	}
 	if _, err := s.Get("a2"); err == nil {
@@ -165,7 +167,7 @@ func TestQuotaGroupsOfTheHost(t *testing.T) {
 
 func TestQuotaMigrations(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	if _, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fillLayer(t, s, "a1", "alloc/data", "db", 12<<20); err != nil {
@@ -178,7 +180,7 @@ func TestQuotaMigrations(t *testing.T) {
 	must(t, errOnly(s.Stop("a1")))
 
 	// Adopt: the data's usage moves to a2, the logs' stays with a1.
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a1", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	u1, u2 := usageOf(t, s, "a1"), usageOf(t, s, "a2")
@@ -188,7 +190,7 @@ func TestQuotaMigrations(t *testing.T) {
 
 	// Snapshot: a3 stacks a2's layers and pays only for what it writes.
 	must(t, errOnly(s.Stop("a2")))
-	if _, _, err := s.CreateMigratedSized("a3", tasks("web"), "a2", true, record.Limit{Bytes: 64 << 20}); err != nil {
+	if _, err := s.Create("a3", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a2", Migration: MigrationSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	if u3 := usageOf(t, s, "a3"); u3.Bytes > 1<<20 {
@@ -208,7 +210,7 @@ func TestQuotaMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, errOnly(s.Stop("a3")))
-	if _, _, err := s.CreateMigratedSized("a4", tasks("web"), "a3", false, record.Limit{Bytes: 1 << 20}); err != nil {
+	if _, err := s.Create("a4", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 1 << 20}, Previous: "a3", Migration: MigrationAdopt}); err != nil {
 		t.Fatalf("adopt onto a smaller limit: %v", err)
 	}
 	if u4 := usageOf(t, s, "a4"); u4.Bytes <= u4.Limit.Bytes {
@@ -225,7 +227,7 @@ func TestQuotaMigrations(t *testing.T) {
 // the store opens.
 func TestQuotaSettlesAtOpen(t *testing.T) {
 	s := openQuotaStore(t, Options{})
-	st, err := s.CreateSized("a1", tasks("web"), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("a1", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +253,7 @@ func TestQuotaSettlesAtOpen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = OpenWith(testLogger(t), s.DataDir(), Options{Quotas: true})
+	s, err = openStore(t, testLogger(t), s.DataDir(), Options{Quotas: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,14 +290,14 @@ func TestQuotaImport(t *testing.T) {
 		return map[string]string{"alloc/data": data}
 	}
 	before := layerDirs(t, s)
-	_, err := s.CreateImportedSized("big", tasks("web"), "prev", stage(4<<20), record.Limit{Bytes: 2 << 20})
+	_, err := s.Create("big", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 2 << 20}, Previous: "prev", Migration: MigrationRemote, Imported: stage(4 << 20)})
 	if !errors.Is(err, ErrTooBig) {
 		t.Fatalf("an import past the limit: %v, want ErrTooBig", err)
 	}
 	if _, err := s.Get("big"); err == nil || !slices.Equal(layerDirs(t, s), before) {
 		t.Fatalf("a refused import left a record or layers: %v", layerDirs(t, s))
 	}
-	st, err := s.CreateImportedSized("fits", tasks("web"), "prev", stage(1<<20), record.Limit{Bytes: 8 << 20})
+	st, err := s.Create("fits", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 8 << 20}, Previous: "prev", Migration: MigrationRemote, Imported: stage(1 << 20)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +381,7 @@ func TestQuotaTagsAreNeverReused(t *testing.T) {
 	for _, tag := range before.Tags {
 		seen[tag] = true
 	}
-	if _, _, err := s.CreateMigratedSized("a2", tasks("web"), "a1", false, record.Limit{}); err != nil {
+	if _, err := s.Create("a2", tasks("web"), CreateOptions{Limit: record.Limit{}, Previous: "a1", Migration: MigrationAdopt}); err != nil {
 		t.Fatal(err)
 	}
 	after := mustState(t, s, "a1")

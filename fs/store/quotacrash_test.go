@@ -73,7 +73,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 		return map[string]string{"alloc/data": data}
 	}
 	stopped := func(t *testing.T, s *Store) {
-		if _, err := s.CreateSized("a", tasks("web"), sized); err != nil {
+		if _, err := s.Create("a", tasks("web"), CreateOptions{Limit: sized}); err != nil {
 			t.Fatal(err)
 		}
 		putFile(t, s, "a", "alloc/data", "data.txt", "precious")
@@ -84,13 +84,13 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 		setup func(t *testing.T, s *Store)
 		run   func(s *Store) error
 	}{
-		{"create", func(*testing.T, *Store) {}, func(s *Store) error { return errOnly(s.CreateSized("a", tasks("web"), sized)) }},
+		{"create", func(*testing.T, *Store) {}, func(s *Store) error { return errOnly(s.Create("a", tasks("web"), CreateOptions{Limit: sized})) }},
 		{"adopt", stopped, func(s *Store) error {
-			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", false, record.Limit{Bytes: 64 << 20})
+			_, err := s.Create("b", tasks("web"), CreateOptions{Limit: record.Limit{Bytes: 64 << 20}, Previous: "a", Migration: MigrationAdopt})
 			return err
 		}},
 		{"seal", stopped, func(s *Store) error {
-			_, _, err := s.CreateMigratedSized("b", tasks("web"), "a", true, sized)
+			_, err := s.Create("b", tasks("web"), CreateOptions{Limit: sized, Previous: "a", Migration: MigrationSnapshot})
 			return err
 		}},
 		{"adopt-volume", func(t *testing.T, s *Store) {
@@ -99,7 +99,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 			must(t, errOnly(s.SetLimit("b", sized, record.FromNomad)))
 		}, func(s *Store) error { return s.AdoptVolume("a", "b", "alloc/data") }},
 		{"import", func(*testing.T, *Store) {}, func(s *Store) error {
-			return errOnly(s.CreateImportedSized("b", tasks("web"), "a", stage(s), sized))
+			return errOnly(s.Create("b", tasks("web"), CreateOptions{Limit: sized, Previous: "a", Migration: MigrationRemote, Imported: stage(s)}))
 		}},
 		{"set-limit", func(t *testing.T, s *Store) { mustCreate(t, s, "a", "web") }, func(s *Store) error {
 			return errOnly(s.SetLimit("a", sized, record.FromNomad))
@@ -118,7 +118,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 				if d != nil {
 					opts.Disk, opts.quotaStep = d, d.step
 				}
-				s, err := OpenWith(hclog.NewNullLogger(), dir, opts)
+				s, err := openStore(t, hclog.NewNullLogger(), dir, opts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -168,7 +168,7 @@ func runQuotaCrashes(t *testing.T, mnt string, base uint64, check func(t *testin
 // groups of range g are the records' (see TestQuotaCrashAtEveryStep).
 func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 	t.Helper()
-	s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Groups: g})
+	s, err := openPlainStore(t, hclog.NewNullLogger(), dir, Options{Groups: g})
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
@@ -240,7 +240,7 @@ func checkQuotaAgrees(t *testing.T, dir string, g [2]uint64, where string) {
 // checkProjectsAgree is checkQuotaAgrees for project quotas.
 func checkProjectsAgree(t *testing.T, dir string, g [2]uint64, where string) {
 	t.Helper()
-	s, err := OpenWith(hclog.NewNullLogger(), dir, Options{Groups: g})
+	s, err := openPlainStore(t, hclog.NewNullLogger(), dir, Options{Groups: g})
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}

@@ -18,46 +18,47 @@ import (
 // each volume whose data was adopted by its replacement.
 const MigratedToName = "MIGRATED-TO"
 
-// Remap is the adopt migration: for every volume key (alloc/data,
-// <task>/local) that prevID has, newID takes over prevID's layers, and
-// prevID gets in their place a fresh read-only layer holding only a
-// MIGRATED-TO file that says where the data went. No file is copied or
-// moved. Both records change in one journaled intent, so a crash leaves
-// the data with one of them, never with both; newID's own placeholders
-// are removed afterwards. It returns how many volumes moved.
-func (s *Store) Remap(prevID, newID string, keys []string) (int, error) {
-	return s.migrate(prevID, newID, keys, false)
-}
-
-// Seal is the snapshot migration: for every volume key that prevID has,
-// newID gets a fresh writable layer over prevID's layers, and prevID's
-// volume is frozen read-only, so the previous allocation keeps a
-// read-only view of its data and the new one copies a file up on its
-// first write. Nothing is copied now, and both records change in one
-// journaled intent. It returns how many volumes were sealed.
-func (s *Store) Seal(prevID, newID string, keys []string) (int, error) {
-	return s.migrate(prevID, newID, keys, true)
-}
-
-func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (_ int, err error) {
-	verb, op := "remap", "remap"
-	if snapshot {
-		verb, op = "seal", "seal"
+// Migrate hands the data of allocation prevID to newID, both in the
+// store, in every volume of keys (alloc/data, <task>/local) that prevID
+// has, as kind says:
+//
+//   - MigrationAdopt (remap): newID takes over prevID's layers, and
+//     prevID gets in their place a fresh read-only layer holding only a
+//     MIGRATED-TO file that says where the data went. No file is copied
+//     or moved.
+//   - MigrationSnapshot (seal): newID gets a fresh writable layer over
+//     prevID's layers, and prevID's volume is frozen read-only, so the
+//     previous allocation keeps a read-only view of its data and the new
+//     one copies a file up on its first write. Nothing is copied now.
+//
+// Both records change in one journaled intent, so a crash leaves the
+// data with one of them, never writable under both; newID's own
+// placeholders are removed afterwards. Whether prevID must be terminal is
+// the caller's policy: the allocdir contract's Move does not ask. It
+// returns how many volumes moved; when prevID has none of keys, nothing
+// changes.
+func (s *Store) Migrate(prevID, newID string, keys []string, kind MigrationKind) (_ int, err error) {
+	if !kind.local() {
+		return 0, fmt.Errorf("failed to migrate %s into %s: %w: %q is no migration between allocations of one store", prevID, newID, ErrBadOptions, kind)
 	}
-	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
+	defer s.observeMigration(kind, time.Now(), &err)
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	prev, next, err := s.migrationPair(prevID, newID)
+	prev, err := s.previous(prevID, newID, false)
+	if err != nil {
+		return 0, fmt.Errorf("failed to migrate %s into %s: %w", prevID, newID, err)
+	}
+	next, err := s.Get(newID)
 	if err != nil {
 		return 0, err
 	}
 	before := next.Clone()
-	fresh, n, err := s.handover(prev, next, keys, snapshot)
+	fresh, n, err := s.handover(prev, next, keys, kind)
 	if err != nil || n == 0 {
 		return 0, errors.Join(err, s.removeFresh(fresh))
 	}
-	if err := s.change(&intent{Op: op, Records: map[string]*record.State{prevID: prev, newID: next}, Fresh: fresh}); err != nil {
-		return 0, fmt.Errorf("failed to %s %s into %s: %w", verb, prevID, newID, errors.Join(err, s.removeFresh(fresh)))
+	if err := s.change(&intent{Op: kind.op(), Records: map[string]*record.State{prevID: prev, newID: next}, Fresh: fresh}); err != nil {
+		return 0, fmt.Errorf("failed to %s %s into %s: %w", kind.op(), prevID, newID, errors.Join(err, s.removeFresh(fresh)))
 	}
 	s.removePlaceholders(newID, before)
 	return n, nil
@@ -69,7 +70,7 @@ func (s *Store) migrate(prevID, newID string, keys []string, snapshot bool) (_ i
 // stacks a fresh writable layer over it). It creates the layers this
 // needs and returns them, and how many volumes moved; nothing is
 // journaled yet, and on error the caller removes what was created.
-func (s *Store) handover(prev, next *record.State, keys []string, snapshot bool) ([]freshLayer, int, error) {
+func (s *Store) handover(prev, next *record.State, keys []string, kind MigrationKind) ([]freshLayer, int, error) {
 	var specs []record.VolumeSpec
 	for _, key := range keys {
 		if _, ok := prev.Volumes[key]; !ok {
@@ -88,7 +89,7 @@ func (s *Store) handover(prev, next *record.State, keys []string, snapshot bool)
 	var fresh []freshLayer
 	for _, spec := range specs {
 		pv := prev.Volumes[spec.Key]
-		if snapshot {
+		if kind == MigrationSnapshot {
 			f, err := s.newLayer(spec.Mode, "")
 			if err != nil {
 				return fresh, 0, err
@@ -122,23 +123,22 @@ func (s *Store) removePlaceholders(id string, before *record.State) {
 	s.removeClaimed(owned, "alloc_id", id, "reason", "placeholder replaced by a migration")
 }
 
-// migrationPair returns copies of the two records of a migration. Whether
-// the previous allocation must be terminal is the caller's policy: the
-// allocdir contract's Move does not ask.
-func (s *Store) migrationPair(prevID, newID string) (prev, next *record.State, err error) {
+// previous returns a copy of the record of prevID, which is to hand its
+// data to newID, after the checks every local migration makes: another
+// allocation, present, that has not handed its data over already, and
+// terminal when the caller's policy asks. The caller holds writeMu.
+func (s *Store) previous(prevID, newID string, mustBeTerminal bool) (*record.State, error) {
 	if prevID == newID {
-		return nil, nil, fmt.Errorf("failed to migrate %s onto itself: %w", prevID, allocdir.ErrInvalidName)
+		return nil, fmt.Errorf("allocation %q cannot take its own data: %w", prevID, allocdir.ErrInvalidName)
 	}
-	if prev, err = s.Get(prevID); err != nil {
-		return nil, nil, err
+	prev, err := s.Get(prevID)
+	if err != nil {
+		return nil, fmt.Errorf("previous allocation: %w", err)
 	}
-	if next, err = s.Get(newID); err != nil {
-		return nil, nil, err
+	if err := migratable(prev, mustBeTerminal); err != nil {
+		return nil, err
 	}
-	if err := migratable(prev, false); err != nil {
-		return nil, nil, fmt.Errorf("failed to migrate %s into %s: %w", prevID, newID, err)
-	}
-	return prev, next, nil
+	return prev, nil
 }
 
 // migratable checks that prev can hand its data over: not already handed
@@ -173,144 +173,60 @@ func (s *Store) Stop(id string) (*record.State, error) {
 	})
 }
 
-// CreateMigrated creates allocation id and hands it prevID's data
-// (alloc/data and the local/ of each task both have) by Seal when
-// snapshot is set, by Remap otherwise. The previous allocation must be
-// terminal. The new record and the previous one's change are one
-// journaled intent: either both happen or neither does. It returns the
-// new record and how many volumes were handed over.
-func (s *Store) CreateMigrated(id string, tasks []allocdir.Task, prevID string, snapshot bool) (*record.State, int, error) {
-	return s.CreateMigratedSized(id, tasks, prevID, snapshot, record.Limit{})
+// local reports whether kind is a migration between two allocations of
+// the store.
+func (k MigrationKind) local() bool { return k == MigrationAdopt || k == MigrationSnapshot }
+
+// op names the journal's intent of a creation that migrates as k does.
+func (k MigrationKind) op() string {
+	switch k {
+	case MigrationAdopt:
+		return "remap"
+	case MigrationSnapshot:
+		return "seal"
+	case MigrationRemote:
+		return "import"
+	}
+	return "create"
 }
 
-// CreateMigratedSized is CreateMigrated of an allocation with disk limit
-// lim (the store's default when zero). An adopt onto a limit smaller
-// than the data it takes over is carried out: the data is the task's,
-// and refusing the remap would lose it for the new allocation; the new
-// allocation starts over its limit, every write gets EDQUOT until it
-// deletes enough, and the store logs a warning saying so.
-func (s *Store) CreateMigratedSized(id string, tasks []allocdir.Task, prevID string, snapshot bool, lim record.Limit) (_ *record.State, _ int, err error) {
-	defer s.observeMigration(migrationKind(snapshot), time.Now(), &err)
-	if len(tasks) == 0 {
-		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
-	}
-	next, err := s.newState(id, tasks)
-	if err != nil {
-		return nil, 0, err
-	}
-	names := make([]string, 0, len(tasks))
-	for _, t := range tasks {
-		names = append(names, t.Name)
-	}
-	keys, err := allocdir.MigratedDirs(names)
-	if err != nil {
-		return nil, 0, err
-	}
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	if err := s.absent(id); err != nil {
-		return nil, 0, err
-	}
-	prev, err := s.Get(prevID)
-	if err != nil {
-		return nil, 0, fmt.Errorf("previous allocation: %w", err)
-	}
-	if err := migratable(prev, true); err != nil {
-		return nil, 0, err
-	}
-	if err := s.sizeNew(next, lim); err != nil {
-		return nil, 0, fmt.Errorf("failed to create allocation %q: %w", id, err)
-	}
-	fresh, n, err := s.handover(prev, next, keys, snapshot)
-	if err == nil {
-		var own []freshLayer
-		own, err = s.freshVolumes(next)
-		fresh = append(fresh, own...)
-	}
-	op := "remap"
-	if snapshot {
-		op = "seal"
-	}
-	if err == nil {
-		err = s.change(&intent{Op: op, Records: map[string]*record.State{prevID: prev, id: next}, Fresh: fresh})
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("failed to hand %s's data to %s: %w", prevID, id, errors.Join(err, s.removeFresh(fresh)))
-	}
-	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", op)
-	s.warnOverLimit(id)
-	st, err := s.Get(id)
-	return st, n, err
-}
-
-// CreateImported creates allocation id with the volumes in dirs ("alloc/data"
-// or "<task>/local" to a directory inside the staging dir, fully received
-// and checked) as their upper layers: the remote migration's final step.
-// The received files are synced, each directory becomes a layer by one
-// rename, and the record naming them is one journaled intent. Keys for
-// tasks the new allocation does not have are left in staging. On failure
-// nothing is created and the received layers are removed.
-func (s *Store) CreateImported(id string, tasks []allocdir.Task, prevID string, dirs map[string]string) (*record.State, error) {
-	return s.CreateImportedSized(id, tasks, prevID, dirs, record.Limit{})
-}
-
-// CreateImportedSized is CreateImported of an allocation with disk limit
-// lim (the store's default when zero). What was received is measured
-// before it becomes layers, and an allocation it does not fit in is
-// refused (ErrTooBig) with nothing created.
-func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID string, dirs map[string]string, lim record.Limit) (_ *record.State, err error) {
-	defer s.observeMigration(MigrationRemote, time.Now(), &err)
-	if len(tasks) == 0 {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, ErrNoTasks)
-	}
-	st, err := s.newState(id, tasks)
-	if err != nil {
-		return nil, err
-	}
+// syncStaged checks that every directory of dirs lies inside the staging
+// dir and makes their content durable: what a record names must be on
+// disk first, the received files' data and names. One syncfs costs what
+// the `sync` after a `tar -x` costs, and less than an fsync of every
+// file.
+func (s *Store) syncStaged(dirs map[string]string) error {
 	for _, dir := range dirs {
 		if err := s.checkStaged(dir); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// What a record names must be on disk first: the received files'
-	// data and names. One syncfs costs what the `sync` after a
-	// `tar -x` costs, and less than an fsync of every file.
-	if len(dirs) > 0 {
-		if err := s.disk.Syncfs(s.StagingDir()); err != nil {
-			return nil, fmt.Errorf("failed to sync the received snapshot: %w", err)
-		}
+	if len(dirs) == 0 {
+		return nil
 	}
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	if err := s.absent(id); err != nil {
-		return nil, err
+	if err := s.disk.Syncfs(s.StagingDir()); err != nil {
+		return fmt.Errorf("failed to sync the received snapshot: %w", err)
 	}
-	if err := s.sizeNew(st, lim); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
-	}
+	return nil
+}
+
+// importInto makes the received directories of dirs whose keys are
+// volumes of st the upper layers of those volumes, once it has checked
+// that they fit st's limit. It returns the layers made of them and the
+// fresh layers it stacked over them; on error the caller removes both.
+// Nothing is journaled yet. The caller holds writeMu.
+func (s *Store) importInto(st *record.State, dirs map[string]string) (imported []string, over []freshLayer, err error) {
 	if err := s.fitsImport(st, dirs); err != nil {
-		return nil, fmt.Errorf("failed to create allocation %q: %w", id, err)
-	}
-	var imported []string
-	// over are the fresh uppers stacked over received trees on a store
-	// with quotas.
-	var over []freshLayer
-	fail := func(err error) (*record.State, error) {
-		var errs []error
-		for _, l := range imported {
-			if rerr := s.disk.RemoveAll(s.LayerPath(l)); rerr != nil {
-				errs = append(errs, rerr)
-			}
-		}
-		return nil, errors.Join(append([]error{err}, errs...)...)
+		return nil, nil, err
 	}
 	for _, key := range sortedKeys(keySet(dirs)) {
-		if _, ok := record.VolumeSpecOf(key); !ok || !st.HasVolumeSpec(key) {
+		spec, ok := record.VolumeSpecOf(key)
+		if !ok || !st.HasVolumeSpec(key) {
 			continue
 		}
 		l, err := s.importLocked(dirs[key])
 		if err != nil {
-			return fail(err)
+			return imported, over, err
 		}
 		imported = append(imported, l)
 		st.Volumes[key] = &record.Volume{Upper: l}
@@ -319,40 +235,41 @@ func (s *Store) CreateImportedSized(id string, tasks []allocdir.Task, prevID str
 			// counts: it becomes the lower of a fresh subvolume that
 			// takes the writes (and the copy-ups, whose clones it
 			// references), so nothing written later escapes the limit.
-			spec, _ := record.VolumeSpecOf(key)
 			f, err := s.newLayer(spec.Mode, "")
 			if err != nil {
-				return fail(err)
+				return imported, over, err
 			}
-			imported = append(imported, f.ID)
 			over = append(over, f)
 			st.Volumes[key] = &record.Volume{Upper: f.ID, Lowers: []string{l}}
 		}
 	}
 	if len(imported) > 0 {
 		if err := s.disk.Fsync(s.layersDir()); err != nil {
-			return fail(fmt.Errorf("failed to sync layers: %w", err))
+			return imported, over, fmt.Errorf("failed to sync layers: %w", err)
 		}
 	}
-	st.Previous = prevID
-	fresh, err := s.freshVolumes(st)
-	if err == nil {
-		err = s.change(&intent{Op: "import", Records: map[string]*record.State{id: st}, Fresh: append(fresh, over...)})
-	}
-	if err != nil {
-		return fail(fmt.Errorf("failed to create allocation %q: %w", id, errors.Join(err, s.removeFresh(fresh))))
-	}
-	s.logger.Info("created allocation", "alloc_id", id, "tasks", len(tasks), "previous_alloc_id", prevID, "op", "import", "imported_layers", len(imported))
-	return s.Get(id)
+	return imported, over, nil
 }
 
-// migrationKind names the local migration Remap (adopt) or Seal
-// (snapshot) makes.
-func migrationKind(snapshot bool) MigrationKind {
-	if snapshot {
-		return MigrationSnapshot
+// removeImported removes the layers a failed creation made of received
+// directories: no record names them.
+func (s *Store) removeImported(layers []string) error {
+	var errs []error
+	for _, l := range layers {
+		if err := s.disk.RemoveAll(s.LayerPath(l)); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return MigrationAdopt
+	return errors.Join(errs...)
+}
+
+// taskNames returns the names of tasks.
+func taskNames(tasks []allocdir.Task) []string {
+	names := make([]string, 0, len(tasks))
+	for _, t := range tasks {
+		names = append(names, t.Name)
+	}
+	return names
 }
 
 // observeMigration tells the observer of a migration that started at
@@ -396,15 +313,9 @@ func (s *Store) absent(id string) error {
 	return nil
 }
 
-// freshVolumes gives every volume st's tasks call for and it lacks a
-// fresh layer, and returns them.
-func (s *Store) freshVolumes(st *record.State) ([]freshLayer, error) {
-	return s.freshVolumesOf(st, st.VolumeSpecs())
-}
-
-// freshVolumesOf gives every volume of specs that st lacks a fresh layer,
+// freshVolumes gives every volume of specs that st lacks a fresh layer,
 // and returns them.
-func (s *Store) freshVolumesOf(st *record.State, specs []record.VolumeSpec) ([]freshLayer, error) {
+func (s *Store) freshVolumes(st *record.State, specs []record.VolumeSpec) ([]freshLayer, error) {
 	var fresh []freshLayer
 	for _, spec := range specs {
 		if st.Volumes[spec.Key] != nil {

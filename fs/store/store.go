@@ -546,7 +546,7 @@ func (s *Store) List() []*record.State {
 // created, changed or destroyed, and returns a func that removes it. fn
 // runs synchronously on the goroutine that made the change, once the
 // change is on disk and the store takes changes again, so that when
-// Create, Destroy or Remap returns, fn's effect (the mount forgetting what
+// Create, Destroy or Migrate returns, fn's effect (the mount forgetting what
 // the kernel cached) has happened. fn must be quick and must not change
 // the store. It may send kernel notifications: the mount defers those of
 // changes its own request handlers make.

@@ -47,7 +47,13 @@ func mustState(t *testing.T, s *Store, id string) *record.State {
 // closes it when the test ends.
 func openTestStore(t *testing.T, dir string) *Store {
 	t.Helper()
-	s, err := Open(testLogger(t), dir)
+	return openTestStoreWith(t, dir, Options{})
+}
+
+// openTestStoreWith is openTestStore with opts.
+func openTestStoreWith(t *testing.T, dir string, opts Options) *Store {
+	t.Helper()
+	s, err := openStore(t, testLogger(t), dir, opts)
 	if err != nil {
 		t.Fatalf("Open(%q): %v", dir, err)
 	}
@@ -59,15 +65,39 @@ func openTestStore(t *testing.T, dir string) *Store {
 	return s
 }
 
+// openStore is how every test of the store opens one: through
+// storetest.Open, which puts it on btrfs subvolumes under make
+// test-btrfs. The caller closes it, or kills it as a crash test does.
+// Unless opts takes the quota's steps itself, they go to the fault
+// setFault installs, as the disk's do.
+func openStore(t testing.TB, logger hclog.Logger, dir string, opts Options) (*Store, error) {
+	t.Helper()
+	var s *Store
+	if opts.quotaStep == nil {
+		opts.quotaStep = func(op, p string) error { return quotaFault(s, op, p) }
+	}
+	var err error
+	s, err = storetest.Open(t, func(limits bool) (*Store, error) {
+		opts.Quotas = opts.Quotas || limits
+		return OpenWith(logger, dir, opts)
+	})
+	return s, err
+}
+
+// openPlainStore is openStore for the tests of a store without disk
+// limits, whatever the run asks.
+func openPlainStore(t testing.TB, logger hclog.Logger, dir string, opts Options) (*Store, error) {
+	t.Helper()
+	return storetest.OpenPlain(t, func(bool) (*Store, error) { return OpenWith(logger, dir, opts) })
+}
+
 // restartView opens a copy of s's data dir as it is now: what a daemon
 // killed at this instant (kill -9: the page cache survives) would find on
 // its next start. s goes on untouched.
 func restartView(t *testing.T, s *Store) *Store {
 	t.Helper()
 	cp := filepath.Join(t.TempDir(), "data")
-	if out, err := exec.Command("cp", "-a", s.DataDir(), cp).CombinedOutput(); err != nil {
-		t.Fatalf("cp -a %s: %v: %s", s.DataDir(), err, out)
-	}
+	storetest.CopyDataDir(t, s.DataDir(), cp)
 	return openTestStore(t, cp)
 }
 
@@ -101,7 +131,7 @@ func stateFiles(t *testing.T, s *Store) []string {
 
 func mustCreate(t *testing.T, s *Store, id string, names ...string) *record.State {
 	t.Helper()
-	st, err := s.Create(id, tasks(names...))
+	st, err := s.Create(id, tasks(names...), CreateOptions{})
 	if err != nil {
 		t.Fatalf("Create(%q, %v): %v", id, names, err)
 	}
@@ -276,7 +306,7 @@ func TestStoreCreateInvalid(t *testing.T) {
 	s := openTestStore(t, t.TempDir())
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			st, err := s.Create(c.id, c.tasks)
+			st, err := s.Create(c.id, c.tasks, CreateOptions{})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("Create(%q, %v): got %v, want %v", c.id, c.tasks, err, c.want)
 			}
@@ -309,7 +339,7 @@ func TestStoreCreateExists(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = s.Create("x", tasks("other"))
+	_, err = s.Create("x", tasks("other"), CreateOptions{})
 	if !errors.Is(err, ErrExists) {
 		t.Fatalf("second Create: got %v, want %v", err, ErrExists)
 	}
@@ -328,19 +358,73 @@ func TestStoreCreateExists(t *testing.T) {
 	}
 }
 
+// TestCreateOptionsRefused checks that options that contradict
+// themselves are refused before anything changes, the previous
+// allocation included, and that Migrate takes only the local kinds.
+func TestCreateOptionsRefused(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, t.TempDir())
+	mustCreate(t, s, "prev", "web")
+	must(t, errOnly(s.Stop("prev")))
+	prev := mustState(t, s, "prev")
+	layers := layerDirs(t, s)
+	staged := map[string]string{"alloc/data": filepath.Join(s.StagingDir(), "fetch", "alloc/data")}
+	for _, c := range []struct {
+		name string
+		opts CreateOptions
+	}{
+		{"previous without a migration", CreateOptions{Previous: "prev"}},
+		{"adopt without a previous", CreateOptions{Migration: MigrationAdopt}},
+		{"snapshot without a previous", CreateOptions{Migration: MigrationSnapshot}},
+		{"remote without a previous", CreateOptions{Migration: MigrationRemote, Imported: staged}},
+		{"imported without a migration", CreateOptions{Imported: staged}},
+		{"imported into an adopt", CreateOptions{Previous: "prev", Migration: MigrationAdopt, Imported: staged}},
+		{"imported into a snapshot", CreateOptions{Previous: "prev", Migration: MigrationSnapshot, Imported: map[string]string{}}},
+		{"unknown migration", CreateOptions{Previous: "prev", Migration: "copy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if st, err := s.Create("next", tasks("web"), c.opts); !errors.Is(err, ErrBadOptions) || st != nil {
+				t.Fatalf("Create(%+v) = %v, %v; want ErrBadOptions", c.opts, st, err)
+			}
+			if _, err := s.Get("next"); !errors.Is(err, allocdir.ErrUnknownAlloc) {
+				t.Errorf("the refused allocation exists: %v", err)
+			}
+			if got := layerDirs(t, s); !reflect.DeepEqual(got, layers) {
+				t.Errorf("layers: got %v, want %v", got, layers)
+			}
+			if got := mustState(t, s, "prev"); !reflect.DeepEqual(got, prev) {
+				t.Errorf("the previous allocation changed: %+v, want %+v", got, prev)
+			}
+		})
+	}
+	mustCreate(t, s, "next", "web")
+	for _, kind := range []MigrationKind{"", MigrationRemote, "copy"} {
+		if n, err := s.Migrate("prev", "next", []string{"alloc/data"}, kind); !errors.Is(err, ErrBadOptions) || n != 0 {
+			t.Errorf("Migrate(%q) = %d, %v; want ErrBadOptions", kind, n, err)
+		}
+	}
+	if got := mustState(t, s, "prev"); !reflect.DeepEqual(got, prev) {
+		t.Errorf("a refused Migrate changed the previous allocation: %+v, want %+v", got, prev)
+	}
+}
+
 // TestStoreCreateFailureLeavesNothing checks that a full disk at any step
 // of Create leaves no layer, no state file and no record.
 func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 	t.Parallel()
 	for _, step := range []struct {
-		op string
-		n  int // fail the n-th call of op
+		op string // "mkdir": the making of a layer's root (layerRootOp)
+		n  int    // fail the n-th call of op
 	}{{"mkdir", 1}, {"mkdir", 4}, {"mkdir", 7}, {"append", 1}} {
 		t.Run(fmt.Sprintf("%s#%d", step.op, step.n), func(t *testing.T) {
 			s := openTestStore(t, t.TempDir())
+			want := step.op
+			if want == "mkdir" {
+				want = layerRootOp(s)
+			}
 			calls := 0
 			setFault(s, func(op, _ string) error {
-				if op != step.op {
+				if op != want {
 					return nil
 				}
 				calls++
@@ -349,7 +433,7 @@ func TestStoreCreateFailureLeavesNothing(t *testing.T) {
 				}
 				return nil
 			})
-			_, err := s.Create("x", tasks("web", "db"))
+			_, err := s.Create("x", tasks("web", "db"), CreateOptions{})
 			if !errors.Is(err, syscall.ENOSPC) {
 				t.Fatalf("Create: got %v, want %v", err, syscall.ENOSPC)
 			}
@@ -408,7 +492,7 @@ func TestStoreOpenBadState(t *testing.T) {
 				t.Fatal(err)
 			}
 			bad := c.setup(t, stateDir)
-			s, err := Open(testLogger(t), dir)
+			s, err := openStore(t, testLogger(t), dir, Options{})
 			if err == nil {
 				t.Fatalf("Open: got a store, want an error naming %q", bad)
 			}
@@ -442,7 +526,7 @@ func TestStoreOpenMissingLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, s.Close())
-	_, err := Open(testLogger(t), dir)
+	_, err := openStore(t, testLogger(t), dir, Options{})
 	if !errors.Is(err, iofs.ErrNotExist) {
 		t.Fatalf("Open: got %v, want %v", err, iofs.ErrNotExist)
 	}
@@ -476,7 +560,7 @@ func TestStoreOpenCleansUp(t *testing.T) {
 	var logs bytes.Buffer
 	logger := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
 	must(t, s.Close())
-	s2, err := Open(logger, dir)
+	s2, err := openStore(t, logger, dir, Options{})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -547,7 +631,7 @@ func TestStoreOnChange(t *testing.T) {
 	heard("a")
 	mustCreate(t, s, "b", "web")
 	heard("b")
-	if _, err := s.Remap("a", "b", []string{"alloc/data"}); err != nil {
+	if _, err := s.Migrate("a", "b", []string{"alloc/data"}, MigrationAdopt); err != nil {
 		t.Fatal(err)
 	}
 	heard("a", "b") // one change of both records
@@ -555,7 +639,7 @@ func TestStoreOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	heard("a")
-	if _, err := s.Create("a", nil); err == nil {
+	if _, err := s.Create("a", nil, CreateOptions{}); err == nil {
 		t.Fatal("Create without tasks succeeded")
 	}
 	heard() // a refused change is not a change
@@ -588,7 +672,7 @@ func TestStoreOpenRefusesNonDir(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dir, "state")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(testLogger(t), dir); err == nil {
+	if _, err := openStore(t, testLogger(t), dir, Options{}); err == nil {
 		t.Fatal("Open with state/ a symlink: got nil error, want one")
 	}
 }
@@ -683,7 +767,7 @@ func TestOnChangeRunsUnlocked(t *testing.T) {
 func TestOpenUpgradesRecords(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	s, err := Open(hclog.NewNullLogger(), dir)
+	s, err := openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	mustCreate(t, s, "a", "web")
 	mustCreate(t, s, "b", "web")
@@ -712,7 +796,7 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	})))
 	must(t, s.Close())
 
-	s, err = Open(hclog.NewNullLogger(), dir)
+	s, err = openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	a, err := s.Get("a")
 	must(t, err)
@@ -752,7 +836,7 @@ func TestOpenUpgradesRecords(t *testing.T) {
 	must(t, s.Close())
 
 	before := layerSet(t, dir)
-	s, err = Open(hclog.NewNullLogger(), dir)
+	s, err = openStore(t, hclog.NewNullLogger(), dir, Options{})
 	must(t, err)
 	defer s.Close()
 	if after := layerSet(t, dir); !reflect.DeepEqual(before, after) {

@@ -75,8 +75,8 @@ func (c *Collector) Run(ctx context.Context) {
 // collected. It ends by sweeping orphans and flattening snapshot chains
 // (Store.Flatten): a chain becomes mergeable only once the stopped
 // allocations that hold its old layers are collected, and doing it here
-// rather than in Seal keeps a migration O(1) and its cost off the new
-// allocation's start.
+// rather than in the snapshot migration keeps a migration O(1) and its
+// cost off the new allocation's start.
 func (c *Collector) Collect() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()

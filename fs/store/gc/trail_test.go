@@ -42,10 +42,10 @@ func TestCollectorPassSteps(t *testing.T) {
 			mu.Unlock()
 			return nil
 		}}
-		s := storetest.Value[*store.Store](t)(store.OpenWith(allocdirtest.Logger(t), dir, store.Options{Disk: d}))
+		s := openStore(t, dir, store.Options{Disk: d})
 		defer func() { storetest.Must(t, s.Close()) }()
 		for _, id := range []string{"a", "c"} {
-			storetest.Must(t, storetest.ErrOnly(s.Create(id, storetest.Tasks("web"))))
+			storetest.Must(t, storetest.ErrOnly(s.Create(id, storetest.Tasks("web"), store.CreateOptions{})))
 		}
 		upper := s.LayerPath(mustVolume(t, s, "a", "alloc/data"))
 		storetest.MustWrite(t, filepath.Join(upper, "data.txt"), "precious", 0o644)
