@@ -71,18 +71,22 @@ darwin:
 	GOOS=darwin $(GO) build -o /dev/null ./cmd/allocfs
 
 # bench compares the mount and its peers (go-fuse's loopback, kernel
-# overlayfs and, for metadata, a no-op FUSE server) with their native
-# backing filesystem (fs/bench_test.go, fs/benchpeers_test.go, and the
+# overlayfs, fuse-overlayfs, libfuse's passthrough_ll and, for metadata,
+# two no-op FUSE servers: a raw one, the true floor, and one behind
+# go-fuse's node bridge) with their native backing filesystem
+# (fs/bench_test.go, fs/benchpeers_test.go, fs/benchfloor_test.go, and the
 # real workloads on Go's source tree of fs/benchwork_test.go;
 # docs/benchmarks.md): BENCH_ROUNDS rounds of every workload, one whole
 # workload per op, round i running the sides rotated by i-1 places so that
-# each takes its turn first, then the ratios against native
-# (scripts/benchratio.sh). The mount takes requests over /dev/fuse, as
+# each takes its turn first, then the ratios against native and the
+# mount's against each side (scripts/benchratio.sh). The mount takes requests over /dev/fuse, as
 # allocfs serve does by default (ALLOCFS_BENCH_IOURING=1: io_uring).
 # Every side runs on one fresh ext4 image (scripts/benchfs.sh says why);
 # BENCH_DIR=DIR runs them in DIR instead. Needs root, /dev/fuse and loop
 # devices; cold runs drop the page cache; the workload rows need tar, git
-# and sqlite3 (skipped without them).
+# and sqlite3 (skipped without them), the fuse-overlayfs side Debian's
+# fuse-overlayfs and the passthrough_ll side libfuse3-dev, a C compiler
+# and pkg-config (each side skipped, with the reason, without them).
 BENCH        ?= .
 BENCH_ROUNDS ?= 3
 BENCH_OUT    ?= bin/bench.txt

@@ -5,11 +5,13 @@ package fs
 // plain directory on the filesystem that holds the store's data dir,
 // "mount" in <mnt>/<alloc>/alloc/data, a passthrough loopback volume of the
 // same store, and the peers of benchpeers_test.go beside them: "loopback"
-// (go-fuse's loopback), "overlay" (kernel overlayfs) and, for the metadata
-// benchmarks, "floor" (a FUSE server that only answers). One op is one
-// whole workload, so run them with -benchtime=1x and compare the lines of
-// each benchmark (`make bench` does, and prints the ratios against
-// native). Cold variants drop the page, dentry and inode caches first,
+// (go-fuse's loopback), "overlay" (kernel overlayfs), "fuse-overlayfs",
+// "passthrough_ll" (libfuse's example) and, for the metadata benchmarks,
+// "floor" (a raw FUSE server that only answers) and "floor-bridge" (the
+// same through go-fuse's node bridge). One op is one whole workload, so
+// run them with -benchtime=1x and compare the lines of each benchmark
+// (`make bench` does, and prints the ratios against native and the
+// mount's against each side). Cold variants drop the page, dentry and inode caches first,
 // which needs root; so does mounting with passthrough.
 //
 // ALLOCFS_BENCH_DIR chooses the directory the store, the native directory
@@ -19,7 +21,7 @@ package fs
 // goes first, ALLOCFS_BENCH_METRICS=1 mounts with the metrics of allocfs
 // serve (every request timed into its opcode's histogram, every copy-up
 // counted), to measure what they cost, ALLOCFS_BENCH_IOURING=1 serves the
-// mount and the floor over io_uring (benchIOUring), and
+// mount and the floors over io_uring (benchIOUring), and
 // ALLOCFS_BENCH_DAEMON_TIME=1 reports the time the mount's handlers took
 // (daemon-ms/op, and by opcode in the log).
 
@@ -683,9 +685,10 @@ func BenchmarkLowerRandRead4K(b *testing.B) {
 
 // benchLower writes a file of size on each side, the mount's into an
 // allocation that is then stopped and snapshot-migrated, so that the
-// new allocation shows it from a lower layer, the overlay's into its
-// lower directory and the loopback's into its backing directory, and
-// runs read on each side's path as that side's sub-benchmark.
+// new allocation shows it from a lower layer, the overlays' into their
+// lower directories and the loopback's and passthrough_ll's into their
+// backing directories, and runs read on each side's path as that side's
+// sub-benchmark.
 func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), block []byte) {
 	env := newBenchEnv(b, benchConfig{overlayLower: func(dir string) error {
 		_, err := writeSeq(filepath.Join(dir, "lower"), size, block)
@@ -714,7 +717,7 @@ func benchLower(b *testing.B, size int64, read func(b *testing.B, path string), 
 		switch side.name {
 		case sideMount:
 			paths[i] = filepath.Join(mnt, "lower", "alloc", "data", "lower")
-		case sideNative, sideLoopback:
+		case sideNative, sideLoopback, sidePassthroughLL:
 			if _, err := writeSeq(filepath.Join(side.backing, "lower"), size, block); err != nil {
 				b.Fatal(err)
 			}

@@ -3,7 +3,7 @@ package fs
 // Real-workload benchmarks: what a task feels on a real source
 // tree, Go's own $(go env GOROOT)/src (about 12.8k files, 140 MB), run by
 // the tools a task runs (tar, git, rm, du, grep, sqlite3) on every side of
-// bench_test.go but the floor, which has no backing files to set up. One
+// bench_test.go but the floors, which have no backing files to set up. One
 // op is one whole workload; each benchmark reports a rate (files/s or
 // txn/s) and the seconds per op (s/op), which scripts/benchratio.sh turns
 // into side/native and native/side ratios, so higher is better for both.

@@ -33,7 +33,9 @@ type testMount struct {
 func TestMain(m *testing.M) {
 	runBenchClient()
 	syscall.Umask(0)
-	os.Exit(m.Run())
+	code := m.Run()
+	cleanupPeerTools()
+	os.Exit(code)
 }
 
 func newTestMount(t *testing.T) *testMount {
