@@ -34,6 +34,7 @@ func (m *Mount) newHandler(fopts *gofs.Options, generation uint32, takeable bool
 	if generation > 0 {
 		m.takeover = restart.NewTakeoverFS(h, m.logger.Named("takeover"), generation, m.pathsOfNode)
 		m.takeover.Found = func(path []string) { unnameUnlinked(m.root.EmbeddedInode(), path) }
+		m.takeover.Forgotten = func(id uint64) { restart.NewUnlinked(m.store.DataDir()).Remove(id) }
 		h = m.takeover
 	}
 	if takeable {

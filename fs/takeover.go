@@ -110,9 +110,21 @@ func (m *Mount) pathsOfNode(id uint64) ([][]string, syscall.Errno) {
 		}
 		return [][]string{p}, 0
 	}
-	if paths := restart.NewUnlinked(m.store.DataDir()).Paths(id); paths != nil {
-		return paths, 0
+	// A file unlinked while open is found by its record alone; a record
+	// a crash left behind may name an inode number another file has now,
+	// which the record's handle does not open: that file's own paths
+	// follow.
+	unlinked := restart.NewUnlinked(m.store.DataDir()).Paths(id)
+	paths, errno := m.backingPaths(id)
+	if errno != 0 && unlinked != nil {
+		return unlinked, 0
 	}
+	return append(unlinked, paths...), errno
+}
+
+// backingPaths is pathsOfNode for a node of a volume's layer or a chroot's
+// host: where its backing file is.
+func (m *Mount) backingPaths(id uint64) ([][]string, syscall.Errno) {
 	slot, ino := id>>volume.ViewShift, id&(1<<volume.ViewShift-1)
 	k, ok := m.slots.view(slot)
 	if !ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/allocfs/allocfs/allocdir"
 	"github.com/allocfs/allocfs/fs/fstest"
 	"github.com/allocfs/allocfs/fs/store"
+	"github.com/allocfs/allocfs/restart"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -433,4 +434,41 @@ func storeAt(t *testing.T, dataDir string) *store.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestPathsOfNodePastAStaleUnlinkedRecord: a record of a file unlinked
+// while open that a crash left behind, under an inode number another
+// file has now, does not hide that file from a takeover: its own path
+// follows the record's.
+func TestPathsOfNodePastAStaleUnlinkedRecord(t *testing.T) {
+	fstest.RequireFUSE(t)
+	s := openTestStore(t, filepath.Join(t.TempDir(), "data"), store.Options{})
+	rec0, err := s.Create("a1", []allocdir.Task{{Name: "web"}}, store.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Made before the daemon started, as a file the kernel holds from an
+	// earlier daemon is.
+	if err := os.WriteFile(filepath.Join(s.LayerPath(rec0.Volumes["alloc/data"].Upper), "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	tm := mountTestStore(t, s, nil)
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(tm.dir, "a1/alloc/data/f"), &st); err != nil {
+		t.Fatal(err)
+	}
+	// A handle no file answers any more.
+	rec := restart.UnlinkedRecord{Root: "a1/alloc/data", Type: 1, Handle: make([]byte, 8)}
+	if err := restart.NewUnlinked(tm.store.DataDir()).Save(st.Ino, rec); err != nil {
+		t.Fatal(err)
+	}
+	paths, errno := tm.mount.pathsOfNode(st.Ino)
+	found := false
+	for _, q := range paths {
+		found = found || strings.Join(q, "/") == "a1/alloc/data/f"
+	}
+	if errno != 0 || !found {
+		t.Errorf("the node of a1/alloc/data/f under a stale record: %v, %v; want its path among them", paths, errno)
+	}
 }

@@ -23,6 +23,11 @@ type TakeoverFS struct {
 	paths func(id uint64) ([][]string, syscall.Errno)
 	// Found, when set, is told the path an inherited node was found at.
 	Found func(path []string)
+	// Forgotten, when set, is told of an inherited node the kernel
+	// forgot before this daemon ever resolved it: what was kept for it
+	// (a record of its file, unlinked while open) can go, before its
+	// inode number is another file's.
+	Forgotten func(id uint64)
 	// gen is this daemon's generation, in the high 32 bits of every
 	// handle it hands out.
 	gen uint64
@@ -240,8 +245,11 @@ func (t *TakeoverFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name 
 // too large panics with the node locked. Once the bridge has let go of
 // it, the rest of the count is moot; a node it never had needs nothing.
 func (t *TakeoverFS) Forget(nodeid uint64, nlookup uint64) {
-	for range nlookup {
+	for i := range nlookup {
 		if _, unknown := try(func() { t.fs.Forget(nodeid, 1) }); unknown {
+			if i == 0 && t.Forgotten != nil {
+				t.Forgotten(nodeid)
+			}
 			return
 		}
 	}

@@ -45,3 +45,20 @@ func TestBridgePanicsAreRecognised(t *testing.T) {
 		})
 	}
 }
+
+// TestForgetOfANodeNeverResolved: the kernel forgetting an inherited node
+// this daemon never resolved is told to Forgotten, so that what was kept
+// for it goes before its inode number is another file's; a node the
+// bridge knows is not.
+func TestForgetOfANodeNeverResolved(t *testing.T) {
+	const id = 123456789
+	raw := gofs.NewNodeFS(&gofs.Inode{}, &gofs.Options{})
+	tfs := NewTakeoverFS(raw, nil, 1, nil)
+	var told []uint64
+	tfs.Forgotten = func(n uint64) { told = append(told, n) }
+	tfs.Forget(id, 3)
+	tfs.Forget(fuse.FUSE_ROOT_ID, 1)
+	if len(told) != 1 || told[0] != id {
+		t.Errorf("Forgotten was told %v, want [%d]", told, id)
+	}
+}
